@@ -3,6 +3,9 @@
 
 pub mod dtype;
 pub mod error;
+pub mod geometry;
+pub mod plan;
+pub mod units;
 
 pub use dtype::DType;
 pub use error::{Error, Result};

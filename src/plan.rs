@@ -1,0 +1,684 @@
+//! Planning: which read blocks to read, which write blocks to write, and
+//! exactly what that costs in seeks and memory (the keep heuristic of
+//! Guédon, Hayot-Sasson and Glatard, generalised; see `docs/keep.md`).
+//!
+//! A plan is two partitions of the array: read blocks, read in C order, and
+//! write blocks, each written as soon as the last read block it needs has
+//! been read. Both are product grids, one [`Axis`] per dimension, so every
+//! count here (seeks, memory) is computed per dimension and multiplied:
+//! planning a 64,000 × 125,000 block problem takes microseconds, not hours.
+//!
+//! Along each dimension the write intervals follow the read intervals in one
+//! of two ways ([`WriteMode`]): *keep* (end each write interval at the last
+//! output boundary inside the read interval; the tail waits in memory for the
+//! next read block, so output blocks are written whole) or *immediate* (write
+//! each read interval at once, cutting output blocks). Keep in every
+//! dimension with read shape `r̂` is the paper's keep(r̂); immediate in every
+//! dimension with read shape = input shape is the baseline. The planner
+//! searches read shapes and modes for the fewest seeks that fit in memory.
+//!
+//! Seek convention (keep.md): a seek is an I/O call that does not start
+//! exactly where the previous I/O call ended in the same file: a disk head
+//! that moves. The executor issues, per read block, each input piece's
+//! segments in C order, then each output piece of the completed write block;
+//! the predictions below model exactly that order.
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::geometry::{self, Axis, IndexBox, Partition};
+
+/// Which plan to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// The keep heuristic: fewest seeks within the memory allowed.
+    Keep,
+    /// Read each input block whole, write its pieces at once.
+    Baseline,
+}
+
+impl std::str::FromStr for Strategy {
+    type Err = Error;
+    fn from_str(text: &str) -> Result<Strategy> {
+        match text {
+            "keep" => Ok(Strategy::Keep),
+            "baseline" => Ok(Strategy::Baseline),
+            other => Err(Error::BadArgument(format!(
+                "unknown strategy '{other}': use keep or baseline"
+            ))),
+        }
+    }
+}
+
+/// How write intervals follow read intervals along one dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WriteMode {
+    /// Write up to the last output boundary in the read interval; keep the
+    /// tail in memory until the next read interval completes it.
+    Keep,
+    /// Write every read interval at once, cutting output blocks.
+    Immediate,
+}
+
+/// The array and its two block shapes: what is to be rechunked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    pub array: Vec<u64>,
+    pub input_block: Vec<u64>,
+    pub output_block: Vec<u64>,
+    /// Bytes per element.
+    pub elem_size: u64,
+}
+
+impl Problem {
+    /// Checks the shapes agree and are positive; block shapes larger than the
+    /// array are clipped to it (`--shape` may exceed the array to mean "whole").
+    pub fn new(
+        array: Vec<u64>,
+        input_block: Vec<u64>,
+        output_block: Vec<u64>,
+        elem_size: u64,
+    ) -> Result<Problem> {
+        let n = array.len();
+        if n == 0 || n > geometry::MAX_DIMS {
+            return Err(Error::BadArgument(format!(
+                "the array has {n} dimensions; rechunkfs handles 1 to {}",
+                geometry::MAX_DIMS
+            )));
+        }
+        for (what, shape) in [("input block", &input_block), ("output block", &output_block)] {
+            if shape.len() != n {
+                return Err(Error::BadArgument(format!(
+                    "the {what} shape {} has {} dimensions but the array {} has {n}",
+                    geometry::show_shape(shape),
+                    shape.len(),
+                    geometry::show_shape(&array),
+                )));
+            }
+        }
+        if array.contains(&0) || input_block.contains(&0) || output_block.contains(&0) {
+            return Err(Error::BadArgument(
+                "shapes must be positive in every dimension (a 0 was given)".into(),
+            ));
+        }
+        let clip = |block: Vec<u64>| -> Vec<u64> {
+            block.iter().zip(&array).map(|(&b, &a)| b.min(a)).collect()
+        };
+        Ok(Problem {
+            input_block: clip(input_block),
+            output_block: clip(output_block),
+            array,
+            elem_size,
+        })
+    }
+
+    pub fn ndim(&self) -> usize {
+        self.array.len()
+    }
+
+    pub fn input(&self) -> Partition {
+        Partition::regular(&self.array, &self.input_block)
+    }
+
+    pub fn output(&self) -> Partition {
+        Partition::regular(&self.array, &self.output_block)
+    }
+
+    /// `r̂`: per dimension the smallest multiple of the input block that
+    /// covers an output block, clipped to the array.
+    pub fn rhat(&self) -> Vec<u64> {
+        (0..self.ndim())
+            .map(|d| {
+                let i = self.input_block[d];
+                (i * self.output_block[d].div_ceil(i)).min(self.array[d])
+            })
+            .collect()
+    }
+
+    /// `n_I + n_O`: every input block read whole and every output block
+    /// written whole, once.
+    pub fn lower_bound_seeks(&self) -> u64 {
+        self.input().count() + self.output().count()
+    }
+}
+
+/// What a plan will cost, predicted exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Prediction {
+    pub read_seeks: u64,
+    pub write_seeks: u64,
+    /// Most array bytes held at once: the read block being read plus every
+    /// piece waiting for its write block to complete.
+    pub peak_bytes: u64,
+}
+
+impl Prediction {
+    pub fn seeks(&self) -> u64 {
+        self.read_seeks + self.write_seeks
+    }
+}
+
+/// A complete plan: what to read, what to write, in what order, and its cost.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub strategy: Strategy,
+    pub problem: Problem,
+    pub input: Partition,
+    pub output: Partition,
+    /// Read blocks, visited in C order.
+    pub read: Partition,
+    /// Write blocks: each is written when the last read block it needs is read.
+    pub write: Partition,
+    /// Nominal read block shape (edge read blocks may be smaller).
+    pub read_shape: Vec<u64>,
+    pub write_modes: Vec<WriteMode>,
+    /// Per dimension, per read interval: the write interval it completes.
+    completes: Vec<Vec<Option<usize>>>,
+    pub prediction: Prediction,
+}
+
+impl Plan {
+    /// The write block completed by reading the read block at `read_index`,
+    /// if any (at most one completes per read block).
+    pub fn completed_write_block(&self, read_index: &[usize]) -> Option<Vec<usize>> {
+        read_index
+            .iter()
+            .enumerate()
+            .map(|(d, &r)| self.completes[d][r])
+            .collect()
+    }
+}
+
+/// One dimension's choice: read intervals, and how writes follow them.
+#[derive(Clone, Debug)]
+struct DimOption {
+    read_step: u64,
+    mode: WriteMode,
+    read: Axis,
+    write: Axis,
+    completes: Vec<Option<usize>>,
+    /// Per read interval: length of the write interval it completes (0: none).
+    completed_len: Vec<u64>,
+    reads: Overlap,
+    writes: Overlap,
+    /// Counts over read intervals for read-continuation prediction.
+    unit_reads: u64,
+    unit_reads_completing: u64,
+    inner_reads: u64,
+    inner_reads_completing: u64,
+    last_read_completes: bool,
+    max_read_extent: u64,
+}
+
+/// How the intervals of a moving axis (read or write) cut the intervals of a
+/// file axis (input or output blocks) along one dimension.
+#[derive(Clone, Copy, Debug, Default)]
+struct Overlap {
+    /// Non-empty (moving, file) interval pairs: pieces along this dimension.
+    pieces: u64,
+    /// Pieces spanning their file interval whole.
+    whole: u64,
+    /// Sum of piece extents (the axis length).
+    extent_sum: u64,
+}
+
+impl Overlap {
+    fn of(moving: &Axis, file: &Axis) -> Overlap {
+        let mut overlap = Overlap {
+            extent_sum: file.len(),
+            ..Overlap::default()
+        };
+        for f in 0..file.count() {
+            let (start, end) = (file.start(f), file.end(f));
+            for m in moving.overlapping(start, end) {
+                overlap.pieces += 1;
+                if moving.start(m) <= start && moving.end(m) >= end {
+                    overlap.whole += 1;
+                }
+            }
+        }
+        overlap
+    }
+}
+
+/// Sum over all pieces (moving block ∩ file block) of the contiguous
+/// segments each occupies in its file (`geometry::runs`). A piece's `q` is
+/// the first dimension after which it spans its file whole, so group pieces
+/// by `q`: dimensions after `q` whole, dimension `q` not whole (or `q = 0`),
+/// dimensions before `q` anything, contributing the product of their extents.
+fn segments(overlaps: &[Overlap]) -> u128 {
+    let n = overlaps.len();
+    let whole_after = |q: usize| -> u128 {
+        overlaps[q + 1..]
+            .iter()
+            .map(|o| o.whole as u128)
+            .product::<u128>()
+    };
+    let mut total = overlaps[0].pieces as u128 * whole_after(0);
+    let mut extent_before: u128 = overlaps[0].extent_sum as u128;
+    for q in 1..n {
+        let cut = (overlaps[q].pieces - overlaps[q].whole) as u128;
+        total += extent_before * cut * whole_after(q);
+        extent_before *= overlaps[q].extent_sum as u128;
+    }
+    total
+}
+
+impl DimOption {
+    fn new(array_len: u64, input: &Axis, output: &Axis, read_step: u64, mode: WriteMode) -> DimOption {
+        let read = Axis::regular(array_len, read_step);
+        let (write, completes) = match mode {
+            WriteMode::Immediate => (read.clone(), (0..read.count()).map(Some).collect()),
+            WriteMode::Keep => {
+                // L_k: the last output boundary at or before the end of read
+                // interval k; write interval k is [L_{k-1}, L_k), empty when
+                // the read interval holds no output boundary.
+                let mut bounds = vec![0u64];
+                let mut completes = Vec::with_capacity(read.count());
+                for k in 0..read.count() {
+                    let end = read.end(k);
+                    let last_output_boundary = output.start(output.locate(end - 1));
+                    let l = if output.is_boundary(end) { end } else { last_output_boundary };
+                    if l > *bounds.last().unwrap_or(&0) {
+                        bounds.push(l);
+                        completes.push(Some(bounds.len() - 2));
+                    } else {
+                        completes.push(None);
+                    }
+                }
+                (Axis::from_bounds(bounds), completes)
+            }
+        };
+        let completed_len = completes
+            .iter()
+            .map(|c| c.map_or(0, |w| write.extent(w)))
+            .collect::<Vec<_>>();
+        let mut option = DimOption {
+            read_step,
+            mode,
+            reads: Overlap::of(&read, input),
+            writes: Overlap::of(&write, output),
+            unit_reads: 0,
+            unit_reads_completing: 0,
+            inner_reads: 0,
+            inner_reads_completing: 0,
+            last_read_completes: completes.last().copied().flatten().is_some(),
+            max_read_extent: (0..read.count()).map(|k| read.extent(k)).max().unwrap_or(0),
+            read,
+            write,
+            completes,
+            completed_len,
+        };
+        for k in 0..option.read.count() {
+            let completing = option.completes[k].is_some() as u64;
+            if option.read.extent(k) == 1 {
+                option.unit_reads += 1;
+                option.unit_reads_completing += completing;
+            }
+            if k + 1 < option.read.count() && !input.is_boundary(option.read.end(k)) {
+                option.inner_reads += 1;
+                option.inner_reads_completing += completing;
+            }
+        }
+        option
+    }
+}
+
+/// Exact read seeks: all read segments, less those that continue the
+/// previous call. Within a read block consecutive calls go to different
+/// input files or are separated by a gap, and a completed write block moves
+/// the head to the outputs; so a read block's first segment continues the
+/// previous one only when (a) no write block completed in between, and
+/// (b) the last element of the previous read block and the first of this
+/// one are neighbours in one input file. With `j` the dimension where the
+/// C-order step carries, (b) holds when the dimensions after `j` have one
+/// input block each, the boundary crossed in `j` is inside an input block,
+/// and the read intervals before `j` are one element thick.
+fn read_seeks(dims: &[&DimOption], input_counts: &[usize]) -> u128 {
+    let overlaps: Vec<Overlap> = dims.iter().map(|o| o.reads).collect();
+    let mut continued: u128 = 0;
+    let n = dims.len();
+    for j in 0..n {
+        if (j + 1..n).any(|d| input_counts[d] != 1) {
+            continue;
+        }
+        let steps: u128 = dims[..j].iter().map(|o| o.unit_reads as u128).product::<u128>()
+            * dims[j].inner_reads as u128;
+        let steps_with_write: u128 = dims[..j]
+            .iter()
+            .map(|o| o.unit_reads_completing as u128)
+            .product::<u128>()
+            * dims[j].inner_reads_completing as u128
+            * dims[j + 1..].iter().all(|o| o.last_read_completes) as u128;
+        continued += steps - steps_with_write;
+    }
+    segments(&overlaps) - continued
+}
+
+/// Write seeks: at most one write block completes per read block, each of
+/// its pieces goes to a different output file, and reads separate
+/// successive write blocks, so no write call continues another.
+fn write_seeks(dims: &[&DimOption]) -> u128 {
+    let overlaps: Vec<Overlap> = dims.iter().map(|o| o.writes).collect();
+    segments(&overlaps)
+}
+
+/// Most bytes held at once, by stepping through the read blocks: each adds
+/// its volume, then the write block it completes (if any) is written and
+/// freed. The completed block's volume is the product of per-dimension
+/// lengths, so a step costs O(dimensions).
+fn simulate_peak(dims: &[&DimOption], elem_size: u64) -> u128 {
+    let grid: Vec<usize> = dims.iter().map(|o| o.read.count()).collect();
+    let mut held: u128 = 0;
+    let mut peak: u128 = 0;
+    for index in IndexBox::grid(&grid) {
+        let mut read_volume: u128 = 1;
+        let mut freed: u128 = 1;
+        for (d, &k) in index.iter().enumerate() {
+            read_volume *= dims[d].read.extent(k) as u128;
+            freed *= dims[d].completed_len[k] as u128;
+        }
+        held += read_volume;
+        peak = peak.max(held);
+        held -= freed;
+    }
+    debug_assert_eq!(held, 0, "every byte read is written");
+    peak * elem_size as u128
+}
+
+/// A read shape and write modes, with predicted seeks (cheap) and optionally peak (simulated).
+struct Candidate {
+    choice: Vec<usize>,
+    seeks: u128,
+    read_blocks: u128,
+    min_bytes: u128,
+}
+
+/// More read blocks than this are not simulated (nor worth executing): a
+/// plan with that many steps is dominated by per-call overhead.
+const MAX_SIMULATED_READ_BLOCKS: u128 = 200_000_000;
+
+/// Above this many combinations, per-dimension option lists are thinned.
+const MAX_CANDIDATES: usize = 400_000;
+
+fn assemble(problem: &Problem, strategy: Strategy, dims: &[&DimOption]) -> Plan {
+    let input = problem.input();
+    let input_counts: Vec<usize> = input.grid_shape();
+    let prediction = Prediction {
+        read_seeks: clamp(read_seeks(dims, &input_counts)),
+        write_seeks: clamp(write_seeks(dims)),
+        peak_bytes: clamp(simulate_peak(dims, problem.elem_size)),
+    };
+    Plan {
+        strategy,
+        problem: problem.clone(),
+        input,
+        output: problem.output(),
+        read: Partition::new(dims.iter().map(|o| o.read.clone()).collect()),
+        write: Partition::new(dims.iter().map(|o| o.write.clone()).collect()),
+        read_shape: dims.iter().map(|o| o.read_step.min(o.read.len())).collect(),
+        write_modes: dims.iter().map(|o| o.mode).collect(),
+        completes: dims.iter().map(|o| o.completes.clone()).collect(),
+        prediction,
+    }
+}
+
+fn clamp(value: u128) -> u64 {
+    u64::try_from(value).unwrap_or(u64::MAX)
+}
+
+/// The baseline: read every input block whole, write its pieces at once.
+pub fn baseline(problem: &Problem) -> Plan {
+    let (input, output) = (problem.input(), problem.output());
+    let dims: Vec<DimOption> = (0..problem.ndim())
+        .map(|d| {
+            DimOption::new(
+                problem.array[d],
+                input.axis(d),
+                output.axis(d),
+                problem.input_block[d],
+                WriteMode::Immediate,
+            )
+        })
+        .collect();
+    assemble(problem, Strategy::Baseline, &dims.iter().collect::<Vec<_>>())
+}
+
+/// keep(r̂): read blocks of shape `r̂`, keep mode in every dimension; costs
+/// exactly `n_I + n_O` seeks, whatever its memory.
+pub fn keep_rhat(problem: &Problem) -> Plan {
+    let (input, output) = (problem.input(), problem.output());
+    let rhat = problem.rhat();
+    let dims: Vec<DimOption> = (0..problem.ndim())
+        .map(|d| DimOption::new(problem.array[d], input.axis(d), output.axis(d), rhat[d], WriteMode::Keep))
+        .collect();
+    assemble(problem, Strategy::Keep, &dims.iter().collect::<Vec<_>>())
+}
+
+/// Read steps worth trying along one dimension: multiples of the input
+/// block up to `r̂` (whole input blocks per read), and divisors of the input
+/// block (for when even one input block does not fit).
+fn read_steps(problem: &Problem, d: usize) -> Vec<u64> {
+    let i = problem.input_block[d];
+    let rhat = problem.rhat()[d];
+    let mut steps: Vec<u64> = (1..=rhat.div_ceil(i)).map(|j| (j * i).min(problem.array[d])).collect();
+    let mut divisor = 1;
+    while divisor * divisor <= i {
+        if i % divisor == 0 {
+            steps.push(divisor);
+            steps.push(i / divisor);
+        }
+        divisor += 1;
+    }
+    steps.sort_unstable();
+    steps.dedup();
+    steps
+}
+
+/// The plan for `strategy` within `mem` bytes (None: unlimited).
+pub fn plan(problem: &Problem, strategy: Strategy, mem: Option<u64>) -> Result<Plan> {
+    let chosen = match (strategy, mem) {
+        (Strategy::Baseline, _) => baseline(problem),
+        (Strategy::Keep, None) => keep_rhat(problem),
+        (Strategy::Keep, Some(mem)) => {
+            let rhat_plan = keep_rhat(problem);
+            if rhat_plan.prediction.peak_bytes <= mem {
+                rhat_plan
+            } else {
+                search(problem, mem)?
+            }
+        }
+    };
+    if let Some(mem) = mem {
+        if chosen.prediction.peak_bytes > mem {
+            return Err(Error::DoesNotFit(format!(
+                "the {} plan holds {} at its peak but --mem allows {}; raise --mem to at least {}{}",
+                match strategy {
+                    Strategy::Keep => "keep",
+                    Strategy::Baseline => "baseline",
+                },
+                crate::units::show_bytes(chosen.prediction.peak_bytes),
+                crate::units::show_bytes(mem),
+                crate::units::show_bytes(chosen.prediction.peak_bytes),
+                match strategy {
+                    Strategy::Keep => String::new(),
+                    Strategy::Baseline => " (or use --strategy keep, which can work in less)".into(),
+                },
+            )));
+        }
+    }
+    Ok(chosen)
+}
+
+/// Fewest-seek plan whose simulated peak fits in `mem`: evaluate the seeks
+/// of every (read step, write mode) combination in closed form, then
+/// simulate memory in order of increasing seeks until one fits.
+fn search(problem: &Problem, mem: u64) -> Result<Plan> {
+    let (input, output) = (problem.input(), problem.output());
+    let input_counts = input.grid_shape();
+    let mut options: Vec<Vec<DimOption>> = (0..problem.ndim())
+        .map(|d| {
+            let mut list = Vec::new();
+            for step in read_steps(problem, d) {
+                let keep = DimOption::new(problem.array[d], input.axis(d), output.axis(d), step, WriteMode::Keep);
+                let keeps_differ = keep.write != keep.read;
+                list.push(keep);
+                if keeps_differ {
+                    list.push(DimOption::new(
+                        problem.array[d],
+                        input.axis(d),
+                        output.axis(d),
+                        step,
+                        WriteMode::Immediate,
+                    ));
+                }
+            }
+            list
+        })
+        .collect();
+    // Thin the longest lists (dropping their smallest read steps) until the
+    // combinations are few enough to enumerate.
+    while options.iter().map(Vec::len).product::<usize>() > MAX_CANDIDATES {
+        let longest = (0..options.len())
+            .max_by_key(|&d| options[d].len())
+            .unwrap_or(0);
+        if options[longest].len() <= 2 {
+            break;
+        }
+        options[longest].remove(0);
+    }
+
+    let counts: Vec<usize> = options.iter().map(Vec::len).collect();
+    let mut candidates: Vec<Candidate> = IndexBox::grid(&counts)
+        .map(|choice| {
+            let dims: Vec<&DimOption> = choice.iter().enumerate().map(|(d, &c)| &options[d][c]).collect();
+            Candidate {
+                seeks: read_seeks(&dims, &input_counts) + write_seeks(&dims),
+                read_blocks: dims.iter().map(|o| o.read.count() as u128).product(),
+                min_bytes: dims.iter().map(|o| o.max_read_extent as u128).product::<u128>()
+                    * problem.elem_size as u128,
+                choice,
+            }
+        })
+        .collect();
+    candidates.sort_by_key(|c| (c.seeks, c.read_blocks));
+
+    let mut smallest: Option<(u128, Vec<usize>)> = None;
+    for candidate in &candidates {
+        if candidate.min_bytes > mem as u128 || candidate.read_blocks > MAX_SIMULATED_READ_BLOCKS {
+            continue;
+        }
+        let dims: Vec<&DimOption> = candidate
+            .choice
+            .iter()
+            .enumerate()
+            .map(|(d, &c)| &options[d][c])
+            .collect();
+        let peak = simulate_peak(&dims, problem.elem_size);
+        if peak <= mem as u128 {
+            return Ok(assemble(problem, Strategy::Keep, &dims));
+        }
+        if smallest.as_ref().is_none_or(|(p, _)| peak < *p) {
+            smallest = Some((peak, candidate.choice.clone()));
+        }
+    }
+    // Nothing fits: find the least memory any plan needs, to say so.
+    candidates.sort_by_key(|c| c.min_bytes);
+    for candidate in &candidates {
+        if smallest.as_ref().is_some_and(|(p, _)| candidate.min_bytes >= *p)
+            || candidate.read_blocks > MAX_SIMULATED_READ_BLOCKS
+        {
+            continue;
+        }
+        let dims: Vec<&DimOption> = candidate
+            .choice
+            .iter()
+            .enumerate()
+            .map(|(d, &c)| &options[d][c])
+            .collect();
+        let peak = simulate_peak(&dims, problem.elem_size);
+        if smallest.as_ref().is_none_or(|(p, _)| peak < *p) {
+            smallest = Some((peak, candidate.choice.clone()));
+        }
+    }
+    let need = smallest.map_or(u64::MAX, |(p, _)| clamp(p));
+    Err(Error::DoesNotFit(format!(
+        "no plan fits in --mem {}: the least any plan needs is {}; raise --mem",
+        crate::units::show_bytes(mem),
+        crate::units::show_bytes(need)
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cube(a: u64, i: u64, o: u64) -> Problem {
+        Problem::new(vec![a; 3], vec![i; 3], vec![o; 3], 1).unwrap()
+    }
+
+    #[test]
+    fn known_numbers_of_keep_md() {
+        for (a, i, o, rhat, keep, base) in [
+            (12, 4, 3, 4, 91, 723),
+            (50, 5, 10, 10, 1125, 26000),
+            (60, 6, 4, 6, 4375, 45000),
+            (30, 10, 30, 30, 28, 2727),
+        ] {
+            let problem = cube(a, i, o);
+            let plan = keep_rhat(&problem);
+            assert_eq!(plan.read_shape, vec![rhat; 3]);
+            assert_eq!(plan.prediction.seeks(), keep, "keep {a} {i} {o}");
+            assert_eq!(baseline(&problem).prediction.seeks(), base, "baseline {a} {i} {o}");
+        }
+        let small = Problem::new(vec![2, 2, 2], vec![2, 2, 2], vec![2, 1, 2], 1).unwrap();
+        assert_eq!(keep_rhat(&small).prediction.seeks(), 3);
+        let reverse = Problem::new(vec![2, 2, 2], vec![2, 1, 2], vec![2, 2, 2], 1).unwrap();
+        assert_eq!(baseline(&reverse).prediction.seeks(), 6);
+    }
+
+    #[test]
+    fn paper_configurations_reach_the_lower_bound() {
+        let configs: [([u64; 3], [u64; 3]); 7] = [
+            ([875, 875, 875], [875, 1750, 875]),
+            ([875, 875, 875], [700, 875, 700]),
+            ([350; 3], [500; 3]),
+            ([350; 3], [250; 3]),
+            ([175; 3], [250; 3]),
+            ([350, 875, 350], [500, 875, 500]),
+            ([350, 875, 350], [350, 500, 350]),
+        ];
+        for (i, o) in configs {
+            let problem = Problem::new(vec![3500; 3], i.to_vec(), o.to_vec(), 2).unwrap();
+            assert_eq!(
+                keep_rhat(&problem).prediction.seeks(),
+                problem.lower_bound_seeks(),
+                "{i:?} -> {o:?}"
+            );
+        }
+        let config4 = Problem::new(vec![3500; 3], vec![175; 3], vec![250; 3], 2).unwrap();
+        assert_eq!(baseline(&config4).prediction.seeks(), 392_008_000);
+        assert_eq!(keep_rhat(&config4).prediction.seeks(), 10_744);
+    }
+
+    #[test]
+    fn write_intervals_of_the_f0_split() {
+        let problem = cube(12, 4, 3);
+        let plan = keep_rhat(&problem);
+        assert_eq!(plan.write.axis(0).bounds(), &[0, 3, 6, 12]);
+        assert_eq!(plan.completed_write_block(&[0, 0, 0]), Some(vec![0, 0, 0]));
+    }
+
+    #[test]
+    fn search_fits_memory_and_never_beats_the_lower_bound() {
+        let problem = Problem::new(vec![60, 50, 40], vec![6, 5, 8], vec![10, 7, 9], 2).unwrap();
+        let rhat = keep_rhat(&problem);
+        let mem = rhat.prediction.peak_bytes / 3;
+        let plan = plan(&problem, Strategy::Keep, Some(mem)).unwrap();
+        assert!(plan.prediction.peak_bytes <= mem);
+        assert!(plan.prediction.seeks() >= problem.lower_bound_seeks());
+        assert!(plan.prediction.seeks() <= baseline(&problem).prediction.seeks());
+    }
+}
