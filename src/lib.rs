@@ -1,10 +1,17 @@
 //! rechunkfs: rechunk arrays stored as grids of block files, with the keep
 //! plan (fewest seeks in the memory allowed), to real files or as a view.
 
+pub mod cli;
 pub mod dtype;
 pub mod error;
+pub mod execute;
+pub mod format;
 pub mod geometry;
+pub mod input;
 pub mod plan;
+pub mod rechunk;
+pub mod sample;
+pub mod seekio;
 pub mod units;
 
 pub use dtype::DType;

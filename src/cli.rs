@@ -1,0 +1,484 @@
+//! The command line: argument parsing, human and JSON reports, progress
+//! bars. Each subcommand is a thin layer over the library; messages say
+//! what is wrong and what to do.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use serde_json::json;
+
+use crate::dtype::DType;
+use crate::execute::RunStats;
+use crate::format::BlockFormat;
+use crate::geometry::show_shape;
+use crate::input::InputArray;
+use crate::plan::{self, Plan, Problem, Strategy};
+use crate::rechunk::{self, OutputSpec};
+use crate::units::{parse_bytes, parse_shape, show_bytes};
+
+const AXIS_ORDER: &str = "Shapes and block indices are in C order, as numpy and h5py \
+report them: the last number is the fastest-moving dimension in the file.";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rechunkfs",
+    version,
+    about = "Rechunk arrays stored as grids of block files, with the fewest seeks in the memory allowed",
+    long_about = "rechunkfs reads an array stored as a grid of block files ({i}_{j}_{k}.h5 or .npy, \
+one file per block, edge blocks may be smaller) and writes it as blocks of another shape, \
+following the keep plan: the read and write order with the fewest disk seeks that fits in \
+--mem.\n\nExamples:\n  rechunkfs plan blocks/ --shape 256,256,256 --mem 4G\n  \
+rechunkfs plan --array 8000,8000,8000 --blocks 200,200,200 --dtype f16 --shape 160,160,160 --mem 4G\n  \
+rechunkfs rechunk blocks/ out/ --shape 256,256,256 --mem 4G\n  \
+rechunkfs rechunk whole.h5 out/ --shape 100,100,100      (split one file)\n  \
+rechunkfs rechunk blocks/ merged/ --shape 100000,100000,100000   (merge: a shape past the array means whole)",
+    after_help = AXIS_ORDER
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Show what rechunking will do: read shape, seeks (keep, baseline, lower bound), peak memory.
+    Plan(PlanArgs),
+    /// Rechunk into real block files in a directory, with a progress bar.
+    Rechunk(RechunkArgs),
+    /// Write a sample array (every voxel checkable) as block files, for trying things out.
+    Sample(SampleArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct InputArgs {
+    /// HDF5 dataset holding the array in each block file.
+    #[arg(long, default_value = crate::input::DEFAULT_DATASET, value_name = "PATH")]
+    pub dataset: String,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PlanningArgs {
+    /// Output block shape, comma-separated (e.g. 256,256,256); sides past the array mean "whole".
+    #[arg(long, value_name = "SHAPE")]
+    pub shape: String,
+    /// Most array bytes to hold in memory (4G, 512M, 1.5GiB, bytes). Default: as much as keep(r̂) needs.
+    #[arg(long, value_name = "SIZE")]
+    pub mem: Option<String>,
+    /// keep (fewest seeks that fit) or baseline (read each input block, write its pieces at once).
+    #[arg(long, default_value = "keep", value_name = "NAME")]
+    pub strategy: String,
+}
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// Input: a directory of block files or one file. Omit it to plan from --array/--blocks/--dtype.
+    #[arg(value_name = "IN", required_unless_present = "array")]
+    pub input: Option<PathBuf>,
+    #[command(flatten)]
+    pub planning: PlanningArgs,
+    /// Plan without data: the array shape.
+    #[arg(long, value_name = "SHAPE", requires_all = ["blocks", "dtype"], conflicts_with = "input")]
+    pub array: Option<String>,
+    /// Plan without data: the input block shape.
+    #[arg(long, value_name = "SHAPE")]
+    pub blocks: Option<String>,
+    /// Plan without data: the element type (uint16, u2, <u2, >f4, float16, u16, f64...).
+    #[arg(long, value_name = "DTYPE")]
+    pub dtype: Option<String>,
+    #[command(flatten)]
+    pub input_args: InputArgs,
+    /// Print one JSON object instead of the human report.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RechunkArgs {
+    /// Input: a directory of block files, or one file (to split it).
+    #[arg(value_name = "IN")]
+    pub input: PathBuf,
+    /// Output directory (created if missing; must be empty unless --overwrite).
+    #[arg(value_name = "OUT")]
+    pub output: PathBuf,
+    #[command(flatten)]
+    pub planning: PlanningArgs,
+    /// Output format: h5 or npy (default: the input's).
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
+    #[command(flatten)]
+    pub input_args: InputArgs,
+    /// Replace block files already in OUT (other files there are left alone).
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Print the final report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SampleArgs {
+    /// Directory to write the blocks into (created if missing).
+    #[arg(value_name = "OUT")]
+    pub output: PathBuf,
+    /// Array shape, comma-separated.
+    #[arg(long, value_name = "SHAPE")]
+    pub array: String,
+    /// Block shape, comma-separated (edge blocks are smaller where it does not divide).
+    #[arg(long, value_name = "SHAPE")]
+    pub blocks: String,
+    /// Element type (uint16, <u2, >f4, float16, u16, ...).
+    #[arg(long, default_value = "u16", value_name = "DTYPE")]
+    pub dtype: String,
+    /// h5 or npy.
+    #[arg(long, default_value = "h5", value_name = "FORMAT")]
+    pub format: String,
+    /// HDF5 dataset path to write.
+    #[arg(long, default_value = crate::input::DEFAULT_DATASET, value_name = "PATH")]
+    pub dataset: String,
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Plan(args) => plan_command(args),
+        Command::Rechunk(args) => rechunk_command(args),
+        Command::Sample(args) => sample_command(args),
+    }
+}
+
+/// The problem and dtype from IN or from --array/--blocks/--dtype.
+fn problem_of(
+    input: &InputArray,
+    shape: &str,
+) -> anyhow::Result<Problem> {
+    let output = parse_shape(shape)?;
+    if output.len() != input.ndim() {
+        bail!(
+            "--shape {} has {} dimensions but the input array {} has {}",
+            shape,
+            output.len(),
+            show_shape(&input.shape),
+            input.ndim()
+        );
+    }
+    Ok(Problem::new(
+        input.shape.clone(),
+        input.block_shape.clone(),
+        output,
+        input.dtype.size as u64,
+    )?)
+}
+
+fn mem_of(planning: &PlanningArgs) -> anyhow::Result<Option<u64>> {
+    planning
+        .mem
+        .as_deref()
+        .map(parse_bytes)
+        .transpose()
+        .context("--mem")
+}
+
+fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let (problem, dtype) = match (&args.input, &args.array) {
+        (Some(input), _) => {
+            let input = InputArray::scan(input, Some(&args.input_args.dataset))?;
+            (problem_of(&input, &args.planning.shape)?, input.dtype)
+        }
+        (None, Some(array)) => {
+            let dtype: DType = args.dtype.as_deref().unwrap_or("u1").parse()?;
+            let array = parse_shape(array).context("--array")?;
+            let blocks = parse_shape(args.blocks.as_deref().unwrap_or("")).context("--blocks")?;
+            let output = parse_shape(&args.planning.shape).context("--shape")?;
+            (Problem::new(array, blocks, output, dtype.size as u64)?, dtype)
+        }
+        (None, None) => bail!("give IN (block files) or --array, --blocks and --dtype"),
+    };
+    let strategy: Strategy = args.planning.strategy.parse()?;
+    let mem = mem_of(&args.planning)?;
+    let chosen = plan::plan(&problem, strategy, mem)?;
+    let keep = match strategy {
+        Strategy::Keep => Some(chosen.clone()),
+        Strategy::Baseline => plan::plan(&problem, Strategy::Keep, mem).ok(),
+    };
+    let baseline = plan::baseline(&problem);
+    let rhat = plan::keep_rhat(&problem);
+    let elapsed = started.elapsed();
+    let report = plan_json(&chosen, dtype, mem, keep.as_ref(), &baseline, &rhat, elapsed);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_plan(&chosen, dtype, mem, keep.as_ref(), &baseline, elapsed);
+    }
+    Ok(())
+}
+
+fn grid_of(partition: &crate::geometry::Partition) -> Vec<usize> {
+    partition.grid_shape()
+}
+
+fn plan_json(
+    chosen: &Plan,
+    dtype: DType,
+    mem: Option<u64>,
+    keep: Option<&Plan>,
+    baseline: &Plan,
+    rhat: &Plan,
+    elapsed: Duration,
+) -> serde_json::Value {
+    let problem = &chosen.problem;
+    json!({
+        "array": problem.array,
+        "dtype": dtype.numpy_descr(),
+        "elem_size": problem.elem_size,
+        "input_block": problem.input_block,
+        "output_block": problem.output_block,
+        "input_grid": grid_of(&chosen.input),
+        "output_grid": grid_of(&chosen.output),
+        "strategy": chosen.strategy,
+        "read_shape": chosen.read_shape,
+        "read_grid": grid_of(&chosen.read),
+        "read_blocks": chosen.read.count(),
+        "write_blocks": chosen.write.count(),
+        "write_modes": chosen.write_modes,
+        "seeks": {
+            "planned": chosen.prediction.seeks(),
+            "read": chosen.prediction.read_seeks,
+            "write": chosen.prediction.write_seeks,
+            "keep": keep.map(|p| p.prediction.seeks()),
+            "baseline": baseline.prediction.seeks(),
+            "lower_bound": problem.lower_bound_seeks(),
+        },
+        "peak_memory_bytes": chosen.prediction.peak_bytes,
+        "mem_limit_bytes": mem,
+        "keep_rhat": {
+            "read_shape": rhat.read_shape,
+            "seeks": rhat.prediction.seeks(),
+            "peak_memory_bytes": rhat.prediction.peak_bytes,
+        },
+        "baseline_peak_memory_bytes": baseline.prediction.peak_bytes,
+        "planning_seconds": elapsed.as_secs_f64(),
+    })
+}
+
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn print_plan(
+    chosen: &Plan,
+    dtype: DType,
+    mem: Option<u64>,
+    keep: Option<&Plan>,
+    baseline: &Plan,
+    elapsed: Duration,
+) {
+    let problem = &chosen.problem;
+    let nbytes = crate::geometry::volume(&problem.array) * problem.elem_size;
+    println!("array         {} {dtype} ({})", show_shape(&problem.array), show_bytes(nbytes));
+    println!(
+        "input blocks  {}, grid {} ({} blocks)",
+        show_shape(&problem.input_block),
+        show_grid(&chosen.input),
+        thousands(chosen.input.count())
+    );
+    println!(
+        "output blocks {}, grid {} ({} blocks)",
+        show_shape(&problem.output_block),
+        show_grid(&chosen.output),
+        thousands(chosen.output.count())
+    );
+    let strategy = match chosen.strategy {
+        Strategy::Keep => "keep",
+        Strategy::Baseline => "baseline",
+    };
+    println!(
+        "strategy      {strategy}{}",
+        mem.map_or(" (no memory limit)".to_string(), |m| format!(" within {}", show_bytes(m)))
+    );
+    println!(
+        "read shape    {} ({} read blocks), {} write blocks, writes per dimension: {}",
+        show_shape(&chosen.read_shape),
+        thousands(chosen.read.count()),
+        thousands(chosen.write.count()),
+        chosen
+            .write_modes
+            .iter()
+            .map(|m| match m {
+                plan::WriteMode::Keep => "keep",
+                plan::WriteMode::Immediate => "immediate",
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    println!(
+        "seeks         {} (reads {} + writes {})",
+        thousands(chosen.prediction.seeks()),
+        thousands(chosen.prediction.read_seeks),
+        thousands(chosen.prediction.write_seeks)
+    );
+    if let Some(keep) = keep {
+        println!("  keep        {}", thousands(keep.prediction.seeks()));
+    }
+    let base = baseline.prediction.seeks();
+    println!(
+        "  baseline    {}{}",
+        thousands(base),
+        if chosen.prediction.seeks() > 0 {
+            format!(" ({:.1}× the planned seeks)", base as f64 / chosen.prediction.seeks() as f64)
+        } else {
+            String::new()
+        }
+    );
+    println!("  lower bound {} (n_I + n_O)", thousands(problem.lower_bound_seeks()));
+    println!(
+        "peak memory   {} ({} bytes)",
+        show_bytes(chosen.prediction.peak_bytes),
+        thousands(chosen.prediction.peak_bytes)
+    );
+    println!("planned in    {:.3} s", elapsed.as_secs_f64());
+}
+
+fn show_grid(partition: &crate::geometry::Partition) -> String {
+    partition
+        .grid_shape()
+        .iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join("×")
+}
+
+/// A progress bar on a terminal, nothing elsewhere.
+pub fn progress_bar(total_bytes: u64, quiet: bool) -> indicatif::ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total_bytes);
+    let style = indicatif::ProgressStyle::with_template(
+        "{elapsed_precise} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar
+}
+
+fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let input = InputArray::scan(&args.input, Some(&args.input_args.dataset))?;
+    let problem = problem_of(&input, &args.planning.shape)?;
+    let strategy: Strategy = args.planning.strategy.parse()?;
+    let mem = mem_of(&args.planning)?;
+    let plan = plan::plan(&problem, strategy, mem)?;
+    let format = match &args.format {
+        Some(text) => text.parse::<BlockFormat>()?,
+        None => input.format,
+    };
+    if same_directory(&args.input, &args.output) {
+        bail!(
+            "{}: OUT is the input directory; write the new blocks somewhere else",
+            args.output.display()
+        );
+    }
+    rechunk::prepare_output_dir(&args.output, args.overwrite)?;
+    let spec = OutputSpec {
+        format,
+        dataset: args.input_args.dataset.clone(),
+        dtype: input.dtype,
+    };
+    let bar = progress_bar(input.nbytes(), args.quiet || args.json);
+    let cancel = Arc::new(AtomicBool::new(false));
+    let stats = rechunk::rechunk(&input, &plan, &args.output, spec, Some(&cancel), |stats| {
+        bar.set_position(stats.bytes_written);
+        bar.set_message(format!(
+            "blocks {}/{}",
+            stats.output_blocks_done, stats.output_blocks_total
+        ));
+    })?;
+    bar.finish_and_clear();
+    let elapsed = started.elapsed();
+    report_run(&plan, &stats, elapsed, args.json)
+}
+
+fn same_directory(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn report_run(plan: &Plan, stats: &RunStats, elapsed: Duration, as_json: bool) -> anyhow::Result<()> {
+    let seconds = elapsed.as_secs_f64();
+    if as_json {
+        let report = json!({
+            "strategy": plan.strategy,
+            "read_shape": plan.read_shape,
+            "seeks": {
+                "made": stats.seeks(),
+                "read": stats.read_seeks,
+                "write": stats.write_seeks,
+                "planned": plan.prediction.seeks(),
+            },
+            "bytes_read": stats.bytes_read,
+            "bytes_written": stats.bytes_written,
+            "peak_memory_bytes": stats.peak_held_bytes,
+            "planned_peak_memory_bytes": plan.prediction.peak_bytes,
+            "output_blocks": stats.output_blocks_done,
+            "seconds": seconds,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "wrote {} blocks ({}) in {:.2} s, {}/s",
+            thousands(stats.output_blocks_done),
+            show_bytes(stats.bytes_written),
+            seconds,
+            show_bytes((stats.bytes_written as f64 / seconds.max(1e-9)) as u64)
+        );
+        println!(
+            "seeks {} (reads {} + writes {}; planned {})",
+            thousands(stats.seeks()),
+            thousands(stats.read_seeks),
+            thousands(stats.write_seeks),
+            thousands(plan.prediction.seeks())
+        );
+        println!(
+            "peak memory held {} (planned {})",
+            show_bytes(stats.peak_held_bytes),
+            show_bytes(plan.prediction.peak_bytes)
+        );
+    }
+    Ok(())
+}
+
+fn sample_command(args: SampleArgs) -> anyhow::Result<()> {
+    let array = parse_shape(&args.array).context("--array")?;
+    let blocks = parse_shape(&args.blocks).context("--blocks")?;
+    let dtype: DType = args.dtype.parse()?;
+    let format: BlockFormat = args.format.parse()?;
+    crate::sample::write_sample(&args.output, &array, &blocks, dtype, format, &args.dataset)?;
+    eprintln!(
+        "wrote a {} {} array as {} blocks of {} into {}",
+        show_shape(&array),
+        dtype,
+        format.name(),
+        show_shape(&blocks),
+        args.output.display()
+    );
+    Ok(())
+}

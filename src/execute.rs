@@ -1,0 +1,510 @@
+//! The executor: runs a [`Plan`] over an [`InputArray`], reading read blocks
+//! in C order and writing each write block as soon as it is complete, into
+//! whatever [`BlockSink`] provides the output files (real files for
+//! `rechunk`, the staging area for the view).
+//!
+//! Memory: a read block is read straight into one buffer per write block it
+//! touches (its *pieces*); a piece stays until its write block is written,
+//! which gathers from the pieces with `pwritev`. Bytes are never copied
+//! between buffers, and the bytes held are exactly what the planner
+//! simulates: the current read block plus the waiting pieces.
+//!
+//! Every data I/O goes through [`seekio`], whose counts must equal the
+//! plan's predictions; tests hold the executor to that.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{IoSlice, IoSliceMut};
+use std::num::NonZeroUsize;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use lru::LruCache;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::format::hdf5::Hdf5BlockReader;
+use crate::format::Storage;
+use crate::geometry::{strides, IndexBox, Partition, Region};
+use crate::input::InputArray;
+use crate::plan::Plan;
+use crate::seekio::{self, FileKey, SeekCounter};
+
+/// An output block file open for positioned writes of its data.
+pub struct OutputTarget<'a> {
+    pub file: &'a File,
+    pub path: &'a Path,
+    /// Byte offset of the block's data (after its header).
+    pub data_offset: u64,
+}
+
+/// Where output blocks are written.
+pub trait BlockSink {
+    /// The file of output block `rank` (C-order rank in the output grid),
+    /// created on first use.
+    fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>>;
+    /// Every byte of output block `rank` has been written.
+    fn complete(&mut self, rank: u64) -> Result<()>;
+}
+
+/// What a run did: counted, not estimated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RunStats {
+    pub read_seeks: u64,
+    pub write_seeks: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// Most array bytes held in memory at once.
+    pub peak_held_bytes: u64,
+    pub read_blocks_done: u64,
+    pub read_blocks_total: u64,
+    pub output_blocks_done: u64,
+    pub output_blocks_total: u64,
+}
+
+impl RunStats {
+    pub fn seeks(&self) -> u64 {
+        self.read_seeks + self.write_seeks
+    }
+}
+
+/// How many input files stay open between reads (HDF5 opens are costly).
+const OPEN_INPUTS: usize = 64;
+
+enum InputHandle {
+    File(File),
+    Hdf5(Hdf5BlockReader),
+}
+
+/// The pieces of one write block received so far, one per read block
+/// overlapping it (C order over those read blocks).
+struct PendingWrite {
+    read_ranges: Vec<Range<usize>>,
+    pieces: Vec<Option<Vec<u8>>>,
+}
+
+/// Runs `plan` over `input` into `sink`. `progress` is called after every
+/// read block; `cancel` stops the run between read blocks.
+pub struct Executor<'a> {
+    plan: &'a Plan,
+    input: &'a InputArray,
+    elem: u64,
+    inputs: LruCache<u64, InputHandle>,
+    pending: HashMap<u64, PendingWrite>,
+    remaining: HashMap<u64, u64>,
+    counter: SeekCounter,
+    held: u64,
+    stats: RunStats,
+    cancel: Option<&'a AtomicBool>,
+}
+
+impl<'a> Executor<'a> {
+    pub fn new(plan: &'a Plan, input: &'a InputArray) -> Executor<'a> {
+        Executor {
+            plan,
+            input,
+            elem: input.dtype.size as u64,
+            inputs: LruCache::new(NonZeroUsize::new(OPEN_INPUTS).unwrap_or(NonZeroUsize::MIN)),
+            pending: HashMap::new(),
+            remaining: HashMap::new(),
+            counter: SeekCounter::default(),
+            held: 0,
+            stats: RunStats {
+                read_blocks_total: plan.read.count(),
+                output_blocks_total: plan.output.count(),
+                ..RunStats::default()
+            },
+            cancel: None,
+        }
+    }
+
+    pub fn with_cancel(mut self, cancel: &'a AtomicBool) -> Self {
+        self.cancel = Some(cancel);
+        self
+    }
+
+    /// Runs the whole plan.
+    pub fn run(
+        mut self,
+        sink: &mut dyn BlockSink,
+        mut progress: impl FnMut(&RunStats),
+    ) -> Result<RunStats> {
+        for read_index in IndexBox::grid(&self.plan.read.grid_shape()) {
+            if self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                return Err(Error::Cancelled);
+            }
+            self.read_step(&read_index)?;
+            if let Some(write_index) = self.plan.completed_write_block(&read_index) {
+                self.write_step(&write_index, sink)?;
+            }
+            self.stats.read_blocks_done += 1;
+            self.refresh_stats();
+            progress(&self.stats);
+        }
+        debug_assert!(self.pending.is_empty() && self.held == 0);
+        Ok(self.stats)
+    }
+
+    fn refresh_stats(&mut self) {
+        self.stats.read_seeks = self.counter.read_seeks;
+        self.stats.write_seeks = self.counter.write_seeks;
+        self.stats.bytes_read = self.counter.bytes_read;
+        self.stats.bytes_written = self.counter.bytes_written;
+    }
+
+    fn hold(&mut self, bytes: u64) {
+        self.held += bytes;
+        self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(self.held);
+    }
+
+    /// Reads read block `read_index` into its pieces and files them under
+    /// their write blocks.
+    fn read_step(&mut self, read_index: &[usize]) -> Result<()> {
+        let plan = self.plan;
+        let read_box = plan.read.block(read_index);
+        let grid = PieceGrid::new(&plan.write, &read_box);
+        let mut buffers: Vec<Vec<u8>> = grid
+            .volumes()
+            .map(|v| vec![0u8; (v * self.elem) as usize])
+            .collect();
+        self.hold(read_box.volume() * self.elem);
+
+        for input_index in IndexBox::new(plan.input.overlapping(&read_box)) {
+            let file_box = plan.input.block(&input_index);
+            let Some(region) = file_box.intersect(&read_box) else {
+                continue;
+            };
+            let rank = plan.input.linear(&input_index);
+            self.read_input(rank, &file_box, &region, &grid, &mut buffers)?;
+        }
+
+        let read_rank_in = |ranges: &[Range<usize>]| -> usize {
+            ranges
+                .iter()
+                .zip(read_index)
+                .fold(0usize, |acc, (r, &k)| acc * r.len() + (k - r.start))
+        };
+        for (local, buffer) in buffers.into_iter().enumerate() {
+            let write_index = grid.cut_index(local);
+            let write_rank = plan.write.linear(&write_index);
+            let pending = self.pending.entry(write_rank).or_insert_with(|| {
+                let read_ranges = plan.read.overlapping(&plan.write.block(&write_index));
+                let count = read_ranges.iter().map(|r| r.len()).product();
+                PendingWrite {
+                    read_ranges,
+                    pieces: (0..count).map(|_| None).collect(),
+                }
+            });
+            let slot = read_rank_in(&pending.read_ranges);
+            pending.pieces[slot] = Some(buffer);
+        }
+        Ok(())
+    }
+
+    fn read_input(
+        &mut self,
+        rank: u64,
+        file_box: &Region,
+        region: &Region,
+        grid: &PieceGrid,
+        buffers: &mut [Vec<u8>],
+    ) -> Result<()> {
+        let block = &self.input.blocks[rank as usize];
+        if !self.inputs.contains(&rank) {
+            let handle = match &block.storage {
+                Storage::Contiguous { .. } => InputHandle::File(
+                    File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?,
+                ),
+                Storage::Hdf5Dataset { dataset } => {
+                    InputHandle::Hdf5(Hdf5BlockReader::open(&block.path, dataset)?)
+                }
+            };
+            self.inputs.put(rank, handle);
+        }
+        let Some(handle) = self.inputs.get(&rank) else {
+            return Err(Error::bad_input(&block.path, "input handle vanished from cache"));
+        };
+        let counter = &mut self.counter;
+        let key = FileKey::Input(rank);
+        match (handle, &block.storage) {
+            (InputHandle::File(file), Storage::Contiguous { data_offset }) => {
+                walk_segments(region, file_box, self.elem, grid, |offset, len, fragments| {
+                    let mut targets = scatter_targets(buffers, fragments);
+                    seekio::read_exact_at(file, &block.path, &mut targets, data_offset + offset)?;
+                    counter.read(key, data_offset + offset, len);
+                    Ok(())
+                })
+            }
+            (InputHandle::Hdf5(reader), _) => {
+                // libhdf5 moves the bytes; count the same segments a
+                // contiguous read would make, so plans stay comparable.
+                walk_segments(region, file_box, self.elem, grid, |offset, len, _| {
+                    counter.read(key, offset, len);
+                    Ok(())
+                })?;
+                for local in 0..buffers.len() {
+                    let piece = grid.piece_box(local);
+                    if let Some(part) = piece.intersect(region) {
+                        let in_file = part.relative_to(file_box);
+                        let in_piece = part.relative_to(&piece);
+                        reader.read_box(
+                            &in_file.origin,
+                            &part.shape,
+                            &mut buffers[local],
+                            &piece.shape,
+                            &in_piece.origin,
+                        )?;
+                    }
+                }
+                Ok(())
+            }
+            (InputHandle::File(_), Storage::Hdf5Dataset { .. }) => Err(Error::bad_input(
+                &block.path,
+                "opened as a plain file but needs libhdf5",
+            )),
+        }
+    }
+
+    /// Writes the completed write block `write_index` to its output blocks.
+    fn write_step(&mut self, write_index: &[usize], sink: &mut dyn BlockSink) -> Result<()> {
+        let plan = self.plan;
+        let write_box = plan.write.block(write_index);
+        let write_rank = plan.write.linear(write_index);
+        let pending = self.pending.remove(&write_rank).ok_or_else(|| {
+            Error::BadArgument(format!("plan error: write block {write_index:?} completed with no data"))
+        })?;
+        let grid = PieceGrid::new(&plan.read, &write_box);
+        let pieces: Vec<Vec<u8>> = pending
+            .pieces
+            .into_iter()
+            .map(|p| {
+                p.ok_or_else(|| {
+                    Error::BadArgument(format!(
+                        "plan error: write block {write_index:?} completed before all its read blocks"
+                    ))
+                })
+            })
+            .collect::<Result<_>>()?;
+
+        for output_index in IndexBox::new(plan.output.overlapping(&write_box)) {
+            let file_box = plan.output.block(&output_index);
+            let Some(region) = file_box.intersect(&write_box) else {
+                continue;
+            };
+            let rank = plan.output.linear(&output_index);
+            let target = sink.target(rank)?;
+            let counter = &mut self.counter;
+            let key = FileKey::Output(rank);
+            walk_segments(&region, &file_box, self.elem, &grid, |offset, len, fragments| {
+                let mut sources = gather_sources(&pieces, fragments);
+                let at = target.data_offset + offset;
+                seekio::write_all_at(target.file, target.path, &mut sources, at)?;
+                counter.write(key, at, len);
+                Ok(())
+            })?;
+            let remaining = self.remaining.entry(rank).or_insert(file_box.volume());
+            *remaining -= region.volume();
+            if *remaining == 0 {
+                self.remaining.remove(&rank);
+                sink.complete(rank)?;
+                self.stats.output_blocks_done += 1;
+            }
+        }
+        self.held -= write_box.volume() * self.elem;
+        Ok(())
+    }
+}
+
+/// The pieces a container box (a read block, or a write block) is cut into
+/// by another partition (write blocks, or read blocks): one C-order buffer
+/// per cell of the cutting partition that overlaps the container.
+struct PieceGrid {
+    /// Per dimension: index range of the cutting axis overlapping the container.
+    ranges: Vec<Range<usize>>,
+    /// Per dimension: the pieces' intervals, clipped to the container.
+    intervals: Vec<Vec<(u64, u64)>>,
+}
+
+impl PieceGrid {
+    fn new(cut: &Partition, container: &Region) -> PieceGrid {
+        let ranges = cut.overlapping(container);
+        let intervals = ranges
+            .iter()
+            .enumerate()
+            .map(|(d, range)| {
+                range
+                    .clone()
+                    .map(|i| {
+                        let axis = cut.axis(d);
+                        (
+                            axis.start(i).max(container.origin[d]),
+                            axis.end(i).min(container.end(d)),
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        PieceGrid { ranges, intervals }
+    }
+
+    fn count(&self) -> usize {
+        self.intervals.iter().map(Vec::len).product()
+    }
+
+    fn local_index(&self, local: usize) -> Vec<usize> {
+        let mut index = vec![0; self.intervals.len()];
+        let mut rest = local;
+        for d in (0..self.intervals.len()).rev() {
+            index[d] = rest % self.intervals[d].len();
+            rest /= self.intervals[d].len();
+        }
+        index
+    }
+
+    /// Index, in the cutting partition, of piece `local`.
+    fn cut_index(&self, local: usize) -> Vec<usize> {
+        self.local_index(local)
+            .iter()
+            .zip(&self.ranges)
+            .map(|(i, r)| r.start + i)
+            .collect()
+    }
+
+    fn piece_box(&self, local: usize) -> Region {
+        let index = self.local_index(local);
+        let (origin, shape) = index
+            .iter()
+            .enumerate()
+            .map(|(d, &i)| {
+                let (start, end) = self.intervals[d][i];
+                (start, end - start)
+            })
+            .unzip();
+        Region::new(origin, shape)
+    }
+
+    fn volumes(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.count()).map(|local| self.piece_box(local).volume())
+    }
+}
+
+/// A run of bytes inside one piece buffer.
+#[derive(Clone, Copy, Debug)]
+struct Fragment {
+    piece: usize,
+    offset: usize,
+    len: usize,
+}
+
+/// Walks `region` (inside the file block `file_box`) in C order, grouping
+/// its rows into contiguous file segments, and calls `visit(file offset,
+/// length, fragments)` once per segment, offsets and lengths in bytes
+/// relative to the file's data. Fragments say where each byte of the segment
+/// lives among the pieces of `grid`, in order; adjacent ones are merged.
+fn walk_segments(
+    region: &Region,
+    file_box: &Region,
+    elem: u64,
+    grid: &PieceGrid,
+    mut visit: impl FnMut(u64, u64, &[Fragment]) -> Result<()>,
+) -> Result<()> {
+    let n = region.ndim();
+    let last = n - 1;
+    let file_strides = strides(&file_box.shape);
+    // Per dimension and coordinate: which piece interval holds it.
+    let along: Vec<Vec<usize>> = (0..n)
+        .map(|d| {
+            (region.origin[d]..region.end(d))
+                .map(|x| {
+                    grid.intervals[d].partition_point(|&(_, end)| end <= x)
+                })
+                .collect()
+        })
+        .collect();
+    let piece_strides: Vec<Vec<u64>> = (0..grid.count())
+        .map(|local| strides(&grid.piece_box(local).shape))
+        .collect();
+    let grid_strides: Vec<usize> = {
+        let lens: Vec<u64> = grid.intervals.iter().map(|v| v.len() as u64).collect();
+        strides(&lens).into_iter().map(|s| s as usize).collect()
+    };
+
+    let mut segment_start = 0u64;
+    let mut segment_len = 0u64;
+    let mut fragments: Vec<Fragment> = Vec::new();
+    let row_shape: Vec<usize> = (0..last).map(|d| region.shape[d] as usize).collect();
+    for row in IndexBox::grid(&row_shape) {
+        let coords: Vec<u64> = (0..last).map(|d| region.origin[d] + row[d] as u64).collect();
+        let mut file_element = 0u64;
+        let mut piece_base = 0usize;
+        for d in 0..last {
+            file_element += (coords[d] - file_box.origin[d]) * file_strides[d];
+            piece_base += along[d][row[d]] * grid_strides[d];
+        }
+        file_element += region.origin[last] - file_box.origin[last];
+        let row_offset = file_element * elem;
+        let row_len = region.shape[last] * elem;
+        if segment_len > 0 && row_offset != segment_start + segment_len {
+            visit(segment_start, segment_len, &fragments)?;
+            fragments.clear();
+            segment_len = 0;
+        }
+        if segment_len == 0 {
+            segment_start = row_offset;
+        }
+        segment_len += row_len;
+
+        // Split the row along the last dimension among the pieces.
+        let first_interval = along[last][0];
+        let last_interval = along[last][(region.shape[last] - 1) as usize];
+        for interval in first_interval..=last_interval {
+            let (start, end) = grid.intervals[last][interval];
+            let from = start.max(region.origin[last]);
+            let to = end.min(region.end(last));
+            let piece = piece_base + interval * grid_strides[last];
+            let pstrides = &piece_strides[piece];
+            let mut element = from - start;
+            for d in 0..last {
+                let piece_start = grid.intervals[d][along[d][row[d]]].0;
+                element += (coords[d] - piece_start) * pstrides[d];
+            }
+            let offset = (element * elem) as usize;
+            let len = ((to - from) * elem) as usize;
+            match fragments.last_mut() {
+                Some(prev) if prev.piece == piece && prev.offset + prev.len == offset => prev.len += len,
+                _ => fragments.push(Fragment { piece, offset, len }),
+            }
+        }
+    }
+    if segment_len > 0 {
+        visit(segment_start, segment_len, &fragments)?;
+    }
+    Ok(())
+}
+
+/// Mutable slices of the piece buffers, one per fragment, in order. Within
+/// one segment a piece's fragments come at increasing offsets, so each
+/// buffer is split front to back.
+fn scatter_targets<'b>(buffers: &'b mut [Vec<u8>], fragments: &[Fragment]) -> Vec<IoSliceMut<'b>> {
+    let mut rests: Vec<(usize, &'b mut [u8])> =
+        buffers.iter_mut().map(|b| (0usize, b.as_mut_slice())).collect();
+    let mut targets = Vec::with_capacity(fragments.len());
+    for fragment in fragments {
+        let (base, rest) = &mut rests[fragment.piece];
+        let taken = std::mem::take(rest);
+        let (_, from_offset) = taken.split_at_mut(fragment.offset - *base);
+        let (slice, after) = from_offset.split_at_mut(fragment.len);
+        *rest = after;
+        *base = fragment.offset + fragment.len;
+        targets.push(IoSliceMut::new(slice));
+    }
+    targets
+}
+
+fn gather_sources<'b>(pieces: &'b [Vec<u8>], fragments: &[Fragment]) -> Vec<IoSlice<'b>> {
+    fragments
+        .iter()
+        .map(|f| IoSlice::new(&pieces[f.piece][f.offset..f.offset + f.len]))
+        .collect()
+}

@@ -1,0 +1,365 @@
+//! Input discovery: find the block files of an array (a directory of
+//! `{i}_{j}_{k}.h5` files, or one file), check that they form a complete,
+//! consistent grid, and describe the whole array.
+//!
+//! The scan never guesses: a missing or duplicated index, a block whose
+//! shape disagrees with its position, mixed dtypes, a truncated file or a
+//! name that does not parse is refused with the file and the problem named.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use serde::Serialize;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::format::{self, BlockFormat, Storage};
+use crate::geometry::{self, Partition};
+
+/// The HDF5 dataset read when none is named.
+pub const DEFAULT_DATASET: &str = "/data";
+
+/// One input block file.
+#[derive(Clone, Debug)]
+pub struct InputBlock {
+    pub path: PathBuf,
+    pub storage: Storage,
+    /// Identity at scan time: a change means the plan no longer describes it.
+    pub identity: FileIdentity,
+}
+
+/// Size and modification time of a file, to notice changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct FileIdentity {
+    pub size: u64,
+    pub mtime_ns: i128,
+}
+
+impl FileIdentity {
+    pub fn of(path: &Path) -> Result<FileIdentity> {
+        let meta = fs::metadata(path).map_err(|e| Error::io(path, "stat", e))?;
+        let mtime_ns = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as i128);
+        Ok(FileIdentity {
+            size: meta.len(),
+            mtime_ns,
+        })
+    }
+}
+
+/// A whole array stored as a grid of block files.
+#[derive(Clone, Debug)]
+pub struct InputArray {
+    /// The directory (or single file) it was scanned from.
+    pub source: PathBuf,
+    pub format: BlockFormat,
+    /// HDF5 dataset path inside each block file.
+    pub dataset: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    /// Shape of every block but the edge ones (which may be smaller).
+    pub block_shape: Vec<u64>,
+    /// Blocks in C order of their grid index.
+    pub blocks: Vec<InputBlock>,
+}
+
+impl InputArray {
+    /// Scans `path` (a directory of block files or one file); `dataset` names
+    /// the HDF5 dataset (default `/data`).
+    pub fn scan(path: &Path, dataset: Option<&str>) -> Result<InputArray> {
+        let dataset = dataset.unwrap_or(DEFAULT_DATASET).to_string();
+        let meta = fs::metadata(path).map_err(|e| Error::io(path, "reading the input", e))?;
+        if meta.is_file() {
+            return scan_single_file(path, dataset);
+        }
+        if !meta.is_dir() {
+            return Err(Error::bad_input(
+                path,
+                "is neither a block file nor a directory of block files",
+            ));
+        }
+        let named = list_block_files(path)?;
+        assemble_grid(path, named, dataset)
+    }
+
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// The input blocks as a partition of the array.
+    pub fn grid(&self) -> Partition {
+        Partition::regular(&self.shape, &self.block_shape)
+    }
+
+    pub fn nbytes(&self) -> u64 {
+        geometry::volume(&self.shape) * self.dtype.size as u64
+    }
+}
+
+fn scan_single_file(path: &Path, dataset: String) -> Result<InputArray> {
+    let format = format_of(path)?;
+    let info = format::probe(path, format, &dataset)?;
+    Ok(InputArray {
+        source: path.to_path_buf(),
+        format,
+        dtype: info.dtype,
+        shape: info.shape.clone(),
+        block_shape: info.shape,
+        blocks: vec![InputBlock {
+            path: path.to_path_buf(),
+            storage: info.storage,
+            identity: FileIdentity::of(path)?,
+        }],
+        dataset,
+    })
+}
+
+fn format_of(path: &Path) -> Result<BlockFormat> {
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    BlockFormat::from_extension(ext).ok_or_else(|| {
+        Error::bad_input(
+            path,
+            format!(
+                "unknown block file extension '.{ext}'; rechunkfs reads .h5/.hdf5 (HDF5) and .npy files"
+            ),
+        )
+    })
+}
+
+/// Parses `3_0_12` into `[3, 0, 12]`.
+pub fn parse_grid_index(stem: &str) -> Option<Vec<usize>> {
+    stem.split('_')
+        .map(|part| {
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                None
+            } else {
+                part.parse().ok()
+            }
+        })
+        .collect()
+}
+
+/// Formats a grid index the way block files are named: `3_0_12`.
+pub fn grid_name(index: &[usize]) -> String {
+    index
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join("_")
+}
+
+/// Block files in `dir` with their grid index and format. Hidden files and
+/// files of other types are skipped (with a log line); a block-file
+/// extension on a name that is not a grid index is an error.
+fn list_block_files(dir: &Path) -> Result<Vec<(Vec<usize>, PathBuf, BlockFormat)>> {
+    let mut named = Vec::new();
+    let entries = fs::read_dir(dir).map_err(|e| Error::io(dir, "listing", e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(dir, "listing", e))?;
+        let path = entry.path();
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        if file_name.starts_with('.') {
+            continue;
+        }
+        let Some(format) = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .and_then(BlockFormat::from_extension)
+        else {
+            log::warn!("{}: not a block file (unknown extension), ignored", path.display());
+            continue;
+        };
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+        let index = parse_grid_index(stem).ok_or_else(|| {
+            Error::bad_input(
+                &path,
+                format!(
+                    "the name does not parse as a grid index: block files are named by their \
+                     position, one whole number per dimension, like 0_0_0.{} or 2_1_3.{}",
+                    format.extension(),
+                    format.extension()
+                ),
+            )
+        })?;
+        named.push((index, path, format));
+    }
+    Ok(named)
+}
+
+fn assemble_grid(
+    dir: &Path,
+    named: Vec<(Vec<usize>, PathBuf, BlockFormat)>,
+    dataset: String,
+) -> Result<InputArray> {
+    let Some((first_index, first_path, format)) = named.first().cloned() else {
+        return Err(Error::bad_input(
+            dir,
+            "holds no block files; expected files named by grid index like 0_0_0.h5 or 0_0_0.npy",
+        ));
+    };
+    let ndim = first_index.len();
+    if ndim > geometry::MAX_DIMS {
+        return Err(Error::bad_input(
+            &first_path,
+            format!("names {ndim} dimensions; rechunkfs handles 1 to {}", geometry::MAX_DIMS),
+        ));
+    }
+    let mut by_index: BTreeMap<Vec<usize>, PathBuf> = BTreeMap::new();
+    for (index, path, file_format) in &named {
+        if *file_format != format {
+            return Err(Error::bad_input(
+                path,
+                format!(
+                    "is {} but {} is {}: all blocks of one array must share a format",
+                    file_format.name(),
+                    first_path.display(),
+                    format.name()
+                ),
+            ));
+        }
+        if index.len() != ndim {
+            return Err(Error::bad_input(
+                path,
+                format!(
+                    "names a {}-dimensional grid index but {} names a {ndim}-dimensional one",
+                    index.len(),
+                    first_path.display()
+                ),
+            ));
+        }
+        if let Some(other) = by_index.insert(index.clone(), path.clone()) {
+            return Err(Error::bad_input(
+                path,
+                format!(
+                    "duplicates block {}: {} claims the same grid index",
+                    grid_name(index),
+                    other.display()
+                ),
+            ));
+        }
+    }
+    let grid: Vec<usize> = (0..ndim)
+        .map(|d| by_index.keys().map(|i| i[d]).max().unwrap_or(0) + 1)
+        .collect();
+    for index in geometry::IndexBox::grid(&grid) {
+        if !by_index.contains_key(&index) {
+            return Err(Error::bad_input(
+                dir,
+                format!(
+                    "block {} is missing: the names present span a {} grid, which needs all {} blocks",
+                    grid_name(&index),
+                    grid.iter().map(|n| n.to_string()).collect::<Vec<_>>().join("×"),
+                    grid.iter().product::<usize>()
+                ),
+            ));
+        }
+    }
+
+    // Probe every block in C order; the first one sets dtype and rank.
+    let mut blocks = Vec::with_capacity(by_index.len());
+    let mut shapes = Vec::with_capacity(by_index.len());
+    let mut dtype: Option<DType> = None;
+    for (index, path) in &by_index {
+        let info = format::probe(path, format, &dataset)?;
+        if info.shape.len() != ndim {
+            return Err(Error::bad_input(
+                path,
+                format!(
+                    "holds a {}-dimensional array but its name gives {ndim} grid indices",
+                    info.shape.len()
+                ),
+            ));
+        }
+        match dtype {
+            None => dtype = Some(info.dtype),
+            Some(first) if first != info.dtype => {
+                return Err(Error::bad_input(
+                    path,
+                    format!(
+                        "has dtype {} but {} has {}: all blocks must share one dtype",
+                        info.dtype,
+                        first_path_of(&by_index).display(),
+                        first
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+        shapes.push((index.clone(), path.clone(), info.shape));
+        blocks.push(InputBlock {
+            path: path.clone(),
+            storage: info.storage,
+            identity: FileIdentity::of(path)?,
+        });
+    }
+    let dtype = dtype.ok_or_else(|| Error::bad_input(dir, "holds no block files"))?;
+
+    // Interior blocks along each dimension share the origin block's extent;
+    // the last may be shorter, never longer, and all last ones agree.
+    let origin_shape = shapes[0].2.clone();
+    let mut last_extent = origin_shape.clone();
+    for (index, _, shape) in &shapes {
+        for d in 0..ndim {
+            if index[d] == grid[d] - 1 && index.iter().enumerate().all(|(e, &i)| e == d || i == 0) {
+                last_extent[d] = shape[d];
+            }
+        }
+    }
+    for (index, path, shape) in &shapes {
+        for d in 0..ndim {
+            let is_last = index[d] == grid[d] - 1;
+            let expected = if is_last { last_extent[d] } else { origin_shape[d] };
+            if shape[d] != expected || expected > origin_shape[d] {
+                return Err(Error::bad_input(
+                    path,
+                    format!(
+                        "has shape {} which does not fit its position {} in the grid: along \
+                         dimension {d} {} blocks must be {} long (like {}), this one is {}",
+                        geometry::show_shape(shape),
+                        grid_name(index),
+                        if is_last { "the last" } else { "all but the last" },
+                        expected.min(origin_shape[d]),
+                        shapes[0].1.display(),
+                        shape[d]
+                    ),
+                ));
+            }
+        }
+    }
+    let shape: Vec<u64> = (0..ndim)
+        .map(|d| origin_shape[d] * (grid[d] as u64 - 1) + last_extent[d])
+        .collect();
+    Ok(InputArray {
+        source: dir.to_path_buf(),
+        format,
+        dataset,
+        dtype,
+        shape,
+        block_shape: origin_shape,
+        blocks,
+    })
+}
+
+fn first_path_of(by_index: &BTreeMap<Vec<usize>, PathBuf>) -> &Path {
+    by_index.values().next().map_or(Path::new("?"), |p| p.as_path())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grid_names() {
+        assert_eq!(parse_grid_index("3_0_12"), Some(vec![3, 0, 12]));
+        assert_eq!(parse_grid_index("7"), Some(vec![7]));
+        assert_eq!(parse_grid_index("3__1"), None);
+        assert_eq!(parse_grid_index("a_1"), None);
+        assert_eq!(parse_grid_index("-1_2"), None);
+        assert_eq!(grid_name(&[3, 0, 12]), "3_0_12");
+    }
+}
