@@ -299,38 +299,60 @@ fn assemble_grid(
     }
     let dtype = dtype.ok_or_else(|| Error::bad_input(dir, "holds no block files"))?;
 
-    // Interior blocks along each dimension share the origin block's extent;
-    // the last may be shorter, never longer, and all last ones agree.
-    let origin_shape = shapes[0].2.clone();
-    let mut last_extent = origin_shape.clone();
-    for (index, _, shape) in &shapes {
-        for d in 0..ndim {
-            if index[d] == grid[d] - 1 && index.iter().enumerate().all(|(e, &i)| e == d || i == 0) {
-                last_extent[d] = shape[d];
+    // Along each dimension, blocks before the last share one extent and the
+    // last ones share another, no longer. The expected extents are what most
+    // blocks in that position have, so the odd block out is the one named.
+    let mut interior_extent = vec![0u64; ndim];
+    let mut last_extent = vec![0u64; ndim];
+    for d in 0..ndim {
+        let most_common = |last: bool| -> u64 {
+            let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
+            for (index, _, shape) in &shapes {
+                if (index[d] == grid[d] - 1) == last {
+                    *counts.entry(shape[d]).or_default() += 1;
+                }
             }
-        }
+            counts.into_iter().max_by_key(|&(extent, n)| (n, extent)).map_or(0, |(e, _)| e)
+        };
+        last_extent[d] = most_common(true);
+        interior_extent[d] = if grid[d] > 1 { most_common(false) } else { last_extent[d] };
     }
     for (index, path, shape) in &shapes {
         for d in 0..ndim {
             let is_last = index[d] == grid[d] - 1;
-            let expected = if is_last { last_extent[d] } else { origin_shape[d] };
-            if shape[d] != expected || expected > origin_shape[d] {
+            let expected = if is_last { last_extent[d] } else { interior_extent[d] };
+            if shape[d] != expected {
+                let example = shapes
+                    .iter()
+                    .find(|(i, _, s)| (i[d] == grid[d] - 1) == is_last && s[d] == expected)
+                    .map_or(String::new(), |(_, p, _)| format!(" (like {})", p.display()));
                 return Err(Error::bad_input(
                     path,
                     format!(
                         "has shape {} which does not fit its position {} in the grid: along \
-                         dimension {d} {} blocks must be {} long (like {}), this one is {}",
+                         dimension {d} {} blocks are {expected} long{example}, this one is {}",
                         geometry::show_shape(shape),
                         grid_name(index),
                         if is_last { "the last" } else { "all but the last" },
-                        expected.min(origin_shape[d]),
-                        shapes[0].1.display(),
                         shape[d]
                     ),
                 ));
             }
         }
     }
+    for d in 0..ndim {
+        if last_extent[d] > interior_extent[d] {
+            return Err(Error::bad_input(
+                dir,
+                format!(
+                    "along dimension {d} the last blocks are {} long, longer than the others ({}): \
+                     only edge blocks may differ, and only by being shorter",
+                    last_extent[d], interior_extent[d]
+                ),
+            ));
+        }
+    }
+    let origin_shape = interior_extent;
     let shape: Vec<u64> = (0..ndim)
         .map(|d| origin_shape[d] * (grid[d] as u64 - 1) + last_extent[d])
         .collect();

@@ -1,0 +1,222 @@
+//! The command line as a person uses it: `plan` numbers and JSON, `rechunk`
+//! end to end, and every refusal of bad input naming the file and problem
+//! (non-zero exit, nothing written).
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use rechunkfs::format::BlockFormat;
+
+use common::{dtype, make_blocks, verify_output};
+
+fn rechunkfs(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+        .args(args)
+        .output()
+        .expect("run rechunkfs")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn plan_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["plan", "--json"];
+    all.extend_from_slice(args);
+    let output = rechunkfs(&all);
+    assert!(output.status.success(), "plan failed: {}", stderr(&output));
+    serde_json::from_slice(&output.stdout).expect("plan --json prints JSON")
+}
+
+#[test]
+fn plan_prints_the_known_numbers() {
+    for (a, i, o, rhat, keep, baseline) in [
+        ("12,12,12", "4,4,4", "3,3,3", 4, 91, 723),
+        ("50,50,50", "5,5,5", "10,10,10", 10, 1125, 26000),
+        ("60,60,60", "6,6,6", "4,4,4", 6, 4375, 45000),
+        ("30,30,30", "10,10,10", "30,30,30", 30, 28, 2727),
+    ] {
+        let report = plan_json(&["--array", a, "--blocks", i, "--dtype", "u1", "--shape", o]);
+        assert_eq!(report["read_shape"], serde_json::json!([rhat, rhat, rhat]));
+        assert_eq!(report["seeks"]["keep"], keep);
+        assert_eq!(report["seeks"]["baseline"], baseline);
+        assert_eq!(report["seeks"]["lower_bound"], keep);
+        assert!(report["peak_memory_bytes"].as_u64().unwrap() > 0);
+    }
+    let config4 = plan_json(&[
+        "--array", "3500,3500,3500", "--blocks", "175,175,175", "--dtype", "uint16", "--shape", "250,250,250",
+    ]);
+    assert_eq!(config4["seeks"]["keep"], 10_744);
+    assert_eq!(config4["seeks"]["baseline"], 392_008_000u64);
+}
+
+#[test]
+fn plan_of_a_huge_array_is_quick_and_fits() {
+    let report = plan_json(&[
+        "--array", "8000,8000,8000", "--blocks", "200,200,200", "--dtype", "f16", "--shape", "160,160,160", "--mem", "4G",
+    ]);
+    assert!(report["peak_memory_bytes"].as_u64().unwrap() <= 4 << 30);
+    // A count, not a timing: the planner itself reports how long it took,
+    // and a generous bound only catches an accidental blow-up.
+    assert!(report["planning_seconds"].as_f64().unwrap() < 5.0);
+    let seeks = report["seeks"]["keep"].as_u64().unwrap();
+    assert!(seeks >= report["seeks"]["lower_bound"].as_u64().unwrap());
+    assert!(seeks * 1000 < report["seeks"]["baseline"].as_u64().unwrap());
+}
+
+#[test]
+fn plan_refuses_memory_too_small_and_says_the_minimum() {
+    let output = rechunkfs(&[
+        "plan", "--array", "100,100", "--blocks", "10,10", "--dtype", "u8", "--shape", "20,20", "--mem", "1",
+        "--strategy", "baseline",
+    ]);
+    assert!(!output.status.success());
+    let message = stderr(&output);
+    assert!(message.contains("raise --mem to at least 100 B"), "{message}");
+}
+
+#[test]
+fn plan_reads_a_block_directory() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = make_blocks(root.path(), "in", &[12, 12, 12], &[4, 4, 4], dtype("u8"), BlockFormat::Npy);
+    let report = plan_json(&[dir.to_str().unwrap(), "--shape", "3,3,3"]);
+    assert_eq!(report["seeks"]["keep"], 91);
+    assert_eq!(report["dtype"], "|u1");
+}
+
+#[test]
+fn rechunk_writes_blocks_and_reports_seeks_as_json() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = make_blocks(root.path(), "in", &[20, 18, 16], &[7, 6, 5], dtype(">f4"), BlockFormat::Hdf5);
+    let out = root.path().join("out");
+    let output = rechunkfs(&[
+        "rechunk", dir.to_str().unwrap(), out.to_str().unwrap(), "--shape", "8,8,8", "--json", "--mem", "64K",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["seeks"]["made"], report["seeks"]["planned"]);
+    assert!(report["peak_memory_bytes"].as_u64().unwrap() <= 64 << 10);
+    verify_output(&out, &[20, 18, 16], &[8, 8, 8], dtype(">f4"), BlockFormat::Hdf5);
+
+    // Running again into the same, now full, directory is refused...
+    let again = rechunkfs(&["rechunk", dir.to_str().unwrap(), out.to_str().unwrap(), "--shape", "8,8,8"]);
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("is not empty"), "{}", stderr(&again));
+    // ...unless --overwrite, which may change the format too.
+    let over = rechunkfs(&[
+        "rechunk", dir.to_str().unwrap(), out.to_str().unwrap(), "--shape", "5,9,16", "--overwrite", "--format", "npy",
+    ]);
+    assert!(over.status.success(), "{}", stderr(&over));
+    verify_output(&out, &[20, 18, 16], &[5, 9, 16], dtype(">f4"), BlockFormat::Npy);
+}
+
+/// Runs `rechunk` on a broken input: it must fail, name what the test
+/// expects, and write nothing.
+fn assert_refused(input: &Path, expected: &[&str]) {
+    let out = input.parent().unwrap().join("refused-out");
+    let output = rechunkfs(&["rechunk", input.to_str().unwrap(), out.to_str().unwrap(), "--shape", "4,4,4"]);
+    assert!(!output.status.success(), "should refuse {}", input.display());
+    let message = stderr(&output);
+    for part in expected {
+        assert!(message.contains(part), "message lacks '{part}': {message}");
+    }
+    assert!(!out.exists(), "nothing may be written when the input is refused");
+}
+
+fn fresh_grid(root: &Path, format: BlockFormat) -> std::path::PathBuf {
+    make_blocks(root, "in", &[8, 8, 8], &[4, 4, 4], dtype("u16"), format)
+}
+
+#[test]
+fn refuses_a_missing_block() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = fresh_grid(root.path(), BlockFormat::Hdf5);
+    fs::remove_file(dir.join("1_0_1.h5")).unwrap();
+    assert_refused(&dir, &["block 1_0_1 is missing"]);
+}
+
+#[test]
+fn refuses_a_duplicated_index() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = fresh_grid(root.path(), BlockFormat::Hdf5);
+    fs::copy(dir.join("0_1_0.h5"), dir.join("0_01_0.h5")).unwrap();
+    assert_refused(&dir, &["duplicates block 0_1_0"]);
+    fs::remove_file(dir.join("0_01_0.h5")).unwrap();
+    fs::copy(dir.join("0_1_0.h5"), dir.join("0_1_0.hdf5")).unwrap();
+    assert_refused(&dir, &["duplicates block 0_1_0"]);
+}
+
+#[test]
+fn refuses_a_block_whose_shape_disagrees_with_its_position() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = fresh_grid(root.path(), BlockFormat::Npy);
+    let region = rechunkfs::geometry::Region::new(vec![0, 4, 0], vec![4, 3, 4]);
+    rechunkfs::sample::write_block_file(&dir.join("0_1_0.npy"), &[8, 8, 8], &region, dtype("u16"), BlockFormat::Npy, "/data")
+        .unwrap();
+    assert_refused(&dir, &["0_1_0.npy", "does not fit its position 0_1_0", "dimension 1"]);
+}
+
+#[test]
+fn refuses_mixed_dtypes() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = fresh_grid(root.path(), BlockFormat::Hdf5);
+    let region = rechunkfs::geometry::Region::new(vec![4, 4, 4], vec![4, 4, 4]);
+    rechunkfs::sample::write_block_file(&dir.join("1_1_1.h5"), &[8, 8, 8], &region, dtype(">u2"), BlockFormat::Hdf5, "/data")
+        .unwrap();
+    assert_refused(&dir, &["1_1_1.h5", "has dtype u16 (big-endian)", "share one dtype"]);
+}
+
+#[test]
+fn refuses_a_truncated_file() {
+    let root = tempfile::tempdir().unwrap();
+    for format in [BlockFormat::Npy, BlockFormat::Hdf5] {
+        let dir = fresh_grid(&root.path().join(format.extension()), format);
+        let victim = dir.join(format!("1_1_0.{}", format.extension()));
+        let len = fs::metadata(&victim).unwrap().len();
+        fs::OpenOptions::new().write(true).open(&victim).unwrap().set_len(len - 10).unwrap();
+        assert_refused(&dir, &["1_1_0", "truncated"]);
+    }
+}
+
+#[test]
+fn refuses_a_file_that_is_not_what_its_extension_says() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = fresh_grid(root.path(), BlockFormat::Npy);
+    fs::write(dir.join("0_0_1.npy"), b"this is not numpy data at all").unwrap();
+    assert_refused(&dir, &["0_0_1.npy", "not a valid npy file"]);
+    let dir5 = fresh_grid(&root.path().join("h5"), BlockFormat::Hdf5);
+    fs::write(dir5.join("0_0_1.h5"), vec![7u8; 4096]).unwrap();
+    assert_refused(&dir5, &["0_0_1.h5", "HDF5"]);
+}
+
+#[test]
+fn refuses_names_that_do_not_parse() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = fresh_grid(root.path(), BlockFormat::Npy);
+    fs::copy(dir.join("0_0_0.npy"), dir.join("0_x_0.npy")).unwrap();
+    assert_refused(&dir, &["0_x_0.npy", "does not parse as a grid index"]);
+}
+
+#[test]
+fn refuses_grid_names_of_different_ranks() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = fresh_grid(root.path(), BlockFormat::Npy);
+    fs::copy(dir.join("0_0_0.npy"), dir.join("2_0.npy")).unwrap();
+    assert_refused(&dir, &["2-dimensional grid index"]);
+}
+
+#[test]
+fn refuses_an_empty_directory_and_a_bad_shape() {
+    let root = tempfile::tempdir().unwrap();
+    let empty = root.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    assert_refused(&empty, &["holds no block files"]);
+    let dir = fresh_grid(root.path(), BlockFormat::Npy);
+    let output = rechunkfs(&["rechunk", dir.to_str().unwrap(), "/tmp/never-made", "--shape", "4,4"]);
+    assert!(stderr(&output).contains("--shape 4,4 has 2 dimensions but the input array 8×8×8 has 3"));
+    let output = rechunkfs(&["rechunk", dir.to_str().unwrap(), "/tmp/never-made", "--shape", "4,0,4"]);
+    assert!(stderr(&output).contains("'0' is not"), "{}", stderr(&output));
+}
