@@ -154,10 +154,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// The problem and dtype from IN or from --array/--blocks/--dtype.
-fn problem_of(
-    input: &InputArray,
-    shape: &str,
-) -> anyhow::Result<Problem> {
+fn problem_of(input: &InputArray, shape: &str) -> anyhow::Result<Problem> {
     let output = parse_shape(shape)?;
     if output.len() != input.ndim() {
         bail!(
@@ -197,7 +194,10 @@ fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
             let array = parse_shape(array).context("--array")?;
             let blocks = parse_shape(args.blocks.as_deref().unwrap_or("")).context("--blocks")?;
             let output = parse_shape(&args.planning.shape).context("--shape")?;
-            (Problem::new(array, blocks, output, dtype.size as u64)?, dtype)
+            (
+                Problem::new(array, blocks, output, dtype.size as u64)?,
+                dtype,
+            )
         }
         (None, None) => bail!("give IN (block files) or --array, --blocks and --dtype"),
     };
@@ -211,7 +211,15 @@ fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
     let baseline = plan::baseline(&problem);
     let rhat = plan::keep_rhat(&problem);
     let elapsed = started.elapsed();
-    let report = plan_json(&chosen, dtype, mem, keep.as_ref(), &baseline, &rhat, elapsed);
+    let report = plan_json(
+        &chosen,
+        dtype,
+        mem,
+        keep.as_ref(),
+        &baseline,
+        &rhat,
+        elapsed,
+    );
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -290,7 +298,11 @@ fn print_plan(
 ) {
     let problem = &chosen.problem;
     let nbytes = crate::geometry::volume(&problem.array) * problem.elem_size;
-    println!("array         {} {dtype} ({})", show_shape(&problem.array), show_bytes(nbytes));
+    println!(
+        "array         {} {dtype} ({})",
+        show_shape(&problem.array),
+        show_bytes(nbytes)
+    );
     println!(
         "input blocks  {}, grid {} ({} blocks)",
         show_shape(&problem.input_block),
@@ -309,7 +321,10 @@ fn print_plan(
     };
     println!(
         "strategy      {strategy}{}",
-        mem.map_or(" (no memory limit)".to_string(), |m| format!(" within {}", show_bytes(m)))
+        mem.map_or(" (no memory limit)".to_string(), |m| format!(
+            " within {}",
+            show_bytes(m)
+        ))
     );
     println!(
         "read shape    {} ({} read blocks), {} write blocks, writes per dimension: {}",
@@ -340,12 +355,18 @@ fn print_plan(
         "  baseline    {}{}",
         thousands(base),
         if chosen.prediction.seeks() > 0 {
-            format!(" ({:.1}× the planned seeks)", base as f64 / chosen.prediction.seeks() as f64)
+            format!(
+                " ({:.1}× the planned seeks)",
+                base as f64 / chosen.prediction.seeks() as f64
+            )
         } else {
             String::new()
         }
     );
-    println!("  lower bound {} (n_I + n_O)", thousands(problem.lower_bound_seeks()));
+    println!(
+        "  lower bound {} (n_I + n_O)",
+        thousands(problem.lower_bound_seeks())
+    );
     println!(
         "peak memory   {} ({} bytes)",
         show_bytes(chosen.prediction.peak_bytes),
@@ -422,7 +443,12 @@ fn same_directory(a: &Path, b: &Path) -> bool {
     }
 }
 
-fn report_run(plan: &Plan, stats: &RunStats, elapsed: Duration, as_json: bool) -> anyhow::Result<()> {
+fn report_run(
+    plan: &Plan,
+    stats: &RunStats,
+    elapsed: Duration,
+    as_json: bool,
+) -> anyhow::Result<()> {
     let seconds = elapsed.as_secs_f64();
     if as_json {
         let report = json!({
@@ -439,6 +465,7 @@ fn report_run(plan: &Plan, stats: &RunStats, elapsed: Duration, as_json: bool) -
             "peak_memory_bytes": stats.peak_held_bytes,
             "planned_peak_memory_bytes": plan.prediction.peak_bytes,
             "output_blocks": stats.output_blocks_done,
+            "peak_rss_bytes": peak_rss_bytes(),
             "seconds": seconds,
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -458,12 +485,26 @@ fn report_run(plan: &Plan, stats: &RunStats, elapsed: Duration, as_json: bool) -
             thousands(plan.prediction.seeks())
         );
         println!(
-            "peak memory held {} (planned {})",
+            "peak memory held {} (planned {}); peak RSS {}",
             show_bytes(stats.peak_held_bytes),
-            show_bytes(plan.prediction.peak_bytes)
+            show_bytes(plan.prediction.peak_bytes),
+            peak_rss_bytes().map_or("unknown".into(), show_bytes)
         );
     }
     Ok(())
+}
+
+/// This process's peak resident set size, from `getrusage`.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given; zeroed is a valid rusage.
+    let status = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    if status != 0 {
+        return None;
+    }
+    // SAFETY: initialised by the successful call above.
+    let usage = unsafe { usage.assume_init() };
+    Some(usage.ru_maxrss as u64 * 1024)
 }
 
 fn sample_command(args: SampleArgs) -> anyhow::Result<()> {

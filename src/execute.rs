@@ -223,19 +223,26 @@ impl<'a> Executor<'a> {
             self.inputs.put(rank, handle);
         }
         let Some(handle) = self.inputs.get(&rank) else {
-            return Err(Error::bad_input(&block.path, "input handle vanished from cache"));
+            return Err(Error::bad_input(
+                &block.path,
+                "input handle vanished from cache",
+            ));
         };
         let counter = &mut self.counter;
         let key = FileKey::Input(rank);
         match (handle, &block.storage) {
-            (InputHandle::File(file), Storage::Contiguous { data_offset }) => {
-                walk_segments(region, file_box, self.elem, grid, |offset, len, fragments| {
+            (InputHandle::File(file), Storage::Contiguous { data_offset }) => walk_segments(
+                region,
+                file_box,
+                self.elem,
+                grid,
+                |offset, len, fragments| {
                     let mut targets = scatter_targets(buffers, fragments);
                     seekio::read_exact_at(file, &block.path, &mut targets, data_offset + offset)?;
                     counter.read(key, data_offset + offset, len);
                     Ok(())
-                })
-            }
+                },
+            ),
             (InputHandle::Hdf5(reader), _) => {
                 // libhdf5 moves the bytes; count the same segments a
                 // contiguous read would make, so plans stay comparable.
@@ -243,7 +250,7 @@ impl<'a> Executor<'a> {
                     counter.read(key, offset, len);
                     Ok(())
                 })?;
-                for local in 0..buffers.len() {
+                for (local, buffer) in buffers.iter_mut().enumerate() {
                     let piece = grid.piece_box(local);
                     if let Some(part) = piece.intersect(region) {
                         let in_file = part.relative_to(file_box);
@@ -251,7 +258,7 @@ impl<'a> Executor<'a> {
                         reader.read_box(
                             &in_file.origin,
                             &part.shape,
-                            &mut buffers[local],
+                            buffer,
                             &piece.shape,
                             &in_piece.origin,
                         )?;
@@ -272,7 +279,9 @@ impl<'a> Executor<'a> {
         let write_box = plan.write.block(write_index);
         let write_rank = plan.write.linear(write_index);
         let pending = self.pending.remove(&write_rank).ok_or_else(|| {
-            Error::BadArgument(format!("plan error: write block {write_index:?} completed with no data"))
+            Error::BadArgument(format!(
+                "plan error: write block {write_index:?} completed with no data"
+            ))
         })?;
         let grid = PieceGrid::new(&plan.read, &write_box);
         let pieces: Vec<Vec<u8>> = pending
@@ -296,13 +305,19 @@ impl<'a> Executor<'a> {
             let target = sink.target(rank)?;
             let counter = &mut self.counter;
             let key = FileKey::Output(rank);
-            walk_segments(&region, &file_box, self.elem, &grid, |offset, len, fragments| {
-                let mut sources = gather_sources(&pieces, fragments);
-                let at = target.data_offset + offset;
-                seekio::write_all_at(target.file, target.path, &mut sources, at)?;
-                counter.write(key, at, len);
-                Ok(())
-            })?;
+            walk_segments(
+                &region,
+                &file_box,
+                self.elem,
+                &grid,
+                |offset, len, fragments| {
+                    let mut sources = gather_sources(&pieces, fragments);
+                    let at = target.data_offset + offset;
+                    seekio::write_all_at(target.file, target.path, &mut sources, at)?;
+                    counter.write(key, at, len);
+                    Ok(())
+                },
+            )?;
             let remaining = self.remaining.entry(rank).or_insert(file_box.volume());
             *remaining -= region.volume();
             if *remaining == 0 {
@@ -416,9 +431,7 @@ fn walk_segments(
     let along: Vec<Vec<usize>> = (0..n)
         .map(|d| {
             (region.origin[d]..region.end(d))
-                .map(|x| {
-                    grid.intervals[d].partition_point(|&(_, end)| end <= x)
-                })
+                .map(|x| grid.intervals[d].partition_point(|&(_, end)| end <= x))
                 .collect()
         })
         .collect();
@@ -435,7 +448,9 @@ fn walk_segments(
     let mut fragments: Vec<Fragment> = Vec::new();
     let row_shape: Vec<usize> = (0..last).map(|d| region.shape[d] as usize).collect();
     for row in IndexBox::grid(&row_shape) {
-        let coords: Vec<u64> = (0..last).map(|d| region.origin[d] + row[d] as u64).collect();
+        let coords: Vec<u64> = (0..last)
+            .map(|d| region.origin[d] + row[d] as u64)
+            .collect();
         let mut file_element = 0u64;
         let mut piece_base = 0usize;
         for d in 0..last {
@@ -472,7 +487,9 @@ fn walk_segments(
             let offset = (element * elem) as usize;
             let len = ((to - from) * elem) as usize;
             match fragments.last_mut() {
-                Some(prev) if prev.piece == piece && prev.offset + prev.len == offset => prev.len += len,
+                Some(prev) if prev.piece == piece && prev.offset + prev.len == offset => {
+                    prev.len += len
+                }
                 _ => fragments.push(Fragment { piece, offset, len }),
             }
         }
@@ -487,8 +504,10 @@ fn walk_segments(
 /// one segment a piece's fragments come at increasing offsets, so each
 /// buffer is split front to back.
 fn scatter_targets<'b>(buffers: &'b mut [Vec<u8>], fragments: &[Fragment]) -> Vec<IoSliceMut<'b>> {
-    let mut rests: Vec<(usize, &'b mut [u8])> =
-        buffers.iter_mut().map(|b| (0usize, b.as_mut_slice())).collect();
+    let mut rests: Vec<(usize, &'b mut [u8])> = buffers
+        .iter_mut()
+        .map(|b| (0usize, b.as_mut_slice()))
+        .collect();
     let mut targets = Vec::with_capacity(fragments.len());
     for fragment in fragments {
         let (base, rest) = &mut rests[fragment.piece];

@@ -171,7 +171,10 @@ fn list_block_files(dir: &Path) -> Result<Vec<(Vec<usize>, PathBuf, BlockFormat)
             .and_then(|e| e.to_str())
             .and_then(BlockFormat::from_extension)
         else {
-            log::warn!("{}: not a block file (unknown extension), ignored", path.display());
+            log::warn!(
+                "{}: not a block file (unknown extension), ignored",
+                path.display()
+            );
             continue;
         };
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
@@ -206,7 +209,10 @@ fn assemble_grid(
     if ndim > geometry::MAX_DIMS {
         return Err(Error::bad_input(
             &first_path,
-            format!("names {ndim} dimensions; rechunkfs handles 1 to {}", geometry::MAX_DIMS),
+            format!(
+                "names {ndim} dimensions; rechunkfs handles 1 to {}",
+                geometry::MAX_DIMS
+            ),
         ));
     }
     let mut by_index: BTreeMap<Vec<usize>, PathBuf> = BTreeMap::new();
@@ -312,20 +318,33 @@ fn assemble_grid(
                     *counts.entry(shape[d]).or_default() += 1;
                 }
             }
-            counts.into_iter().max_by_key(|&(extent, n)| (n, extent)).map_or(0, |(e, _)| e)
+            counts
+                .into_iter()
+                .max_by_key(|&(extent, n)| (n, extent))
+                .map_or(0, |(e, _)| e)
         };
         last_extent[d] = most_common(true);
-        interior_extent[d] = if grid[d] > 1 { most_common(false) } else { last_extent[d] };
+        interior_extent[d] = if grid[d] > 1 {
+            most_common(false)
+        } else {
+            last_extent[d]
+        };
     }
     for (index, path, shape) in &shapes {
         for d in 0..ndim {
             let is_last = index[d] == grid[d] - 1;
-            let expected = if is_last { last_extent[d] } else { interior_extent[d] };
+            let expected = if is_last {
+                last_extent[d]
+            } else {
+                interior_extent[d]
+            };
             if shape[d] != expected {
                 let example = shapes
                     .iter()
                     .find(|(i, _, s)| (i[d] == grid[d] - 1) == is_last && s[d] == expected)
-                    .map_or(String::new(), |(_, p, _)| format!(" (like {})", p.display()));
+                    .map_or(String::new(), |(_, p, _)| {
+                        format!(" (like {})", p.display())
+                    });
                 return Err(Error::bad_input(
                     path,
                     format!(
@@ -333,7 +352,11 @@ fn assemble_grid(
                          dimension {d} {} blocks are {expected} long{example}, this one is {}",
                         geometry::show_shape(shape),
                         grid_name(index),
-                        if is_last { "the last" } else { "all but the last" },
+                        if is_last {
+                            "the last"
+                        } else {
+                            "all but the last"
+                        },
                         shape[d]
                     ),
                 ));
@@ -368,7 +391,10 @@ fn assemble_grid(
 }
 
 fn first_path_of(by_index: &BTreeMap<Vec<usize>, PathBuf>) -> &Path {
-    by_index.values().next().map_or(Path::new("?"), |p| p.as_path())
+    by_index
+        .values()
+        .next()
+        .map_or(Path::new("?"), |p| p.as_path())
 }
 
 #[cfg(test)]

@@ -88,7 +88,10 @@ impl Problem {
                 geometry::MAX_DIMS
             )));
         }
-        for (what, shape) in [("input block", &input_block), ("output block", &output_block)] {
+        for (what, shape) in [
+            ("input block", &input_block),
+            ("output block", &output_block),
+        ] {
             if shape.len() != n {
                 return Err(Error::BadArgument(format!(
                     "the {what} shape {} has {} dimensions but the array {} has {n}",
@@ -249,7 +252,6 @@ impl Overlap {
 /// by `q`: dimensions after `q` whole, dimension `q` not whole (or `q = 0`),
 /// dimensions before `q` anything, contributing the product of their extents.
 fn segments(overlaps: &[Overlap]) -> u128 {
-    let n = overlaps.len();
     let whole_after = |q: usize| -> u128 {
         overlaps[q + 1..]
             .iter()
@@ -258,16 +260,22 @@ fn segments(overlaps: &[Overlap]) -> u128 {
     };
     let mut total = overlaps[0].pieces as u128 * whole_after(0);
     let mut extent_before: u128 = overlaps[0].extent_sum as u128;
-    for q in 1..n {
-        let cut = (overlaps[q].pieces - overlaps[q].whole) as u128;
+    for (q, overlap) in overlaps.iter().enumerate().skip(1) {
+        let cut = (overlap.pieces - overlap.whole) as u128;
         total += extent_before * cut * whole_after(q);
-        extent_before *= overlaps[q].extent_sum as u128;
+        extent_before *= overlap.extent_sum as u128;
     }
     total
 }
 
 impl DimOption {
-    fn new(array_len: u64, input: &Axis, output: &Axis, read_step: u64, mode: WriteMode) -> DimOption {
+    fn new(
+        array_len: u64,
+        input: &Axis,
+        output: &Axis,
+        read_step: u64,
+        mode: WriteMode,
+    ) -> DimOption {
         let read = Axis::regular(array_len, read_step);
         let (write, completes) = match mode {
             WriteMode::Immediate => (read.clone(), (0..read.count()).map(Some).collect()),
@@ -280,7 +288,11 @@ impl DimOption {
                 for k in 0..read.count() {
                     let end = read.end(k);
                     let last_output_boundary = output.start(output.locate(end - 1));
-                    let l = if output.is_boundary(end) { end } else { last_output_boundary };
+                    let l = if output.is_boundary(end) {
+                        end
+                    } else {
+                        last_output_boundary
+                    };
                     if l > *bounds.last().unwrap_or(&0) {
                         bounds.push(l);
                         completes.push(Some(bounds.len() - 2));
@@ -344,7 +356,10 @@ fn read_seeks(dims: &[&DimOption], input_counts: &[usize]) -> u128 {
         if (j + 1..n).any(|d| input_counts[d] != 1) {
             continue;
         }
-        let steps: u128 = dims[..j].iter().map(|o| o.unit_reads as u128).product::<u128>()
+        let steps: u128 = dims[..j]
+            .iter()
+            .map(|o| o.unit_reads as u128)
+            .product::<u128>()
             * dims[j].inner_reads as u128;
         let steps_with_write: u128 = dims[..j]
             .iter()
@@ -443,7 +458,11 @@ pub fn baseline(problem: &Problem) -> Plan {
             )
         })
         .collect();
-    assemble(problem, Strategy::Baseline, &dims.iter().collect::<Vec<_>>())
+    assemble(
+        problem,
+        Strategy::Baseline,
+        &dims.iter().collect::<Vec<_>>(),
+    )
 }
 
 /// keep(r̂): read blocks of shape `r̂`, keep mode in every dimension; costs
@@ -452,7 +471,15 @@ pub fn keep_rhat(problem: &Problem) -> Plan {
     let (input, output) = (problem.input(), problem.output());
     let rhat = problem.rhat();
     let dims: Vec<DimOption> = (0..problem.ndim())
-        .map(|d| DimOption::new(problem.array[d], input.axis(d), output.axis(d), rhat[d], WriteMode::Keep))
+        .map(|d| {
+            DimOption::new(
+                problem.array[d],
+                input.axis(d),
+                output.axis(d),
+                rhat[d],
+                WriteMode::Keep,
+            )
+        })
         .collect();
     assemble(problem, Strategy::Keep, &dims.iter().collect::<Vec<_>>())
 }
@@ -463,7 +490,9 @@ pub fn keep_rhat(problem: &Problem) -> Plan {
 fn read_steps(problem: &Problem, d: usize) -> Vec<u64> {
     let i = problem.input_block[d];
     let rhat = problem.rhat()[d];
-    let mut steps: Vec<u64> = (1..=rhat.div_ceil(i)).map(|j| (j * i).min(problem.array[d])).collect();
+    let mut steps: Vec<u64> = (1..=rhat.div_ceil(i))
+        .map(|j| (j * i).min(problem.array[d]))
+        .collect();
     let mut divisor = 1;
     while divisor * divisor <= i {
         if i % divisor == 0 {
@@ -522,7 +551,13 @@ fn search(problem: &Problem, mem: u64) -> Result<Plan> {
         .map(|d| {
             let mut list = Vec::new();
             for step in read_steps(problem, d) {
-                let keep = DimOption::new(problem.array[d], input.axis(d), output.axis(d), step, WriteMode::Keep);
+                let keep = DimOption::new(
+                    problem.array[d],
+                    input.axis(d),
+                    output.axis(d),
+                    step,
+                    WriteMode::Keep,
+                );
                 let keeps_differ = keep.write != keep.read;
                 list.push(keep);
                 if keeps_differ {
@@ -553,11 +588,18 @@ fn search(problem: &Problem, mem: u64) -> Result<Plan> {
     let counts: Vec<usize> = options.iter().map(Vec::len).collect();
     let mut candidates: Vec<Candidate> = IndexBox::grid(&counts)
         .map(|choice| {
-            let dims: Vec<&DimOption> = choice.iter().enumerate().map(|(d, &c)| &options[d][c]).collect();
+            let dims: Vec<&DimOption> = choice
+                .iter()
+                .enumerate()
+                .map(|(d, &c)| &options[d][c])
+                .collect();
             Candidate {
                 seeks: read_seeks(&dims, &input_counts) + write_seeks(&dims),
                 read_blocks: dims.iter().map(|o| o.read.count() as u128).product(),
-                min_bytes: dims.iter().map(|o| o.max_read_extent as u128).product::<u128>()
+                min_bytes: dims
+                    .iter()
+                    .map(|o| o.max_read_extent as u128)
+                    .product::<u128>()
                     * problem.elem_size as u128,
                 choice,
             }
@@ -587,7 +629,9 @@ fn search(problem: &Problem, mem: u64) -> Result<Plan> {
     // Nothing fits: find the least memory any plan needs, to say so.
     candidates.sort_by_key(|c| c.min_bytes);
     for candidate in &candidates {
-        if smallest.as_ref().is_some_and(|(p, _)| candidate.min_bytes >= *p)
+        if smallest
+            .as_ref()
+            .is_some_and(|(p, _)| candidate.min_bytes >= *p)
             || candidate.read_blocks > MAX_SIMULATED_READ_BLOCKS
         {
             continue;
@@ -631,7 +675,11 @@ mod tests {
             let plan = keep_rhat(&problem);
             assert_eq!(plan.read_shape, vec![rhat; 3]);
             assert_eq!(plan.prediction.seeks(), keep, "keep {a} {i} {o}");
-            assert_eq!(baseline(&problem).prediction.seeks(), base, "baseline {a} {i} {o}");
+            assert_eq!(
+                baseline(&problem).prediction.seeks(),
+                base,
+                "baseline {a} {i} {o}"
+            );
         }
         let small = Problem::new(vec![2, 2, 2], vec![2, 2, 2], vec![2, 1, 2], 1).unwrap();
         assert_eq!(keep_rhat(&small).prediction.seeks(), 3);

@@ -50,7 +50,8 @@ pub fn block_file_name(index: &[usize], format: BlockFormat) -> String {
 pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<()> {
     match fs::metadata(out) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return fs::create_dir_all(out).map_err(|e| Error::io(out, "creating the output directory", e));
+            return fs::create_dir_all(out)
+                .map_err(|e| Error::io(out, "creating the output directory", e));
         }
         Err(e) => return Err(Error::io(out, "checking the output directory", e)),
         Ok(meta) if !meta.is_dir() => {
@@ -86,7 +87,11 @@ pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<()> {
             .and_then(|s| s.to_str())
             .and_then(parse_grid_index)
             .is_some()
-            && path.extension().and_then(|e| e.to_str()).and_then(BlockFormat::from_extension).is_some();
+            && path
+                .extension()
+                .and_then(|e| e.to_str())
+                .and_then(BlockFormat::from_extension)
+                .is_some();
         if (is_partial || is_block) && path.is_file() {
             fs::remove_file(&path).map_err(|e| Error::io(&path, "removing an old block", e))?;
         }
@@ -129,12 +134,16 @@ impl DirectorySink {
 
     fn paths(&self, rank: u64) -> (PathBuf, PathBuf) {
         let name = block_file_name(&self.output.unravel(rank), self.spec.format);
-        (self.dir.join(format!(".{name}.partial")), self.dir.join(name))
+        (
+            self.dir.join(format!(".{name}.partial")),
+            self.dir.join(name),
+        )
     }
 
     fn template(&mut self, shape: &[u64]) -> Result<&BlockTemplate> {
         if !self.templates.contains_key(shape) {
-            let template = format::template(self.spec.format, shape, self.spec.dtype, &self.spec.dataset)?;
+            let template =
+                format::template(self.spec.format, shape, self.spec.dtype, &self.spec.dataset)?;
             self.templates.insert(shape.to_vec(), template);
         }
         self.templates
@@ -151,12 +160,18 @@ impl DirectorySink {
         // One syncfs flushes every completed block's data at once; only
         // then may their names say they are complete.
         if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-            return Err(Error::io(&self.dir, "syncing", std::io::Error::last_os_error()));
+            return Err(Error::io(
+                &self.dir,
+                "syncing",
+                std::io::Error::last_os_error(),
+            ));
         }
         for (partial, done) in self.completed.drain(..) {
-            fs::rename(&partial, &done).map_err(|e| Error::io(&partial, "renaming to its final name", e))?;
+            fs::rename(&partial, &done)
+                .map_err(|e| Error::io(&partial, "renaming to its final name", e))?;
         }
-        dir.sync_all().map_err(|e| Error::io(&self.dir, "syncing the directory", e))?;
+        dir.sync_all()
+            .map_err(|e| Error::io(&self.dir, "syncing the directory", e))?;
         self.completed_bytes = 0;
         Ok(())
     }

@@ -133,7 +133,13 @@ mod tests {
     fn vectored_round_trip_beyond_iov_max() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
-        let file = File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
         let data: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
         let mut slices: Vec<IoSlice> = data.chunks(1).map(IoSlice::new).collect();
         write_all_at(&file, &path, &mut slices, 7).unwrap();
@@ -142,7 +148,8 @@ mod tests {
         read_exact_at(&file, &path, &mut targets, 7).unwrap();
         assert_eq!(back, data);
         let mut past_end = [0u8; 4];
-        let err = read_exact_at(&file, &path, &mut [IoSliceMut::new(&mut past_end)], 3005).unwrap_err();
+        let err =
+            read_exact_at(&file, &path, &mut [IoSliceMut::new(&mut past_end)], 3005).unwrap_err();
         assert!(err.to_string().contains("truncated"));
     }
 }

@@ -47,7 +47,14 @@ fn plan_prints_the_known_numbers() {
         assert!(report["peak_memory_bytes"].as_u64().unwrap() > 0);
     }
     let config4 = plan_json(&[
-        "--array", "3500,3500,3500", "--blocks", "175,175,175", "--dtype", "uint16", "--shape", "250,250,250",
+        "--array",
+        "3500,3500,3500",
+        "--blocks",
+        "175,175,175",
+        "--dtype",
+        "uint16",
+        "--shape",
+        "250,250,250",
     ]);
     assert_eq!(config4["seeks"]["keep"], 10_744);
     assert_eq!(config4["seeks"]["baseline"], 392_008_000u64);
@@ -56,7 +63,16 @@ fn plan_prints_the_known_numbers() {
 #[test]
 fn plan_of_a_huge_array_is_quick_and_fits() {
     let report = plan_json(&[
-        "--array", "8000,8000,8000", "--blocks", "200,200,200", "--dtype", "f16", "--shape", "160,160,160", "--mem", "4G",
+        "--array",
+        "8000,8000,8000",
+        "--blocks",
+        "200,200,200",
+        "--dtype",
+        "f16",
+        "--shape",
+        "160,160,160",
+        "--mem",
+        "4G",
     ]);
     assert!(report["peak_memory_bytes"].as_u64().unwrap() <= 4 << 30);
     // A count, not a timing: the planner itself reports how long it took,
@@ -70,18 +86,39 @@ fn plan_of_a_huge_array_is_quick_and_fits() {
 #[test]
 fn plan_refuses_memory_too_small_and_says_the_minimum() {
     let output = rechunkfs(&[
-        "plan", "--array", "100,100", "--blocks", "10,10", "--dtype", "u8", "--shape", "20,20", "--mem", "1",
-        "--strategy", "baseline",
+        "plan",
+        "--array",
+        "100,100",
+        "--blocks",
+        "10,10",
+        "--dtype",
+        "u8",
+        "--shape",
+        "20,20",
+        "--mem",
+        "1",
+        "--strategy",
+        "baseline",
     ]);
     assert!(!output.status.success());
     let message = stderr(&output);
-    assert!(message.contains("raise --mem to at least 100 B"), "{message}");
+    assert!(
+        message.contains("raise --mem to at least 100 B"),
+        "{message}"
+    );
 }
 
 #[test]
 fn plan_reads_a_block_directory() {
     let root = tempfile::tempdir().unwrap();
-    let dir = make_blocks(root.path(), "in", &[12, 12, 12], &[4, 4, 4], dtype("u8"), BlockFormat::Npy);
+    let dir = make_blocks(
+        root.path(),
+        "in",
+        &[12, 12, 12],
+        &[4, 4, 4],
+        dtype("u8"),
+        BlockFormat::Npy,
+    );
     let report = plan_json(&[dir.to_str().unwrap(), "--shape", "3,3,3"]);
     assert_eq!(report["seeks"]["keep"], 91);
     assert_eq!(report["dtype"], "|u1");
@@ -90,40 +127,96 @@ fn plan_reads_a_block_directory() {
 #[test]
 fn rechunk_writes_blocks_and_reports_seeks_as_json() {
     let root = tempfile::tempdir().unwrap();
-    let dir = make_blocks(root.path(), "in", &[20, 18, 16], &[7, 6, 5], dtype(">f4"), BlockFormat::Hdf5);
+    let dir = make_blocks(
+        root.path(),
+        "in",
+        &[20, 18, 16],
+        &[7, 6, 5],
+        dtype(">f4"),
+        BlockFormat::Hdf5,
+    );
     let out = root.path().join("out");
     let output = rechunkfs(&[
-        "rechunk", dir.to_str().unwrap(), out.to_str().unwrap(), "--shape", "8,8,8", "--json", "--mem", "64K",
+        "rechunk",
+        dir.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--shape",
+        "8,8,8",
+        "--json",
+        "--mem",
+        "64K",
     ]);
     assert!(output.status.success(), "{}", stderr(&output));
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(report["seeks"]["made"], report["seeks"]["planned"]);
     assert!(report["peak_memory_bytes"].as_u64().unwrap() <= 64 << 10);
-    verify_output(&out, &[20, 18, 16], &[8, 8, 8], dtype(">f4"), BlockFormat::Hdf5);
+    verify_output(
+        &out,
+        &[20, 18, 16],
+        &[8, 8, 8],
+        dtype(">f4"),
+        BlockFormat::Hdf5,
+    );
 
     // Running again into the same, now full, directory is refused...
-    let again = rechunkfs(&["rechunk", dir.to_str().unwrap(), out.to_str().unwrap(), "--shape", "8,8,8"]);
+    let again = rechunkfs(&[
+        "rechunk",
+        dir.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--shape",
+        "8,8,8",
+    ]);
     assert!(!again.status.success());
-    assert!(stderr(&again).contains("is not empty"), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("is not empty"),
+        "{}",
+        stderr(&again)
+    );
     // ...unless --overwrite, which may change the format too.
     let over = rechunkfs(&[
-        "rechunk", dir.to_str().unwrap(), out.to_str().unwrap(), "--shape", "5,9,16", "--overwrite", "--format", "npy",
+        "rechunk",
+        dir.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--shape",
+        "5,9,16",
+        "--overwrite",
+        "--format",
+        "npy",
     ]);
     assert!(over.status.success(), "{}", stderr(&over));
-    verify_output(&out, &[20, 18, 16], &[5, 9, 16], dtype(">f4"), BlockFormat::Npy);
+    verify_output(
+        &out,
+        &[20, 18, 16],
+        &[5, 9, 16],
+        dtype(">f4"),
+        BlockFormat::Npy,
+    );
 }
 
 /// Runs `rechunk` on a broken input: it must fail, name what the test
 /// expects, and write nothing.
 fn assert_refused(input: &Path, expected: &[&str]) {
     let out = input.parent().unwrap().join("refused-out");
-    let output = rechunkfs(&["rechunk", input.to_str().unwrap(), out.to_str().unwrap(), "--shape", "4,4,4"]);
-    assert!(!output.status.success(), "should refuse {}", input.display());
+    let output = rechunkfs(&[
+        "rechunk",
+        input.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--shape",
+        "4,4,4",
+    ]);
+    assert!(
+        !output.status.success(),
+        "should refuse {}",
+        input.display()
+    );
     let message = stderr(&output);
     for part in expected {
         assert!(message.contains(part), "message lacks '{part}': {message}");
     }
-    assert!(!out.exists(), "nothing may be written when the input is refused");
+    assert!(
+        !out.exists(),
+        "nothing may be written when the input is refused"
+    );
 }
 
 fn fresh_grid(root: &Path, format: BlockFormat) -> std::path::PathBuf {
@@ -154,9 +247,23 @@ fn refuses_a_block_whose_shape_disagrees_with_its_position() {
     let root = tempfile::tempdir().unwrap();
     let dir = fresh_grid(root.path(), BlockFormat::Npy);
     let region = rechunkfs::geometry::Region::new(vec![0, 4, 0], vec![4, 3, 4]);
-    rechunkfs::sample::write_block_file(&dir.join("0_1_0.npy"), &[8, 8, 8], &region, dtype("u16"), BlockFormat::Npy, "/data")
-        .unwrap();
-    assert_refused(&dir, &["0_1_0.npy", "does not fit its position 0_1_0", "dimension 1"]);
+    rechunkfs::sample::write_block_file(
+        &dir.join("0_1_0.npy"),
+        &[8, 8, 8],
+        &region,
+        dtype("u16"),
+        BlockFormat::Npy,
+        "/data",
+    )
+    .unwrap();
+    assert_refused(
+        &dir,
+        &[
+            "0_1_0.npy",
+            "does not fit its position 0_1_0",
+            "dimension 1",
+        ],
+    );
 }
 
 #[test]
@@ -164,9 +271,19 @@ fn refuses_mixed_dtypes() {
     let root = tempfile::tempdir().unwrap();
     let dir = fresh_grid(root.path(), BlockFormat::Hdf5);
     let region = rechunkfs::geometry::Region::new(vec![4, 4, 4], vec![4, 4, 4]);
-    rechunkfs::sample::write_block_file(&dir.join("1_1_1.h5"), &[8, 8, 8], &region, dtype(">u2"), BlockFormat::Hdf5, "/data")
-        .unwrap();
-    assert_refused(&dir, &["1_1_1.h5", "has dtype u16 (big-endian)", "share one dtype"]);
+    rechunkfs::sample::write_block_file(
+        &dir.join("1_1_1.h5"),
+        &[8, 8, 8],
+        &region,
+        dtype(">u2"),
+        BlockFormat::Hdf5,
+        "/data",
+    )
+    .unwrap();
+    assert_refused(
+        &dir,
+        &["1_1_1.h5", "has dtype u16 (big-endian)", "share one dtype"],
+    );
 }
 
 #[test]
@@ -176,7 +293,12 @@ fn refuses_a_truncated_file() {
         let dir = fresh_grid(&root.path().join(format.extension()), format);
         let victim = dir.join(format!("1_1_0.{}", format.extension()));
         let len = fs::metadata(&victim).unwrap().len();
-        fs::OpenOptions::new().write(true).open(&victim).unwrap().set_len(len - 10).unwrap();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&victim)
+            .unwrap()
+            .set_len(len - 10)
+            .unwrap();
         assert_refused(&dir, &["1_1_0", "truncated"]);
     }
 }
@@ -215,8 +337,92 @@ fn refuses_an_empty_directory_and_a_bad_shape() {
     fs::create_dir(&empty).unwrap();
     assert_refused(&empty, &["holds no block files"]);
     let dir = fresh_grid(root.path(), BlockFormat::Npy);
-    let output = rechunkfs(&["rechunk", dir.to_str().unwrap(), "/tmp/never-made", "--shape", "4,4"]);
-    assert!(stderr(&output).contains("--shape 4,4 has 2 dimensions but the input array 8×8×8 has 3"));
-    let output = rechunkfs(&["rechunk", dir.to_str().unwrap(), "/tmp/never-made", "--shape", "4,0,4"]);
-    assert!(stderr(&output).contains("'0' is not"), "{}", stderr(&output));
+    let output = rechunkfs(&[
+        "rechunk",
+        dir.to_str().unwrap(),
+        "/tmp/never-made",
+        "--shape",
+        "4,4",
+    ]);
+    assert!(
+        stderr(&output).contains("--shape 4,4 has 2 dimensions but the input array 8×8×8 has 3")
+    );
+    let output = rechunkfs(&[
+        "rechunk",
+        dir.to_str().unwrap(),
+        "/tmp/never-made",
+        "--shape",
+        "4,0,4",
+    ]);
+    assert!(
+        stderr(&output).contains("'0' is not"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+/// The Python interpreter with numpy and h5py that scripts/setup prepares.
+fn python() -> String {
+    std::env::var("RECHUNKFS_PYTHON").unwrap_or_else(|_| {
+        let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/target/pyenv/bin/python");
+        assert!(
+            Path::new(venv).exists(),
+            "no Python with numpy and h5py: run ./scripts/test (or source scripts/setup) first"
+        );
+        venv.to_string()
+    })
+}
+
+#[test]
+fn numpy_and_h5py_read_every_output_block_exactly() {
+    let root = tempfile::tempdir().unwrap();
+    for (fmt, dt) in [
+        (BlockFormat::Hdf5, ">u2"),
+        (BlockFormat::Npy, "<f2"),
+        (BlockFormat::Hdf5, "<i8"),
+    ] {
+        let dir = make_blocks(
+            &root.path().join(dt),
+            "in",
+            &[17, 13, 11],
+            &[5, 6, 4],
+            dtype(dt),
+            BlockFormat::Hdf5,
+        );
+        let out = root.path().join(dt).join("out");
+        let ext = fmt.extension();
+        let output = rechunkfs(&[
+            "rechunk",
+            dir.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "--shape",
+            "6,5,7",
+            "--format",
+            ext,
+            "--quiet",
+        ]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let check = Command::new(python())
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/verify.py"))
+            .args([
+                out.to_str().unwrap(),
+                "--array",
+                "17,13,11",
+                "--block",
+                "6,5,7",
+                "--dtype",
+                dt,
+                "--format",
+                ext,
+            ])
+            .output()
+            .expect("run python");
+        assert!(
+            check.status.success(),
+            "python readers disagree: {}{}",
+            String::from_utf8_lossy(&check.stdout),
+            stderr(&check)
+        );
+        assert!(String::from_utf8_lossy(&check.stdout).contains("verified 18 blocks"));
+    }
 }

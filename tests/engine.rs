@@ -30,7 +30,14 @@ struct Case<'a> {
 /// Rechunks the sample array as the case says and checks everything.
 fn run_case(root: &Path, case: &Case) -> (u64, u64) {
     let dtype: DType = dtype(case.dtype);
-    let input_dir = make_blocks(root, "in", case.array, case.input_block, dtype, case.input_format);
+    let input_dir = make_blocks(
+        root,
+        "in",
+        case.array,
+        case.input_block,
+        dtype,
+        case.input_format,
+    );
     let single = case.input_block == case.array;
     let input_path = if single {
         input_dir.join(format!(
@@ -50,9 +57,9 @@ fn run_case(root: &Path, case: &Case) -> (u64, u64) {
         dtype.size as u64,
     )
     .expect("problem");
-    let mem = case
-        .mem_fraction
-        .map(|f| ((plan::keep_rhat(&problem).prediction.peak_bytes as f64 * f) as u64).max(dtype.size as u64));
+    let mem = case.mem_fraction.map(|f| {
+        ((plan::keep_rhat(&problem).prediction.peak_bytes as f64 * f) as u64).max(dtype.size as u64)
+    });
     let plan = match plan::plan(&problem, case.strategy, mem) {
         Ok(plan) => plan,
         Err(e) => panic!("plan for {:?} mem {mem:?}: {e}", case.array),
@@ -65,20 +72,44 @@ fn run_case(root: &Path, case: &Case) -> (u64, u64) {
         dtype,
     };
     let stats = rechunk::rechunk(&input, &plan, &out, spec, None, |_| {}).expect("rechunk");
-    assert_eq!(stats.read_seeks, plan.prediction.read_seeks, "read seeks vs plan");
-    assert_eq!(stats.write_seeks, plan.prediction.write_seeks, "write seeks vs plan");
-    assert_eq!(stats.peak_held_bytes, plan.prediction.peak_bytes, "peak memory vs plan");
+    assert_eq!(
+        stats.read_seeks, plan.prediction.read_seeks,
+        "read seeks vs plan"
+    );
+    assert_eq!(
+        stats.write_seeks, plan.prediction.write_seeks,
+        "write seeks vs plan"
+    );
+    assert_eq!(
+        stats.peak_held_bytes, plan.prediction.peak_bytes,
+        "peak memory vs plan"
+    );
     if let Some(mem) = mem {
-        assert!(stats.peak_held_bytes <= mem, "peak {} over --mem {mem}", stats.peak_held_bytes);
+        assert!(
+            stats.peak_held_bytes <= mem,
+            "peak {} over --mem {mem}",
+            stats.peak_held_bytes
+        );
     }
     let nbytes = case.array.iter().product::<u64>() * dtype.size as u64;
     assert_eq!(stats.bytes_read, nbytes, "every byte read once");
     assert_eq!(stats.bytes_written, nbytes, "every byte written once");
-    verify_output(&out, case.array, &problem.output_block, dtype, case.output_format);
+    verify_output(
+        &out,
+        case.array,
+        &problem.output_block,
+        dtype,
+        case.output_format,
+    );
     (stats.seeks(), plan.problem.lower_bound_seeks())
 }
 
-fn case<'a>(array: &'a [u64], input_block: &'a [u64], output_block: &'a [u64], dtype: &'a str) -> Case<'a> {
+fn case<'a>(
+    array: &'a [u64],
+    input_block: &'a [u64],
+    output_block: &'a [u64],
+    dtype: &'a str,
+) -> Case<'a> {
     Case {
         array,
         input_block,
@@ -94,26 +125,38 @@ fn case<'a>(array: &'a [u64], input_block: &'a [u64], output_block: &'a [u64], d
 #[test]
 fn resplit_disagreeing_in_every_dimension_reaches_the_lower_bound() {
     let root = tempfile::tempdir().unwrap();
-    let (seeks, lower_bound) = run_case(root.path(), &case(&[24, 20, 18], &[6, 5, 9], &[8, 10, 6], "u16"));
+    let (seeks, lower_bound) = run_case(
+        root.path(),
+        &case(&[24, 20, 18], &[6, 5, 9], &[8, 10, 6], "u16"),
+    );
     assert_eq!(seeks, lower_bound);
 }
 
 #[test]
 fn shapes_that_do_not_divide() {
     let root = tempfile::tempdir().unwrap();
-    run_case(root.path(), &case(&[23, 19, 17], &[6, 5, 7], &[8, 7, 5], "<i4"));
+    run_case(
+        root.path(),
+        &case(&[23, 19, 17], &[6, 5, 7], &[8, 7, 5], "<i4"),
+    );
 }
 
 #[test]
 fn split_one_file_into_blocks() {
     let root = tempfile::tempdir().unwrap();
-    run_case(root.path(), &case(&[20, 15, 11], &[20, 15, 11], &[7, 4, 5], "u8"));
+    run_case(
+        root.path(),
+        &case(&[20, 15, 11], &[20, 15, 11], &[7, 4, 5], "u8"),
+    );
 }
 
 #[test]
 fn merge_blocks_into_one_file() {
     let root = tempfile::tempdir().unwrap();
-    let (seeks, lower_bound) = run_case(root.path(), &case(&[12, 10, 9], &[5, 4, 4], &[12, 10, 9], ">f4"));
+    let (seeks, lower_bound) = run_case(
+        root.path(),
+        &case(&[12, 10, 9], &[5, 4, 4], &[12, 10, 9], ">f4"),
+    );
     assert_eq!(seeks, lower_bound);
 }
 

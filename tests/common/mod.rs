@@ -16,7 +16,14 @@ pub fn dtype(text: &str) -> DType {
 }
 
 /// Writes the sample array as blocks into a fresh directory under `root`.
-pub fn make_blocks(root: &Path, name: &str, array: &[u64], block: &[u64], dtype: DType, format: BlockFormat) -> PathBuf {
+pub fn make_blocks(
+    root: &Path,
+    name: &str,
+    array: &[u64],
+    block: &[u64],
+    dtype: DType,
+    format: BlockFormat,
+) -> PathBuf {
     let dir = root.join(name);
     sample::write_sample(&dir, array, block, dtype, format, "/data").expect("write sample");
     dir
@@ -25,7 +32,8 @@ pub fn make_blocks(root: &Path, name: &str, array: &[u64], block: &[u64], dtype:
 /// Reads a block file's array bytes: raw from its data offset, and, for
 /// HDF5, also through libhdf5 (a real reader, not our offsets), checking both agree.
 pub fn block_bytes(path: &Path, format: BlockFormat) -> (Vec<u64>, DType, Vec<u8>) {
-    let info = format::probe(path, format, "/data").unwrap_or_else(|e| panic!("probe {}: {e}", path.display()));
+    let info = format::probe(path, format, "/data")
+        .unwrap_or_else(|e| panic!("probe {}: {e}", path.display()));
     let nbytes = info.shape.iter().product::<u64>() as usize * info.dtype.size;
     let raw = match &info.storage {
         Storage::Contiguous { data_offset } => {
@@ -42,7 +50,11 @@ pub fn block_bytes(path: &Path, format: BlockFormat) -> (Vec<u64>, DType, Vec<u8
             .read_box(&origin, &info.shape, &mut via_lib, &info.shape, &origin)
             .expect("libhdf5 read");
         if !raw.is_empty() {
-            assert!(raw == via_lib, "{}: libhdf5 and raw offset disagree", path.display());
+            assert!(
+                raw == via_lib,
+                "{}: libhdf5 and raw offset disagree",
+                path.display()
+            );
         }
         return (info.shape, info.dtype, via_lib);
     }
@@ -51,7 +63,13 @@ pub fn block_bytes(path: &Path, format: BlockFormat) -> (Vec<u64>, DType, Vec<u8
 
 /// Checks that `out` holds exactly the output grid of the sample array, each
 /// block byte-exact, with no leftover temporary files.
-pub fn verify_output(out: &Path, array: &[u64], out_block: &[u64], dtype: DType, format: BlockFormat) {
+pub fn verify_output(
+    out: &Path,
+    array: &[u64],
+    out_block: &[u64],
+    dtype: DType,
+    format: BlockFormat,
+) {
     let grid = Partition::regular(array, out_block);
     let mut expected_names = Vec::new();
     for index in IndexBox::grid(&grid.grid_shape()) {
@@ -62,7 +80,10 @@ pub fn verify_output(out: &Path, array: &[u64], out_block: &[u64], dtype: DType,
         assert_eq!(shape, region.shape, "{name}: shape");
         assert_eq!(found_dtype, dtype, "{name}: dtype");
         let expected = sample::region_bytes(array, &region, dtype.size);
-        assert!(bytes == expected, "{name}: bytes differ from the source array");
+        assert!(
+            bytes == expected,
+            "{name}: bytes differ from the source array"
+        );
         expected_names.push(name);
     }
     let mut present: Vec<String> = std::fs::read_dir(out)
@@ -71,5 +92,8 @@ pub fn verify_output(out: &Path, array: &[u64], out_block: &[u64], dtype: DType,
         .collect();
     present.sort();
     expected_names.sort();
-    assert_eq!(present, expected_names, "exactly the output blocks, no partial files");
+    assert_eq!(
+        present, expected_names,
+        "exactly the output blocks, no partial files"
+    );
 }
