@@ -1,0 +1,327 @@
+//! Block-file formats: learning what an input block holds, and laying out an
+//! output block before its data exist.
+//!
+//! Every format rechunkfs reads or serves is "header bytes, then the raw
+//! C-order array", or (for chunked and compressed HDF5 inputs) something only
+//! libhdf5 can decode. [`probe`] tells the two apart once per input block so the
+//! materialiser can `pread` contiguous data directly and hand only the rest to
+//! libhdf5. [`template`] computes an output block's bytes apart from its data:
+//! they depend only on format, shape and dtype, so one template per distinct
+//! block shape serves every file, and a view can report exact sizes and serve
+//! headers before any data are written.
+
+pub mod hdf5;
+pub mod npy;
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::str::FromStr;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// The most dimensions a block may have; beyond it shapes are almost surely
+/// a misread header, and fixed-size index arithmetic elsewhere can rely on it.
+pub const MAX_DIMS: usize = 8;
+
+/// The on-disk formats of block files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BlockFormat {
+    Hdf5,
+    Npy,
+}
+
+impl BlockFormat {
+    /// The format a file extension (without the dot) promises, if any.
+    pub fn from_extension(ext: &str) -> Option<BlockFormat> {
+        if ext.eq_ignore_ascii_case("h5") || ext.eq_ignore_ascii_case("hdf5") {
+            Some(BlockFormat::Hdf5)
+        } else if ext.eq_ignore_ascii_case("npy") {
+            Some(BlockFormat::Npy)
+        } else {
+            None
+        }
+    }
+
+    /// The extension written on output files, without the dot.
+    pub fn extension(&self) -> &'static str {
+        match self {
+            BlockFormat::Hdf5 => "h5",
+            BlockFormat::Npy => "npy",
+        }
+    }
+
+    /// The format's name as people write it, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BlockFormat::Hdf5 => "HDF5",
+            BlockFormat::Npy => "npy",
+        }
+    }
+}
+
+impl FromStr for BlockFormat {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<BlockFormat> {
+        BlockFormat::from_extension(text.trim()).ok_or_else(|| {
+            Error::BadArgument(format!(
+                "'{text}' is not a block format rechunkfs knows; use h5 (or hdf5) or npy"
+            ))
+        })
+    }
+}
+
+/// Where a block's array bytes are, as learned by probing the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Storage {
+    /// Raw C-order bytes of the whole block at this byte offset: read them with pread.
+    Contiguous { data_offset: u64 },
+    /// Chunked, compressed, or not yet allocated HDF5 storage: read through libhdf5.
+    Hdf5Dataset { dataset: String },
+}
+
+/// What probing one block file learns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockInfo {
+    pub shape: Vec<u64>,
+    pub dtype: DType,
+    pub storage: Storage,
+}
+
+impl BlockInfo {
+    /// Bytes of array data the block holds.
+    pub fn data_len(&self) -> u64 {
+        // probe has already refused shapes whose byte count overflows.
+        self.shape.iter().product::<u64>() * self.dtype.size as u64
+    }
+}
+
+/// Open `path` as `format` and learn its shape, dtype and storage; `dataset`
+/// is the HDF5 dataset path (ignored for npy).
+///
+/// Refusals name the file and the problem: not a file of that format,
+/// dataset missing, Fortran order, a dtype rechunkfs cannot carry, no or too
+/// many dimensions, an empty dimension, or fewer bytes than the data need.
+pub fn probe(path: &Path, format: BlockFormat, dataset: &str) -> Result<BlockInfo> {
+    match format {
+        BlockFormat::Npy => npy::probe(path),
+        BlockFormat::Hdf5 => self::hdf5::probe(path, dataset),
+    }
+}
+
+/// The problem with a block shape, if any, and otherwise the block's data
+/// length in bytes. Shared by probing (where the problem is the input's) and
+/// template building (where it is the caller's).
+pub(crate) fn shape_problem(shape: &[u64], dtype: DType) -> std::result::Result<u64, String> {
+    if shape.is_empty() {
+        return Err("it holds a 0-dimensional (scalar) array, not a block of an array".into());
+    }
+    if shape.len() > MAX_DIMS {
+        return Err(format!(
+            "it has {} dimensions; rechunkfs handles at most {MAX_DIMS}",
+            shape.len()
+        ));
+    }
+    if shape.contains(&0) {
+        return Err(format!(
+            "its shape {} has an empty dimension, so it holds no data",
+            shape_text(shape)
+        ));
+    }
+    shape
+        .iter()
+        .try_fold(dtype.size as u64, |bytes, &extent| {
+            bytes.checked_mul(extent)
+        })
+        .ok_or_else(|| {
+            format!(
+                "its shape {} of {dtype} needs more than 2^64 bytes",
+                shape_text(shape)
+            )
+        })
+}
+
+/// A shape as people read it in messages: `(770, 605, 700)`.
+pub(crate) fn shape_text(shape: &[u64]) -> String {
+    let extents: Vec<String> = shape.iter().map(u64::to_string).collect();
+    format!("({})", extents.join(", "))
+}
+
+/// The bytes of a block file of a given shape and dtype, apart from its data:
+/// every file of one format, shape and dtype is byte-identical outside the
+/// data region, so one template serves them all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockTemplate {
+    /// Bytes `[0, data_offset)`.
+    pub prefix: Vec<u8>,
+    pub data_offset: u64,
+    /// `prod(shape) * dtype.size`.
+    pub data_len: u64,
+    /// Bytes after the data region (usually empty).
+    pub suffix: Vec<u8>,
+}
+
+impl BlockTemplate {
+    pub fn file_len(&self) -> u64 {
+        self.data_offset + self.data_len + self.suffix.len() as u64
+    }
+
+    /// Create (or truncate) `path` with this template: prefix and suffix
+    /// written, length set to [`file_len`](Self::file_len), the data region
+    /// left as a hole for positioned writes. Returns the file open read+write.
+    pub fn create_file(&self, path: &Path) -> Result<File> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| Error::io(path, "create", e))?;
+        // Setting the length first leaves the data region a hole whatever
+        // the writes below do, and costs no data blocks on disk.
+        file.set_len(self.file_len())
+            .map_err(|e| Error::io(path, "set length of", e))?;
+        file.write_all_at(&self.prefix, 0)
+            .map_err(|e| Error::io(path, "write header to", e))?;
+        if !self.suffix.is_empty() {
+            file.write_all_at(&self.suffix, self.data_offset + self.data_len)
+                .map_err(|e| Error::io(path, "write trailer to", e))?;
+        }
+        Ok(file)
+    }
+}
+
+/// Build the template for `format`/`shape`/`dtype`; `dataset` names the HDF5
+/// dataset to create (e.g. "/data" or "data"; ignored for npy).
+pub fn template(
+    format: BlockFormat,
+    shape: &[u64],
+    dtype: DType,
+    dataset: &str,
+) -> Result<BlockTemplate> {
+    let data_len = shape_problem(shape, dtype).map_err(|problem| {
+        Error::BadArgument(format!(
+            "cannot lay out a {} block: {problem}",
+            format.name()
+        ))
+    })?;
+    match format {
+        BlockFormat::Npy => {
+            let prefix = npy::encode_header(shape, dtype);
+            Ok(BlockTemplate {
+                data_offset: prefix.len() as u64,
+                prefix,
+                data_len,
+                suffix: Vec::new(),
+            })
+        }
+        BlockFormat::Hdf5 => self::hdf5::template(shape, dtype, dataset, data_len),
+    }
+}
+
+/// Checks against the reference readers (numpy, h5py) the files are for.
+#[cfg(test)]
+pub(crate) mod test_python {
+    use std::ffi::OsStr;
+    use std::process::Command;
+
+    /// Whether python3 can import `module`; says so when it cannot, so a
+    /// skipped check is visible in the test output.
+    pub fn python_with(module: &str) -> bool {
+        let available = Command::new("python3")
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .is_ok_and(|output| output.status.success());
+        if !available {
+            eprintln!(
+                "note: python3 with {module} is not available; skipping the check against it"
+            );
+        }
+        available
+    }
+
+    /// Run `script` with `arguments`, failing the test with Python's stderr
+    /// if it fails; returns its stdout.
+    pub fn run_python(script: &str, arguments: &[impl AsRef<OsStr>]) -> Vec<u8> {
+        let output = Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .args(arguments)
+            .output()
+            .expect("python3 runs");
+        assert!(
+            output.status.success(),
+            "python3 failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output.stdout
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::{Endian, Kind};
+
+    #[test]
+    fn format_names_and_extensions() {
+        for (text, format) in [
+            ("h5", BlockFormat::Hdf5),
+            ("HDF5", BlockFormat::Hdf5),
+            ("H5", BlockFormat::Hdf5),
+            ("npy", BlockFormat::Npy),
+            ("NPY", BlockFormat::Npy),
+        ] {
+            assert_eq!(BlockFormat::from_extension(text), Some(format), "{text}");
+            assert_eq!(text.parse::<BlockFormat>().unwrap(), format, "{text}");
+        }
+        assert_eq!(BlockFormat::from_extension("nii"), None);
+        let err = "zarr".parse::<BlockFormat>().unwrap_err().to_string();
+        assert!(
+            err.contains("zarr") && err.contains("h5") && err.contains("npy"),
+            "{err}"
+        );
+        assert_eq!(BlockFormat::Hdf5.extension(), "h5");
+        assert_eq!(BlockFormat::Npy.extension(), "npy");
+        assert_eq!(BlockFormat::Hdf5.name(), "HDF5");
+        assert_eq!(
+            serde_json::to_string(&BlockFormat::Hdf5).unwrap(),
+            "\"hdf5\""
+        );
+        assert_eq!(
+            serde_json::from_str::<BlockFormat>("\"npy\"").unwrap(),
+            BlockFormat::Npy
+        );
+    }
+
+    #[test]
+    fn template_refuses_bad_shapes() {
+        let u16le = DType::new(Kind::Unsigned, 2, Endian::Little).unwrap();
+        for shape in [vec![], vec![1; 9], vec![4, 0, 4], vec![u64::MAX, 2]] {
+            for format in [BlockFormat::Npy, BlockFormat::Hdf5] {
+                let err = template(format, &shape, u16le, "data").unwrap_err();
+                assert!(matches!(err, Error::BadArgument(_)), "{shape:?}: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn create_file_leaves_data_region_to_be_filled() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("block");
+        let template = BlockTemplate {
+            prefix: b"HEAD".to_vec(),
+            data_offset: 4,
+            data_len: 3,
+            suffix: b"TAIL".to_vec(),
+        };
+        std::fs::write(&path, vec![b'x'; 100]).unwrap();
+        let file = template.create_file(&path).unwrap();
+        assert_eq!(file.metadata().unwrap().len(), 11);
+        file.write_all_at(b"abc", template.data_offset).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"HEADabcTAIL");
+    }
+}
