@@ -139,7 +139,8 @@ impl FromStr for DType {
         // only `u8`/`i8` collide, and they mean Rust's one-byte types (numpy
         // users write `<u8` or `uint64` for eight bytes). `f8` has no Rust
         // reading, so it is numpy's float64.
-        let counts_bytes = !bits && (prefixed || number < 8 || (number == 8 && kind == Kind::Float));
+        let counts_bytes =
+            !bits && (prefixed || number < 8 || (number == 8 && kind == Kind::Float));
         let size = if counts_bytes {
             number
         } else {
@@ -171,9 +172,21 @@ mod tests {
         }
         assert_eq!("|u1".parse::<DType>().unwrap().numpy_descr(), "|u1");
         assert_eq!("int8".parse::<DType>().unwrap().numpy_descr(), "|i1");
-        assert_eq!("i8".parse::<DType>().unwrap().size, 1, "bare i8 is Rust's one-byte type");
-        assert_eq!("<i8".parse::<DType>().unwrap().size, 8, "prefixed i8 is numpy's int64");
-        assert_eq!("f8".parse::<DType>().unwrap().size, 8, "f8 is numpy's float64");
+        assert_eq!(
+            "i8".parse::<DType>().unwrap().size,
+            1,
+            "bare i8 is Rust's one-byte type"
+        );
+        assert_eq!(
+            "<i8".parse::<DType>().unwrap().size,
+            8,
+            "prefixed i8 is numpy's int64"
+        );
+        assert_eq!(
+            "f8".parse::<DType>().unwrap().size,
+            8,
+            "f8 is numpy's float64"
+        );
         assert_eq!("u64".parse::<DType>().unwrap().size, 8);
     }
 

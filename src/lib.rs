@@ -12,6 +12,7 @@ pub mod plan;
 pub mod rechunk;
 pub mod sample;
 pub mod seekio;
+pub mod staging;
 pub mod units;
 
 pub use dtype::DType;

@@ -126,7 +126,7 @@ mod tests {
         counter.write(FileKey::Output(0), 0, 4);
         assert_eq!(counter.read_seeks, 3);
         assert_eq!(counter.write_seeks, 1);
-        assert_eq!(counter.bytes_read, 35);
+        assert_eq!(counter.bytes_read, 30);
     }
 
     #[test]

@@ -86,7 +86,13 @@ mod tests {
         assert_eq!(parse_bytes("1000000").unwrap(), 1_000_000);
         assert_eq!(parse_bytes("64kB").unwrap(), 65536);
         for bad in ["", "G", "4X", "-1", "0", "1.2.3M"] {
-            assert!(parse_bytes(bad).unwrap_err().to_string().contains("not a size"), "{bad}");
+            assert!(
+                parse_bytes(bad)
+                    .unwrap_err()
+                    .to_string()
+                    .contains("not a size"),
+                "{bad}"
+            );
         }
         assert_eq!(show_bytes(3 << 29), "1.50 GiB");
         assert_eq!(show_bytes(100), "100 B");
@@ -95,7 +101,10 @@ mod tests {
     #[test]
     fn shapes() {
         assert_eq!(parse_shape("256, 256,256").unwrap(), vec![256, 256, 256]);
-        assert!(parse_shape("256,0").unwrap_err().to_string().contains("'0' is not"));
+        assert!(parse_shape("256,0")
+            .unwrap_err()
+            .to_string()
+            .contains("'0' is not"));
         assert!(parse_shape("a,b").is_err());
     }
 }

@@ -28,7 +28,7 @@ use hdf5_sys::h5f::{H5Fclose, H5Fcreate, H5F_ACC_EXCL};
 use hdf5_sys::h5i::hid_t;
 use hdf5_sys::h5p::{
     H5Pclose, H5Pcreate, H5Pset_alloc_time, H5Pset_create_intermediate_group, H5Pset_fill_time,
-    H5Pset_layout, H5Pset_obj_track_times, H5P_DEFAULT,
+    H5Pset_alignment, H5Pset_layout, H5Pset_obj_track_times, H5P_DEFAULT,
 };
 use hdf5_sys::h5s::{H5S_seloper_t, H5Sclose, H5Screate_simple, H5Sselect_hyperslab};
 use hdf5_sys::h5t::{
@@ -571,9 +571,10 @@ pub(super) fn template(
     dtype: DType,
     dataset: &str,
     data_len: u64,
+    alignment: u64,
 ) -> Result<BlockTemplate> {
     let scratch = ScratchPath::new();
-    let data_offset = create_template_file(&scratch.0, shape, dtype, dataset)?;
+    let data_offset = create_template_file(&scratch.0, shape, dtype, dataset, alignment)?;
     let built = File::open(&scratch.0).map_err(|e| Error::io(&scratch.0, "open", e))?;
     let file_len = built
         .metadata()
@@ -604,7 +605,13 @@ pub(super) fn template(
 }
 
 /// Create the file at `path` and return its data offset.
-fn create_template_file(path: &Path, shape: &[u64], dtype: DType, dataset: &str) -> Result<u64> {
+fn create_template_file(
+    path: &Path,
+    shape: &[u64],
+    dtype: DType,
+    dataset: &str,
+    alignment: u64,
+) -> Result<u64> {
     let c_path = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| Error::BadArgument(format!("{}: a path with a NUL byte", path.display())))?;
     let c_dataset = CString::new(dataset)
@@ -625,8 +632,14 @@ fn create_template_file(path: &Path, shape: &[u64], dtype: DType, dataset: &str)
             // served file, differ from the last.
             let file_create = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_FILE_CREATE), H5Pclose)?;
             ::hdf5::h5check(H5Pset_obj_track_times(file_create.id, 0))?;
+            // Objects of at least `alignment` bytes (the data) start on a
+            // multiple of it; smaller metadata stays packed before them.
+            let file_access = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_FILE_ACCESS), H5Pclose)?;
+            if alignment > 1 {
+                ::hdf5::h5check(H5Pset_alignment(file_access.id, alignment, alignment))?;
+            }
             let file = OwnedId::new(
-                H5Fcreate(c_path.as_ptr(), H5F_ACC_EXCL, file_create.id, H5P_DEFAULT),
+                H5Fcreate(c_path.as_ptr(), H5F_ACC_EXCL, file_create.id, file_access.id),
                 H5Fclose,
             )?;
             let file_type = OwnedId::new(create_datatype(dtype)?, H5Tclose)?;
@@ -1141,5 +1154,21 @@ mod tests {
             assert!(message.contains(expected), "{dataset}: {message}");
         }
         assert_eq!(probe(&kinds, "grp/inner").unwrap().shape, [3]);
+    }
+}
+
+#[cfg(test)]
+mod alignment_tests {
+    use super::super::{template_aligned, BlockFormat, VIEW_DATA_ALIGNMENT};
+
+    #[test]
+    fn view_templates_put_data_on_its_own_page() {
+        for format in [BlockFormat::Hdf5, BlockFormat::Npy] {
+            for shape in [[64u64, 64, 64], [7, 50, 13]] {
+                let t = template_aligned(format, &shape, "<u2".parse().unwrap(), "/data", VIEW_DATA_ALIGNMENT).unwrap();
+                assert_eq!(t.data_offset % VIEW_DATA_ALIGNMENT, 0, "{format:?} {shape:?}");
+                assert!(t.data_offset >= VIEW_DATA_ALIGNMENT);
+            }
+        }
     }
 }

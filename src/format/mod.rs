@@ -202,6 +202,24 @@ pub fn template(
     dtype: DType,
     dataset: &str,
 ) -> Result<BlockTemplate> {
+    template_aligned(format, shape, dtype, dataset, 1)
+}
+
+/// Page size the view aligns block data to: the kernel reads a FUSE file
+/// in pages, so with the data starting on a page of its own, a read of the
+/// header never asks for data bytes, and is answered while the block is
+/// still pending.
+pub const VIEW_DATA_ALIGNMENT: u64 = 4096;
+
+/// As [`template`], with the data starting at a multiple of `alignment`
+/// bytes when the data are at least that long (1: as compact as the format allows).
+pub fn template_aligned(
+    format: BlockFormat,
+    shape: &[u64],
+    dtype: DType,
+    dataset: &str,
+    alignment: u64,
+) -> Result<BlockTemplate> {
     let data_len = shape_problem(shape, dtype).map_err(|problem| {
         Error::BadArgument(format!(
             "cannot lay out a {} block: {problem}",
@@ -210,7 +228,7 @@ pub fn template(
     })?;
     match format {
         BlockFormat::Npy => {
-            let prefix = npy::encode_header(shape, dtype);
+            let prefix = npy::encode_header_aligned(shape, dtype, alignment as usize);
             Ok(BlockTemplate {
                 data_offset: prefix.len() as u64,
                 prefix,
@@ -218,7 +236,7 @@ pub fn template(
                 suffix: Vec::new(),
             })
         }
-        BlockFormat::Hdf5 => self::hdf5::template(shape, dtype, dataset, data_len),
+        BlockFormat::Hdf5 => self::hdf5::template(shape, dtype, dataset, data_len, alignment),
     }
 }
 

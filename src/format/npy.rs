@@ -58,6 +58,14 @@ pub enum HeaderProblem {
 /// The bytes of an npy file before its data: magic, version, header length,
 /// and the header dict padded so the data start at a multiple of 64 bytes.
 pub fn encode_header(shape: &[u64], dtype: DType) -> Vec<u8> {
+    encode_header_aligned(shape, dtype, DATA_ALIGNMENT)
+}
+
+/// As [`encode_header`], with the data starting at a multiple of
+/// `alignment` bytes (a multiple of 64): padding is what npy's format
+/// provides for, and readers skip it.
+pub fn encode_header_aligned(shape: &[u64], dtype: DType, alignment: usize) -> Vec<u8> {
+    let alignment = alignment.max(DATA_ALIGNMENT).next_multiple_of(DATA_ALIGNMENT);
     let shape_literal = match shape {
         [extent] => format!("({extent},)"),
         _ => shape_text(shape),
@@ -70,14 +78,14 @@ pub fn encode_header(shape: &[u64], dtype: DType) -> Vec<u8> {
     // 64 KiB header limit, which only absurd shapes need.
     let (version, preamble_len) = {
         let v1_header_len =
-            (PREAMBLE_LEN_V1 + dict.len() + 1).next_multiple_of(DATA_ALIGNMENT) - PREAMBLE_LEN_V1;
+            (PREAMBLE_LEN_V1 + dict.len() + 1).next_multiple_of(alignment) - PREAMBLE_LEN_V1;
         if v1_header_len <= usize::from(u16::MAX) {
             (1u8, PREAMBLE_LEN_V1)
         } else {
             (2u8, PREAMBLE_LEN_V2)
         }
     };
-    let total_len = (preamble_len + dict.len() + 1).next_multiple_of(DATA_ALIGNMENT);
+    let total_len = (preamble_len + dict.len() + 1).next_multiple_of(alignment);
     let header_len = total_len - preamble_len;
 
     let mut bytes = Vec::with_capacity(total_len);
