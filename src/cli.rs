@@ -50,8 +50,68 @@ pub enum Command {
     Plan(PlanArgs),
     /// Rechunk into real block files in a directory, with a progress bar.
     Rechunk(RechunkArgs),
+    /// Mount a view: the new blocks appear at once as read-only files, filled in the background.
+    Mount(MountArgs),
+    /// Unmount a view (also when its daemon has died); parked reads get an error.
+    Umount(UmountArgs),
+    /// Show a view's progress: blocks done, bytes, seeks against the plan, rate, ETA, errors.
+    Status(StatusArgs),
     /// Write a sample array (every voxel checkable) as block files, for trying things out.
     Sample(SampleArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "The view holds one file per output block, named {i}_{j}_{k}.{ext} by grid \
+index, plus rechunkfs.json (the array, its dtype and the new grid) and .rechunkfs-status.json \
+(live progress). Sizes are exact from the first stat. Reading a block that is not done yet waits \
+for that block only; its header bytes are served at once. Each block file carries the extended \
+attribute user.rechunkfs.state (done or pending).\n\nBlocks are written into a staging directory \
+(default: ~/.cache/rechunkfs/...). Mounting again with the same arguments resumes: completed \
+blocks are kept, the rest are redone. If the input changed since, the mount is refused; \
+--rebuild starts over.\n\nShapes and block indices are in C order, as numpy and h5py report them.")]
+pub struct MountArgs {
+    /// Input: a directory of block files, or one file.
+    #[arg(value_name = "IN")]
+    pub input: PathBuf,
+    /// An empty directory to mount the view on.
+    #[arg(value_name = "VIEW")]
+    pub view: PathBuf,
+    #[command(flatten)]
+    pub planning: PlanningArgs,
+    /// Where to write the blocks (default: under ~/.cache/rechunkfs, keyed by input, shape and format).
+    #[arg(long, value_name = "DIR")]
+    pub staging: Option<PathBuf>,
+    /// Block file format: h5 or npy (default: the input's).
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
+    #[command(flatten)]
+    pub input_args: InputArgs,
+    /// Stay in the foreground with a progress bar; Ctrl-C unmounts.
+    #[arg(short, long)]
+    pub foreground: bool,
+    /// Discard what the staging area holds and start over.
+    #[arg(long)]
+    pub rebuild: bool,
+    /// Let other users read the view (needs user_allow_other in /etc/fuse.conf unless root).
+    #[arg(long)]
+    pub allow_other: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct UmountArgs {
+    /// The mounted view.
+    #[arg(value_name = "VIEW")]
+    pub view: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// The mounted view.
+    #[arg(value_name = "VIEW")]
+    pub view: PathBuf,
+    /// Print the status as one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -149,8 +209,119 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Plan(args) => plan_command(args),
         Command::Rechunk(args) => rechunk_command(args),
+        Command::Mount(args) => mount_command(args),
+        Command::Umount(args) => {
+            crate::mount::unmount(&args.view)?;
+            eprintln!("unmounted {}", args.view.display());
+            Ok(())
+        }
+        Command::Status(args) => status_command(args),
         Command::Sample(args) => sample_command(args),
     }
+}
+
+fn mount_command(args: MountArgs) -> anyhow::Result<()> {
+    use crate::mount::{self, MountRequest};
+    mount::check_mount_point(&args.view)?;
+    mount::check_fuse()?;
+    // The daemon outlives this command; absolute paths keep status and
+    // logs unambiguous.
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let request = MountRequest {
+        input: absolute(&args.input),
+        view: absolute(&args.view),
+        output_block: parse_shape(&args.planning.shape).context("--shape")?,
+        mem: mem_of(&args.planning)?,
+        strategy: args.planning.strategy.parse()?,
+        staging: args.staging.as_deref().map(absolute),
+        format: args.format.as_deref().map(str::parse::<BlockFormat>).transpose()?,
+        dataset: args.input_args.dataset.clone(),
+        rebuild: args.rebuild,
+        allow_other: args.allow_other,
+    };
+    let prepared = mount::prepare(&request)?;
+    let status = prepared.core.status();
+    let summary = format!(
+        "{} blocks of {} ({} done already), staging in {}",
+        thousands(status.blocks_total),
+        show_shape(&prepared.core.layout().output_block),
+        thousands(status.blocks_done),
+        status.staging.display()
+    );
+    if args.foreground {
+        let core = prepared.core.clone();
+        let view = args.view.clone();
+        mount::serve(prepared, move |ready| match ready {
+            Ok(()) => {
+                eprintln!("mounted {}: {summary}; Ctrl-C unmounts", view.display());
+                spawn_progress(core);
+            }
+            Err(e) => eprintln!("rechunkfs: error: {e}"),
+        })?;
+        eprintln!("unmounted {}", args.view.display());
+    } else {
+        let log = mount::log_path(&prepared);
+        let pid = mount::serve_in_background(prepared)?;
+        eprintln!(
+            "mounted {}: {summary}; daemon pid {pid}, log {}",
+            args.view.display(),
+            log.display()
+        );
+    }
+    Ok(())
+}
+
+/// A progress bar for a foreground mount, until every block is done.
+fn spawn_progress(core: std::sync::Arc<crate::view::ViewCore>) {
+    let status = core.status();
+    let bar = progress_bar(status.bytes_total, false);
+    let _ = std::thread::Builder::new().name("progress".into()).spawn(move || loop {
+        let status = core.status();
+        bar.set_position(status.bytes_done);
+        bar.set_message(format!("blocks {}/{}", status.blocks_done, status.blocks_total));
+        if status.state != "materialising" {
+            bar.finish_with_message(format!("{} ({} blocks)", status.state, status.blocks_done));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    });
+}
+
+fn status_command(args: StatusArgs) -> anyhow::Result<()> {
+    let status = crate::mount::read_status(&args.view)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+        return Ok(());
+    }
+    let percent = |done: u64, total: u64| if total == 0 { 100.0 } else { done as f64 * 100.0 / total as f64 };
+    println!("view      {}", args.view.display());
+    println!("state     {}", status.state);
+    println!(
+        "blocks    {} / {} done ({:.1}%), {} resumed from staging",
+        thousands(status.blocks_done),
+        thousands(status.blocks_total),
+        percent(status.blocks_done, status.blocks_total),
+        thousands(status.blocks_resumed)
+    );
+    println!("bytes     {} / {}", show_bytes(status.bytes_done), show_bytes(status.bytes_total));
+    println!(
+        "seeks     {} so far; the plan makes {}",
+        thousands(status.seeks_made),
+        thousands(status.seeks_planned)
+    );
+    let eta = status
+        .eta_seconds
+        .map_or("-".to_string(), |s| format!("{:.0} s", s));
+    println!(
+        "rate      {}/s, ETA {eta}, running {:.0} s",
+        show_bytes(status.rate_bytes_per_second as u64),
+        status.elapsed_seconds
+    );
+    println!("waiting   {} reads parked on pending blocks", status.waiting_reads);
+    println!("error     {}", status.error.as_deref().unwrap_or("none"));
+    println!("staging   {}", status.staging.display());
+    println!("daemon    pid {}", status.pid);
+    Ok(())
 }
 
 /// The problem and dtype from IN or from --array/--blocks/--dtype.

@@ -46,6 +46,11 @@ pub trait BlockSink {
     fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>>;
     /// Every byte of output block `rank` has been written.
     fn complete(&mut self, rank: u64) -> Result<()>;
+    /// Whether output block `rank` still needs writing (a resumed view
+    /// already has some): unwanted blocks are skipped, not counted.
+    fn wants(&mut self, _rank: u64) -> bool {
+        true
+    }
 }
 
 /// What a run did: counted, not estimated.
@@ -302,6 +307,9 @@ impl<'a> Executor<'a> {
                 continue;
             };
             let rank = plan.output.linear(&output_index);
+            if !sink.wants(rank) {
+                continue;
+            }
             let target = sink.target(rank)?;
             let counter = &mut self.counter;
             let key = FileKey::Output(rank);

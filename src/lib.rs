@@ -6,14 +6,18 @@ pub mod dtype;
 pub mod error;
 pub mod execute;
 pub mod format;
+pub mod fuse;
 pub mod geometry;
 pub mod input;
+pub mod materialise;
+pub mod mount;
 pub mod plan;
 pub mod rechunk;
 pub mod sample;
 pub mod seekio;
 pub mod staging;
 pub mod units;
+pub mod view;
 
 pub use dtype::DType;
 pub use error::{Error, Result};

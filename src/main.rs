@@ -4,8 +4,15 @@
 use clap::Parser;
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = rechunkfs::cli::Cli::parse();
+    // A view's daemon logs what it does (to its log file); commands say
+    // only what goes wrong.
+    let level = match cli.command {
+        // fuser warns when its own unmount finds the view already detached.
+        rechunkfs::cli::Command::Mount(_) => "info,fuser::session=error",
+        _ => "warn",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
     if let Err(error) = rechunkfs::cli::run(cli) {
         eprintln!("rechunkfs: error: {error:#}");
         std::process::exit(1);

@@ -1,0 +1,346 @@
+//! The FUSE adapter: translates fuser's calls into [`ViewCore`] methods and
+//! their results into replies. No decisions are made here.
+//!
+//! Reads of pending blocks hand fuser's `ReplyData` to the core, which
+//! parks it; the session loop moves on at once. Every write path answers
+//! EROFS.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::view::{CacheMode, NodeAttr, NodeKind, ViewCore, STATUS_INO};
+
+/// Block files never change, so the kernel may trust their attributes long.
+const STABLE_TTL: Duration = Duration::from_secs(3600);
+
+/// Parked reads beyond fuser's default of 16 would stall every other read.
+const MAX_BACKGROUND: u16 = 256;
+
+/// The filesystem the kernel talks to.
+pub struct RechunkFs {
+    core: Arc<ViewCore>,
+    uid: u32,
+    gid: u32,
+}
+
+impl RechunkFs {
+    pub fn new(core: Arc<ViewCore>) -> RechunkFs {
+        RechunkFs {
+            core,
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+        }
+    }
+
+    fn attr(&self, node: &NodeAttr) -> FileAttr {
+        let (kind, perm, nlink) = match node.kind {
+            NodeKind::Directory => (FileType::Directory, 0o555, 2),
+            NodeKind::File => (FileType::RegularFile, 0o444, 1),
+        };
+        FileAttr {
+            ino: INodeNo(node.ino),
+            size: node.size,
+            blocks: node.size.div_ceil(512),
+            atime: node.mtime,
+            mtime: node.mtime,
+            ctime: node.mtime,
+            crtime: node.mtime,
+            kind,
+            perm,
+            nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 1 << 20,
+            flags: 0,
+        }
+    }
+
+    fn ttl(ino: u64) -> Duration {
+        if ino == STATUS_INO {
+            Duration::ZERO
+        } else {
+            STABLE_TTL
+        }
+    }
+}
+
+fn errno(code: i32) -> Errno {
+    Errno::from(std::io::Error::from_raw_os_error(code))
+}
+
+impl Filesystem for RechunkFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(max) = config.set_max_background(MAX_BACKGROUND) {
+            log::warn!("kernel allows only {max} background requests");
+            let _ = config.set_max_background(max);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.core.lookup(parent.0, name) {
+            Ok(node) => reply.entry(&Self::ttl(node.ino), &self.attr(&node), Generation(0)),
+            Err(code) => reply.error(errno(code)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.core.getattr(ino.0) {
+            Ok(node) => reply.attr(&Self::ttl(ino.0), &self.attr(&node)),
+            Err(code) => reply.error(errno(code)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
+        match self.core.open(ino.0, write) {
+            Ok((handle, CacheMode::KeepCache)) => reply.opened(FileHandle(handle), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok((handle, CacheMode::Direct)) => reply.opened(FileHandle(handle), FopenFlags::FOPEN_DIRECT_IO),
+            Err(code) => reply.error(errno(code)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.core.read(
+            ino.0,
+            fh.0,
+            offset,
+            size,
+            Box::new(move |result| match result {
+                Ok(bytes) => reply.data(&bytes),
+                Err(code) => reply.error(errno(code)),
+            }),
+        );
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.core.release(fh.0);
+        reply.ok();
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.core.getattr(ino.0) {
+            Ok(node) if node.kind == NodeKind::Directory => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(_) => reply.error(Errno::ENOTDIR),
+            Err(code) => reply.error(errno(code)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        match self.core.readdir(ino.0, offset) {
+            Ok(entries) => {
+                for (next, entry) in entries {
+                    let kind = match entry.kind {
+                        NodeKind::Directory => FileType::Directory,
+                        NodeKind::File => FileType::RegularFile,
+                    };
+                    if reply.add(INodeNo(entry.ino), next, kind, &entry.name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(code) => reply.error(errno(code)),
+        }
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let files = self.core.output().count() + 2;
+        let bytes: u64 = crate::geometry::volume(&self.core.layout().array) * self.core.layout().dtype.size as u64;
+        reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.core.getxattr(ino.0, name) {
+            Ok(value) if size == 0 => reply.size(value.len() as u32),
+            Ok(value) if value.len() <= size as usize => reply.data(&value),
+            Ok(_) => reply.error(Errno::ERANGE),
+            Err(code) => reply.error(errno(code)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let names = self.core.listxattr(ino.0);
+        if size == 0 {
+            reply.size(names.len() as u32);
+        } else if names.len() <= size as usize {
+            reply.data(&names);
+        } else {
+            reply.error(Errno::ERANGE);
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        match self.core.getattr(ino.0) {
+            Ok(_) if mask.contains(AccessFlags::W_OK) => reply.error(Errno::EROFS),
+            Ok(_) => reply.ok(),
+            Err(code) => reply.error(errno(code)),
+        }
+    }
+
+    // Every way of changing the view is refused: it is read-only.
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mkdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn symlink(&self, _req: &Request, _parent: INodeNo, _link_name: &OsStr, _target: &std::path::Path, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+}

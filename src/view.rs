@@ -1,0 +1,612 @@
+//! The view's filesystem, as plain methods: the directory of output blocks,
+//! their exact sizes, and reads that are answered at once (done blocks,
+//! header bytes) or parked until the block completes (pending data).
+//!
+//! Nothing here knows about FUSE: `fuse.rs` is a thin adapter that calls
+//! these methods, and tests drive them directly. Replies are callbacks, so a
+//! parked read holds no thread: it waits in a list until the materialiser
+//! marks its block done, or until the view fails or shuts down, which
+//! answers it with an error.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::num::NonZeroUsize;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use lru::LruCache;
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::execute::RunStats;
+use crate::format::{self, BlockFormat, BlockTemplate};
+use crate::geometry::{IndexBox, Partition};
+use crate::input::{grid_name, parse_grid_index};
+use crate::plan::Plan;
+use crate::rechunk::block_file_name;
+use crate::staging::Staging;
+
+pub const ROOT_INO: u64 = 1;
+pub const METADATA_INO: u64 = 2;
+pub const STATUS_INO: u64 = 3;
+const FIRST_BLOCK_INO: u64 = 16;
+/// The metadata file: the whole array and its new grid, as JSON.
+pub const METADATA_NAME: &str = "rechunkfs.json";
+/// Live progress, as JSON (what `rechunkfs status` reads).
+pub const STATUS_NAME: &str = ".rechunkfs-status.json";
+/// Extended attribute of each block file: `done`, `pending` or `failed`.
+pub const STATE_XATTR: &str = "user.rechunkfs.state";
+
+/// An errno for a reply.
+pub type Errno = i32;
+
+/// What a read is answered with: the bytes, or an errno.
+pub type ReadReply = Box<dyn FnOnce(std::result::Result<Vec<u8>, Errno>) + Send>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeKind {
+    Directory,
+    File,
+}
+
+/// What `stat` shows of a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeAttr {
+    pub ino: u64,
+    pub kind: NodeKind,
+    pub size: u64,
+    pub mtime: SystemTime,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub kind: NodeKind,
+    pub name: String,
+}
+
+/// How a file should be opened by the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheMode {
+    /// Contents never change: keep the page cache across opens.
+    KeepCache,
+    /// Contents change between reads (the status file): bypass the cache.
+    Direct,
+}
+
+/// The shape of what the view serves.
+#[derive(Clone, Debug, Serialize)]
+pub struct ViewLayout {
+    pub source: std::path::PathBuf,
+    pub array: Vec<u64>,
+    pub dtype: DType,
+    pub input_block: Vec<u64>,
+    pub output_block: Vec<u64>,
+    pub format: BlockFormat,
+    pub dataset: String,
+}
+
+struct Waiter {
+    offset: u64,
+    end: u64,
+    reply: ReadReply,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Materialising,
+    Complete,
+    Failed,
+    Stopping,
+}
+
+struct ViewState {
+    done: Vec<bool>,
+    done_count: u64,
+    done_bytes: u64,
+    resumed: u64,
+    waiters: HashMap<u64, Vec<Waiter>>,
+    phase: Phase,
+    failure: Option<String>,
+    run: RunStats,
+}
+
+/// Progress, as `rechunkfs status` and the status file show it.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct Status {
+    pub state: String,
+    pub blocks_done: u64,
+    pub blocks_total: u64,
+    /// Blocks found complete in the staging area at mount (not redone).
+    pub blocks_resumed: u64,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    pub seeks_made: u64,
+    pub seeks_planned: u64,
+    pub rate_bytes_per_second: f64,
+    pub eta_seconds: Option<f64>,
+    pub elapsed_seconds: f64,
+    pub waiting_reads: u64,
+    pub error: Option<String>,
+    pub staging: std::path::PathBuf,
+    pub pid: u32,
+}
+
+/// The state of a mounted view, shared by the filesystem adapter, the
+/// materialiser and status readers.
+pub struct ViewCore {
+    layout: ViewLayout,
+    output: Partition,
+    templates: HashMap<Vec<u64>, BlockTemplate>,
+    staging: Arc<Staging>,
+    metadata: Vec<u8>,
+    planned_seeks: u64,
+    state: Mutex<ViewState>,
+    staged_files: Mutex<LruCache<u64, Arc<File>>>,
+    status_snapshots: Mutex<HashMap<u64, Vec<u8>>>,
+    next_handle: AtomicU64,
+    mounted_at: SystemTime,
+    started: Instant,
+}
+
+/// Done block files kept open for reads.
+const OPEN_STAGED_FILES: usize = 256;
+
+impl ViewCore {
+    /// A view of `plan`'s output, staged in `staging`, with `done` blocks
+    /// already complete there.
+    pub fn new(layout: ViewLayout, plan: &Plan, staging: Arc<Staging>, done: &[u64]) -> Result<ViewCore> {
+        let output = plan.output.clone();
+        let mut templates = HashMap::new();
+        for index in IndexBox::grid(&output.grid_shape()) {
+            let shape = output.block(&index).shape;
+            if !templates.contains_key(&shape) {
+                let template = format::template_aligned(
+                    layout.format,
+                    &shape,
+                    layout.dtype,
+                    &layout.dataset,
+                    format::VIEW_DATA_ALIGNMENT,
+                )?;
+                templates.insert(shape, template);
+            }
+            // Distinct shapes: interior plus edges, at most 2^N; stop early
+            // once every edge combination is seen rather than walk a huge grid.
+            if templates.len() >= 1 << output.ndim() {
+                break;
+            }
+        }
+        let mut core = ViewCore {
+            metadata: Vec::new(),
+            planned_seeks: plan.prediction.seeks(),
+            state: Mutex::new(ViewState {
+                done: vec![false; output.count() as usize],
+                done_count: 0,
+                done_bytes: 0,
+                resumed: 0,
+                waiters: HashMap::new(),
+                phase: Phase::Materialising,
+                failure: None,
+                run: RunStats::default(),
+            }),
+            staged_files: Mutex::new(LruCache::new(
+                NonZeroUsize::new(OPEN_STAGED_FILES).unwrap_or(NonZeroUsize::MIN),
+            )),
+            status_snapshots: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            mounted_at: SystemTime::now(),
+            started: Instant::now(),
+            templates,
+            output,
+            staging,
+            layout,
+        };
+        core.metadata = core.metadata_json();
+        {
+            let mut state = core.state.lock();
+            for &rank in done {
+                if let Some(slot) = state.done.get_mut(rank as usize) {
+                    if !*slot {
+                        *slot = true;
+                        state.done_count += 1;
+                        state.resumed += 1;
+                    }
+                }
+            }
+            state.done_bytes = 0;
+            for rank in 0..state.done.len() as u64 {
+                if state.done[rank as usize] {
+                    state.done_bytes += core.data_len(rank);
+                }
+            }
+            if state.done_count == core.output.count() {
+                state.phase = Phase::Complete;
+            }
+        }
+        Ok(core)
+    }
+
+    pub fn layout(&self) -> &ViewLayout {
+        &self.layout
+    }
+
+    pub fn output(&self) -> &Partition {
+        &self.output
+    }
+
+    pub fn staging(&self) -> &Arc<Staging> {
+        &self.staging
+    }
+
+    /// The template of output block `rank` (its header bytes and layout).
+    pub fn template(&self, rank: u64) -> &BlockTemplate {
+        let shape = self.output.block(&self.output.unravel(rank)).shape;
+        // Every block shape was templated at construction.
+        &self.templates[&shape]
+    }
+
+    fn data_len(&self, rank: u64) -> u64 {
+        self.template(rank).data_len
+    }
+
+    /// The file name of output block `rank`.
+    pub fn block_name(&self, rank: u64) -> String {
+        block_file_name(&self.output.unravel(rank), self.layout.format)
+    }
+
+    fn metadata_json(&self) -> Vec<u8> {
+        let grid = self.output.grid_shape();
+        let names: String = "{i}_{j}_{k}_{l}_{m}_{n}_{o}_{p}"
+            .split('_')
+            .take(self.output.ndim())
+            .collect::<Vec<_>>()
+            .join("_");
+        let value = serde_json::json!({
+            "array_shape": self.layout.array,
+            "dtype": self.layout.dtype.numpy_descr(),
+            "input_block_shape": self.layout.input_block,
+            "block_shape": self.layout.output_block,
+            "grid_shape": grid,
+            "format": self.layout.format,
+            "dataset": if self.layout.format == BlockFormat::Hdf5 { Some(&self.layout.dataset) } else { None },
+            "file_name_pattern": format!("{names}.{}", self.layout.format.extension()),
+            "axis_order": "C order (numpy, h5py): the last index moves fastest; block (i, j, k) starts at (i, j, k) * block_shape, and edge blocks are smaller",
+            "source": self.layout.source,
+        });
+        let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or_default();
+        bytes.push(b'\n');
+        bytes
+    }
+
+    fn block_rank(&self, ino: u64) -> Option<u64> {
+        let rank = ino.checked_sub(FIRST_BLOCK_INO)?;
+        (rank < self.output.count()).then_some(rank)
+    }
+
+    fn node_attr(&self, ino: u64) -> std::result::Result<NodeAttr, Errno> {
+        let (kind, size) = match ino {
+            ROOT_INO => (NodeKind::Directory, 0),
+            METADATA_INO => (NodeKind::File, self.metadata.len() as u64),
+            STATUS_INO => (NodeKind::File, self.status_bytes().len() as u64),
+            _ => {
+                let rank = self.block_rank(ino).ok_or(libc::ENOENT)?;
+                (NodeKind::File, self.template(rank).file_len())
+            }
+        };
+        Ok(NodeAttr {
+            ino,
+            kind,
+            size,
+            mtime: self.mounted_at,
+        })
+    }
+
+    pub fn getattr(&self, ino: u64) -> std::result::Result<NodeAttr, Errno> {
+        self.node_attr(ino)
+    }
+
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> std::result::Result<NodeAttr, Errno> {
+        if parent != ROOT_INO {
+            return Err(libc::ENOTDIR);
+        }
+        let name = name.to_str().ok_or(libc::ENOENT)?;
+        match name {
+            METADATA_NAME => return self.node_attr(METADATA_INO),
+            STATUS_NAME => return self.node_attr(STATUS_INO),
+            _ => {}
+        }
+        let stem = name
+            .strip_suffix(self.layout.format.extension())
+            .and_then(|s| s.strip_suffix('.'))
+            .ok_or(libc::ENOENT)?;
+        let index = parse_grid_index(stem).ok_or(libc::ENOENT)?;
+        let grid = self.output.grid_shape();
+        if index.len() != grid.len() || index.iter().zip(&grid).any(|(i, n)| i >= n) || grid_name(&index) != stem {
+            return Err(libc::ENOENT);
+        }
+        self.node_attr(FIRST_BLOCK_INO + self.output.linear(&index))
+    }
+
+    /// Directory entries from position `offset` on (`.`, `..`, the metadata
+    /// and status files, then the blocks in C order), with each entry's
+    /// position for resuming.
+    pub fn readdir(&self, ino: u64, offset: u64) -> std::result::Result<impl Iterator<Item = (u64, DirEntry)> + '_, Errno> {
+        if ino != ROOT_INO {
+            return Err(libc::ENOTDIR);
+        }
+        let fixed = [
+            (ROOT_INO, NodeKind::Directory, ".".to_string()),
+            (ROOT_INO, NodeKind::Directory, "..".to_string()),
+            (METADATA_INO, NodeKind::File, METADATA_NAME.to_string()),
+            (STATUS_INO, NodeKind::File, STATUS_NAME.to_string()),
+        ];
+        let fixed_len = fixed.len() as u64;
+        let total = fixed_len + self.output.count();
+        Ok((offset..total).map(move |position| {
+            let entry = if position < fixed_len {
+                let (ino, kind, name) = fixed[position as usize].clone();
+                DirEntry { ino, kind, name }
+            } else {
+                let rank = position - fixed_len;
+                DirEntry {
+                    ino: FIRST_BLOCK_INO + rank,
+                    kind: NodeKind::File,
+                    name: self.block_name(rank),
+                }
+            };
+            (position + 1, entry)
+        }))
+    }
+
+    /// Opens a file: a handle, and how the kernel should cache it. Writes
+    /// are refused with EROFS.
+    pub fn open(&self, ino: u64, write: bool) -> std::result::Result<(u64, CacheMode), Errno> {
+        self.node_attr(ino)?;
+        if write {
+            return Err(libc::EROFS);
+        }
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        if ino == STATUS_INO {
+            // One snapshot per open, so reads at several offsets agree.
+            self.status_snapshots.lock().insert(handle, self.status_bytes());
+            return Ok((handle, CacheMode::Direct));
+        }
+        Ok((handle, CacheMode::KeepCache))
+    }
+
+    pub fn release(&self, handle: u64) {
+        self.status_snapshots.lock().remove(&handle);
+    }
+
+    /// Reads `size` bytes at `offset`. `reply` is called now, or later when
+    /// the block the bytes belong to completes (or the view fails).
+    pub fn read(&self, ino: u64, handle: u64, offset: u64, size: u32, reply: ReadReply) {
+        let fixed = |bytes: &[u8]| -> Vec<u8> {
+            let start = (offset as usize).min(bytes.len());
+            let end = (offset as usize).saturating_add(size as usize).min(bytes.len());
+            bytes[start..end].to_vec()
+        };
+        match ino {
+            METADATA_INO => return reply(Ok(fixed(&self.metadata))),
+            STATUS_INO => {
+                let snapshot = self.status_snapshots.lock().get(&handle).cloned();
+                return reply(Ok(fixed(&snapshot.unwrap_or_else(|| self.status_bytes()))));
+            }
+            ROOT_INO => return reply(Err(libc::EISDIR)),
+            _ => {}
+        }
+        let Some(rank) = self.block_rank(ino) else {
+            return reply(Err(libc::ENOENT));
+        };
+        let template = self.template(rank);
+        let file_len = template.file_len();
+        let end = offset.saturating_add(size as u64).min(file_len);
+        if offset >= end {
+            return reply(Ok(Vec::new()));
+        }
+        let data_start = template.data_offset;
+        let data_end = data_start + template.data_len;
+        if end <= data_start || offset >= data_end {
+            // Header or trailer only: the template has these bytes.
+            let bytes = if end <= data_start {
+                template.prefix[offset as usize..end as usize].to_vec()
+            } else {
+                template.suffix[(offset - data_end) as usize..(end - data_end) as usize].to_vec()
+            };
+            return reply(Ok(bytes));
+        }
+        {
+            let mut state = self.state.lock();
+            if !state.done[rank as usize] {
+                match state.phase {
+                    Phase::Materialising => {
+                        state.waiters.entry(rank).or_default().push(Waiter { offset, end, reply });
+                        return;
+                    }
+                    Phase::Failed | Phase::Stopping | Phase::Complete => {
+                        drop(state);
+                        return reply(Err(libc::EIO));
+                    }
+                }
+            }
+        }
+        reply(self.read_staged(rank, offset, end));
+    }
+
+    fn read_staged(&self, rank: u64, offset: u64, end: u64) -> std::result::Result<Vec<u8>, Errno> {
+        let file = self.staged_file(rank).map_err(|e| {
+            log::error!("{e}");
+            libc::EIO
+        })?;
+        let mut bytes = vec![0u8; (end - offset) as usize];
+        file.read_exact_at(&mut bytes, offset).map_err(|e| {
+            log::error!("reading staged block {}: {e}", self.block_name(rank));
+            libc::EIO
+        })?;
+        Ok(bytes)
+    }
+
+    fn staged_file(&self, rank: u64) -> Result<Arc<File>> {
+        if let Some(file) = self.staged_files.lock().get(&rank) {
+            return Ok(file.clone());
+        }
+        let path = self.staging.block_path(&self.block_name(rank));
+        let file = Arc::new(File::open(&path).map_err(|e| crate::Error::io(&path, "opening", e))?);
+        self.staged_files.lock().put(rank, file.clone());
+        Ok(file)
+    }
+
+    /// Whether output block `rank` is complete in the staging area.
+    pub fn is_done(&self, rank: u64) -> bool {
+        self.state.lock().done.get(rank as usize).copied().unwrap_or(false)
+    }
+
+    /// Marks blocks complete (their data and journal record are durable)
+    /// and answers the reads parked on them.
+    pub fn mark_done(&self, ranks: &[u64]) {
+        let mut woken = Vec::new();
+        {
+            let mut state = self.state.lock();
+            for &rank in ranks {
+                if let Some(slot) = state.done.get_mut(rank as usize) {
+                    if !*slot {
+                        *slot = true;
+                        state.done_count += 1;
+                        state.done_bytes += self.data_len(rank);
+                    }
+                }
+                if let Some(waiters) = state.waiters.remove(&rank) {
+                    woken.push((rank, waiters));
+                }
+            }
+        }
+        for (rank, waiters) in woken {
+            for waiter in waiters {
+                (waiter.reply)(self.read_staged(rank, waiter.offset, waiter.end));
+            }
+        }
+    }
+
+    /// Records the materialiser's latest counts.
+    pub fn update_run(&self, run: &RunStats) {
+        self.state.lock().run = *run;
+    }
+
+    /// The materialiser finished: every block is done.
+    pub fn finish(&self, run: &RunStats) {
+        let mut state = self.state.lock();
+        state.run = *run;
+        if state.phase == Phase::Materialising {
+            state.phase = Phase::Complete;
+        }
+        // Blocks that were never pending had no waiters; any left are a bug,
+        // and must not hang.
+        let left: Vec<Waiter> = state.waiters.drain().flat_map(|(_, w)| w).collect();
+        drop(state);
+        for waiter in left {
+            (waiter.reply)(Err(libc::EIO));
+        }
+    }
+
+    /// The materialiser failed: pending blocks cannot be served; parked and
+    /// later reads of them get EIO. Complete blocks stay readable.
+    pub fn fail(&self, message: String) {
+        self.end_waiting(Phase::Failed, Some(message));
+    }
+
+    /// Shutting down (unmount, signal): parked reads are answered with an
+    /// error at once, never left hanging.
+    pub fn shutdown(&self) {
+        self.end_waiting(Phase::Stopping, None);
+    }
+
+    fn end_waiting(&self, phase: Phase, failure: Option<String>) {
+        let left: Vec<Waiter> = {
+            let mut state = self.state.lock();
+            if state.phase != Phase::Complete {
+                state.phase = phase;
+            }
+            if failure.is_some() {
+                state.failure = failure;
+            }
+            state.waiters.drain().flat_map(|(_, w)| w).collect()
+        };
+        for waiter in left {
+            (waiter.reply)(Err(libc::EIO));
+        }
+    }
+
+    /// Extended attribute `name` of `ino`.
+    pub fn getxattr(&self, ino: u64, name: &OsStr) -> std::result::Result<Vec<u8>, Errno> {
+        let rank = self.block_rank(ino).ok_or(libc::ENODATA)?;
+        if name != STATE_XATTR {
+            return Err(libc::ENODATA);
+        }
+        let state = self.state.lock();
+        let value = if state.done[rank as usize] {
+            "done"
+        } else if state.phase == Phase::Failed {
+            "failed"
+        } else {
+            "pending"
+        };
+        Ok(value.as_bytes().to_vec())
+    }
+
+    pub fn listxattr(&self, ino: u64) -> Vec<u8> {
+        if self.block_rank(ino).is_some() {
+            let mut names = STATE_XATTR.as_bytes().to_vec();
+            names.push(0);
+            names
+        } else {
+            Vec::new()
+        }
+    }
+
+    pub fn status(&self) -> Status {
+        let state = self.state.lock();
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let bytes_total: u64 = geometry_bytes(&self.layout.array, self.layout.dtype);
+        let written = state.run.bytes_written;
+        let rate = if elapsed > 0.0 { written as f64 / elapsed } else { 0.0 };
+        let remaining = bytes_total.saturating_sub(state.done_bytes);
+        Status {
+            state: match state.phase {
+                Phase::Materialising => "materialising",
+                Phase::Complete => "complete",
+                Phase::Failed => "failed",
+                Phase::Stopping => "stopping",
+            }
+            .to_string(),
+            blocks_done: state.done_count,
+            blocks_total: self.output.count(),
+            blocks_resumed: state.resumed,
+            bytes_done: state.done_bytes,
+            bytes_total,
+            seeks_made: state.run.seeks(),
+            seeks_planned: self.planned_seeks,
+            rate_bytes_per_second: rate,
+            eta_seconds: (state.phase == Phase::Materialising && rate > 0.0).then(|| remaining as f64 / rate),
+            elapsed_seconds: elapsed,
+            waiting_reads: state.waiters.values().map(|w| w.len() as u64).sum(),
+            error: state.failure.clone(),
+            staging: self.staging.dir().to_path_buf(),
+            pid: std::process::id(),
+        }
+    }
+
+    fn status_bytes(&self) -> Vec<u8> {
+        let mut bytes = serde_json::to_vec_pretty(&self.status()).unwrap_or_default();
+        bytes.push(b'\n');
+        bytes
+    }
+}
+
+fn geometry_bytes(array: &[u64], dtype: DType) -> u64 {
+    crate::geometry::volume(array) * dtype.size as u64
+}
