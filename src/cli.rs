@@ -61,14 +61,16 @@ pub enum Command {
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "The view holds one file per output block, named {i}_{j}_{k}.{ext} by grid \
+#[command(
+    after_help = "The view holds one file per output block, named {i}_{j}_{k}.{ext} by grid \
 index, plus rechunkfs.json (the array, its dtype and the new grid) and .rechunkfs-status.json \
 (live progress). Sizes are exact from the first stat. Reading a block that is not done yet waits \
 for that block only; its header bytes are served at once. Each block file carries the extended \
 attribute user.rechunkfs.state (done or pending).\n\nBlocks are written into a staging directory \
 (default: ~/.cache/rechunkfs/...). Mounting again with the same arguments resumes: completed \
 blocks are kept, the rest are redone. If the input changed since, the mount is refused; \
---rebuild starts over.\n\nShapes and block indices are in C order, as numpy and h5py report them.")]
+--rebuild starts over.\n\nShapes and block indices are in C order, as numpy and h5py report them."
+)]
 pub struct MountArgs {
     /// Input: a directory of block files, or one file.
     #[arg(value_name = "IN")]
@@ -234,7 +236,11 @@ fn mount_command(args: MountArgs) -> anyhow::Result<()> {
         mem: mem_of(&args.planning)?,
         strategy: args.planning.strategy.parse()?,
         staging: args.staging.as_deref().map(absolute),
-        format: args.format.as_deref().map(str::parse::<BlockFormat>).transpose()?,
+        format: args
+            .format
+            .as_deref()
+            .map(str::parse::<BlockFormat>)
+            .transpose()?,
         dataset: args.input_args.dataset.clone(),
         rebuild: args.rebuild,
         allow_other: args.allow_other,
@@ -275,16 +281,24 @@ fn mount_command(args: MountArgs) -> anyhow::Result<()> {
 fn spawn_progress(core: std::sync::Arc<crate::view::ViewCore>) {
     let status = core.status();
     let bar = progress_bar(status.bytes_total, false);
-    let _ = std::thread::Builder::new().name("progress".into()).spawn(move || loop {
-        let status = core.status();
-        bar.set_position(status.bytes_done);
-        bar.set_message(format!("blocks {}/{}", status.blocks_done, status.blocks_total));
-        if status.state != "materialising" {
-            bar.finish_with_message(format!("{} ({} blocks)", status.state, status.blocks_done));
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    });
+    let _ = std::thread::Builder::new()
+        .name("progress".into())
+        .spawn(move || loop {
+            let status = core.status();
+            bar.set_position(status.bytes_done);
+            bar.set_message(format!(
+                "blocks {}/{}",
+                status.blocks_done, status.blocks_total
+            ));
+            if status.state != "materialising" {
+                bar.finish_with_message(format!(
+                    "{} ({} blocks)",
+                    status.state, status.blocks_done
+                ));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        });
 }
 
 fn status_command(args: StatusArgs) -> anyhow::Result<()> {
@@ -293,7 +307,13 @@ fn status_command(args: StatusArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(());
     }
-    let percent = |done: u64, total: u64| if total == 0 { 100.0 } else { done as f64 * 100.0 / total as f64 };
+    let percent = |done: u64, total: u64| {
+        if total == 0 {
+            100.0
+        } else {
+            done as f64 * 100.0 / total as f64
+        }
+    };
     println!("view      {}", args.view.display());
     println!("state     {}", status.state);
     println!(
@@ -303,7 +323,11 @@ fn status_command(args: StatusArgs) -> anyhow::Result<()> {
         percent(status.blocks_done, status.blocks_total),
         thousands(status.blocks_resumed)
     );
-    println!("bytes     {} / {}", show_bytes(status.bytes_done), show_bytes(status.bytes_total));
+    println!(
+        "bytes     {} / {}",
+        show_bytes(status.bytes_done),
+        show_bytes(status.bytes_total)
+    );
     println!(
         "seeks     {} so far; the plan makes {}",
         thousands(status.seeks_made),
@@ -317,7 +341,10 @@ fn status_command(args: StatusArgs) -> anyhow::Result<()> {
         show_bytes(status.rate_bytes_per_second as u64),
         status.elapsed_seconds
     );
-    println!("waiting   {} reads parked on pending blocks", status.waiting_reads);
+    println!(
+        "waiting   {} reads parked on pending blocks",
+        status.waiting_reads
+    );
     println!("error     {}", status.error.as_deref().unwrap_or("none"));
     println!("staging   {}", status.staging.display());
     println!("daemon    pid {}", status.pid);

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 
 use crate::view::{CacheMode, NodeAttr, NodeKind, ViewCore, STATUS_INO};
@@ -102,8 +103,12 @@ impl Filesystem for RechunkFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
         match self.core.open(ino.0, write) {
-            Ok((handle, CacheMode::KeepCache)) => reply.opened(FileHandle(handle), FopenFlags::FOPEN_KEEP_CACHE),
-            Ok((handle, CacheMode::Direct)) => reply.opened(FileHandle(handle), FopenFlags::FOPEN_DIRECT_IO),
+            Ok((handle, CacheMode::KeepCache)) => {
+                reply.opened(FileHandle(handle), FopenFlags::FOPEN_KEEP_CACHE)
+            }
+            Ok((handle, CacheMode::Direct)) => {
+                reply.opened(FileHandle(handle), FopenFlags::FOPEN_DIRECT_IO)
+            }
             Err(code) => reply.error(errno(code)),
         }
     }
@@ -145,19 +150,35 @@ impl Filesystem for RechunkFs {
         reply.ok();
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         reply.ok();
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.core.getattr(ino.0) {
-            Ok(node) if node.kind == NodeKind::Directory => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(node) if node.kind == NodeKind::Directory => {
+                reply.opened(FileHandle(0), FopenFlags::empty())
+            }
             Ok(_) => reply.error(Errno::ENOTDIR),
             Err(code) => reply.error(errno(code)),
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         match self.core.readdir(ino.0, offset) {
             Ok(entries) => {
                 for (next, entry) in entries {
@@ -175,13 +196,21 @@ impl Filesystem for RechunkFs {
         }
     }
 
-    fn releasedir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
         reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let files = self.core.output().count() + 2;
-        let bytes: u64 = crate::geometry::volume(&self.core.layout().array) * self.core.layout().dtype.size as u64;
+        let bytes: u64 = crate::geometry::volume(&self.core.layout().array)
+            * self.core.layout().dtype.size as u64;
         reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
     }
 
@@ -277,7 +306,15 @@ impl Filesystem for RechunkFs {
         reply.error(Errno::EROFS);
     }
 
-    fn mkdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
         reply.error(Errno::EROFS);
     }
 
@@ -289,7 +326,14 @@ impl Filesystem for RechunkFs {
         reply.error(Errno::EROFS);
     }
 
-    fn symlink(&self, _req: &Request, _parent: INodeNo, _link_name: &OsStr, _target: &std::path::Path, reply: ReplyEntry) {
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
         reply.error(Errno::EROFS);
     }
 
@@ -306,7 +350,14 @@ impl Filesystem for RechunkFs {
         reply.error(Errno::EROFS);
     }
 
-    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
         reply.error(Errno::EROFS);
     }
 
@@ -327,7 +378,14 @@ impl Filesystem for RechunkFs {
         reply.error(Errno::EROFS);
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         reply.ok();
     }
 

@@ -69,7 +69,14 @@ impl BlockSink for StagingSink {
                 template.create_file(&path)?
             };
             let data_offset = template.data_offset;
-            self.open.put(rank, OpenOutput { file, path, data_offset });
+            self.open.put(
+                rank,
+                OpenOutput {
+                    file,
+                    path,
+                    data_offset,
+                },
+            );
         }
         let open = self
             .open
@@ -88,8 +95,15 @@ impl BlockSink for StagingSink {
             Some(open) => open,
             None => {
                 let path = self.core.staging().block_path(&self.core.block_name(rank));
-                let file = File::options().write(true).open(&path).map_err(|e| Error::io(&path, "reopening", e))?;
-                OpenOutput { file, path, data_offset: 0 }
+                let file = File::options()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| Error::io(&path, "reopening", e))?;
+                OpenOutput {
+                    file,
+                    path,
+                    data_offset: 0,
+                }
             }
         };
         open.file
@@ -99,6 +113,16 @@ impl BlockSink for StagingSink {
         self.core.mark_done(&[rank]);
         Ok(())
     }
+}
+
+/// `RECHUNKFS_STEP_DELAY_MS`: a pause after every read block, to watch a
+/// view fill (demos) or to hold blocks pending (tests). Unset: no pause.
+fn step_delay() -> Option<std::time::Duration> {
+    std::env::var("RECHUNKFS_STEP_DELAY_MS")
+        .ok()
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .filter(|&ms| ms > 0)
+        .map(std::time::Duration::from_millis)
 }
 
 /// A running materialiser.
@@ -117,9 +141,16 @@ impl Materialiser {
             .spawn(move || {
                 let mut sink = StagingSink::new(core.clone());
                 let progress_core = core.clone();
-                let result = Executor::new(&plan, &input)
-                    .with_cancel(&stop)
-                    .run(&mut sink, |stats: &RunStats| progress_core.update_run(stats));
+                let step_delay = step_delay();
+                let result = Executor::new(&plan, &input).with_cancel(&stop).run(
+                    &mut sink,
+                    |stats: &RunStats| {
+                        progress_core.update_run(stats);
+                        if let Some(delay) = step_delay {
+                            std::thread::sleep(delay);
+                        }
+                    },
+                );
                 match result {
                     Ok(stats) => {
                         log::info!(

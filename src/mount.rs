@@ -114,7 +114,10 @@ pub fn check_mount_point(view: &Path) -> Result<()> {
         Err(e) => return Err(Error::io(view, "checking the mount point", e)),
     };
     if !meta.is_dir() {
-        return Err(bad_view(view, "is not a directory; the view is mounted on an empty directory"));
+        return Err(bad_view(
+            view,
+            "is not a directory; the view is mounted on an empty directory",
+        ));
     }
     if is_mounted(view) {
         return Err(bad_view(
@@ -240,7 +243,10 @@ pub fn detach(view: &Path) -> Result<()> {
         if status.success() {
             Ok(())
         } else {
-            Err(bad_view(&target, format!("fusermount3 -u -z failed ({status})")))
+            Err(bad_view(
+                &target,
+                format!("fusermount3 -u -z failed ({status})"),
+            ))
         }
     }
 }
@@ -349,7 +355,10 @@ pub fn unmount(view: &Path) -> Result<()> {
                     }
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                log::warn!("the daemon did not unmount {} in 10 s; detaching it", view.display());
+                log::warn!(
+                    "the daemon did not unmount {} in 10 s; detaching it",
+                    view.display()
+                );
             }
             detach(view)
         }
@@ -374,7 +383,9 @@ pub fn serve_in_background(prepared: PreparedView) -> Result<i32> {
         nix::unistd::pipe().map_err(|e| Error::io("pipe", "creating", e.into()))?;
     // SAFETY: no other thread exists yet (the view is only prepared), so
     // the child starts from a consistent copy of this one.
-    match unsafe { nix::unistd::fork() }.map_err(|e| Error::io("fork", "starting the daemon", e.into()))? {
+    match unsafe { nix::unistd::fork() }
+        .map_err(|e| Error::io("fork", "starting the daemon", e.into()))?
+    {
         nix::unistd::ForkResult::Parent { child } => {
             drop(write_end);
             let mut message = String::new();
@@ -385,7 +396,10 @@ pub fn serve_in_background(prepared: PreparedView) -> Result<i32> {
                 "ok" => Ok(child.as_raw()),
                 "" => Err(bad_view(
                     &prepared_view_path(&log),
-                    format!("the view's daemon exited before mounting; its log is {}", log.display()),
+                    format!(
+                        "the view's daemon exited before mounting; its log is {}",
+                        log.display()
+                    ),
                 )),
                 error => Err(Error::BadOutput {
                     path: PathBuf::from("mount"),

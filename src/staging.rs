@@ -47,7 +47,11 @@ impl Manifest {
         let base = if input.source.is_dir() {
             input.source.clone()
         } else {
-            input.source.parent().map(Path::to_path_buf).unwrap_or_default()
+            input
+                .source
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default()
         };
         Manifest {
             version: MANIFEST_VERSION,
@@ -71,10 +75,17 @@ impl Manifest {
     /// Why `self` (found on disk) cannot be resumed as `wanted`, if it cannot.
     fn mismatch(&self, wanted: &Manifest) -> Option<String> {
         if self.version != wanted.version {
-            return Some(format!("it was made by another version of rechunkfs (format {})", self.version));
+            return Some(format!(
+                "it was made by another version of rechunkfs (format {})",
+                self.version
+            ));
         }
         if self.input != wanted.input || self.dataset != wanted.dataset {
-            return Some(format!("it holds a view of {} (dataset {})", self.input.display(), self.dataset));
+            return Some(format!(
+                "it holds a view of {} (dataset {})",
+                self.input.display(),
+                self.dataset
+            ));
         }
         if self.output_block != wanted.output_block || self.format != wanted.format {
             return Some(format!(
@@ -104,7 +115,10 @@ impl Manifest {
                 return Some(format!("input file {name} is now {now_name}"));
             }
             if then.size != now.size {
-                return Some(format!("input file {name} changed size ({} → {} bytes)", then.size, now.size));
+                return Some(format!(
+                    "input file {name} changed size ({} → {} bytes)",
+                    then.size, now.size
+                ));
             }
             if then.mtime_ns != now.mtime_ns {
                 return Some(format!("input file {name} was modified"));
@@ -124,15 +138,24 @@ pub struct Staging {
 impl Staging {
     /// The default staging directory for a view: under the user's cache
     /// directory, keyed by the input's path, the dataset, the shape and the format.
-    pub fn default_dir(input: &Path, dataset: &str, output_block: &[u64], format: BlockFormat) -> Result<PathBuf> {
+    pub fn default_dir(
+        input: &Path,
+        dataset: &str,
+        output_block: &[u64],
+        format: BlockFormat,
+    ) -> Result<PathBuf> {
         let cache = std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
             .filter(|p| p.is_absolute())
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
             .ok_or_else(|| {
-                Error::BadArgument("neither XDG_CACHE_HOME nor HOME is set; pass --staging DIR".into())
+                Error::BadArgument(
+                    "neither XDG_CACHE_HOME nor HOME is set; pass --staging DIR".into(),
+                )
             })?;
-        let canonical = input.canonicalize().map_err(|e| Error::io(input, "resolving", e))?;
+        let canonical = input
+            .canonicalize()
+            .map_err(|e| Error::io(input, "resolving", e))?;
         let key = format!(
             "{}|{}|{}|{}",
             canonical.display(),
@@ -140,10 +163,14 @@ impl Staging {
             show_shape(output_block),
             format.extension()
         );
-        let leaf = canonical.file_name().map_or("input".into(), |n| n.to_string_lossy().into_owned());
-        Ok(cache
-            .join("rechunkfs")
-            .join(format!("{leaf}-{}-{:016x}", show_shape(output_block).replace('×', "x"), fnv1a(key.as_bytes()))))
+        let leaf = canonical
+            .file_name()
+            .map_or("input".into(), |n| n.to_string_lossy().into_owned());
+        Ok(cache.join("rechunkfs").join(format!(
+            "{leaf}-{}-{:016x}",
+            show_shape(output_block).replace('×', "x"),
+            fnv1a(key.as_bytes())
+        )))
     }
 
     /// Opens (or makes) the staging area in `dir` for `manifest`. Returns
@@ -164,7 +191,8 @@ impl Staging {
                 fs::remove_dir_all(&blocks).map_err(|e| Error::io(&blocks, "removing", e))?;
             }
         }
-        fs::create_dir_all(dir.join(BLOCKS)).map_err(|e| Error::io(dir, "creating the staging area", e))?;
+        fs::create_dir_all(dir.join(BLOCKS))
+            .map_err(|e| Error::io(dir, "creating the staging area", e))?;
         let fresh = !manifest_path.exists();
         if fresh {
             let bytes = serde_json::to_vec_pretty(manifest)
@@ -176,10 +204,13 @@ impl Staging {
                 fs::remove_file(&journal).map_err(|e| Error::io(&journal, "removing", e))?;
             }
         } else {
-            let bytes = fs::read(&manifest_path).map_err(|e| Error::io(&manifest_path, "reading", e))?;
+            let bytes =
+                fs::read(&manifest_path).map_err(|e| Error::io(&manifest_path, "reading", e))?;
             let found: Manifest = serde_json::from_slice(&bytes).map_err(|e| Error::BadOutput {
                 path: manifest_path.clone(),
-                problem: format!("is not a readable staging manifest ({e}); pass --rebuild to start over"),
+                problem: format!(
+                    "is not a readable staging manifest ({e}); pass --rebuild to start over"
+                ),
             })?;
             if let Some(why) = found.mismatch(manifest) {
                 return Err(Error::BadOutput {
@@ -192,7 +223,11 @@ impl Staging {
             }
         }
         let journal_path = dir.join(JOURNAL);
-        let done = if fresh { Vec::new() } else { read_journal(&journal_path)? };
+        let done = if fresh {
+            Vec::new()
+        } else {
+            read_journal(&journal_path)?
+        };
         let journal = OpenOptions::new()
             .create(true)
             .append(true)
@@ -225,8 +260,12 @@ impl Staging {
         }
         let mut journal = self.journal.lock();
         let path = self.dir.join(JOURNAL);
-        journal.write_all(&bytes).map_err(|e| Error::io(&path, "appending to the journal", e))?;
-        journal.sync_data().map_err(|e| Error::io(&path, "syncing the journal", e))
+        journal
+            .write_all(&bytes)
+            .map_err(|e| Error::io(&path, "appending to the journal", e))?;
+        journal
+            .sync_data()
+            .map_err(|e| Error::io(&path, "syncing the journal", e))
     }
 }
 
@@ -254,8 +293,10 @@ fn read_journal(path: &Path) -> Result<Vec<u64>> {
 fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
     let partial = path.with_extension("partial");
     let mut file = File::create(&partial).map_err(|e| Error::io(&partial, "creating", e))?;
-    file.write_all(bytes).map_err(|e| Error::io(&partial, "writing", e))?;
-    file.sync_all().map_err(|e| Error::io(&partial, "syncing", e))?;
+    file.write_all(bytes)
+        .map_err(|e| Error::io(&partial, "writing", e))?;
+    file.sync_all()
+        .map_err(|e| Error::io(&partial, "syncing", e))?;
     fs::rename(&partial, path).map_err(|e| Error::io(path, "renaming into place", e))?;
     if let Some(parent) = path.parent() {
         File::open(parent)
@@ -286,7 +327,13 @@ mod tests {
             dtype: "u2".parse().unwrap(),
             output_block: vec![5, 5],
             format: BlockFormat::Npy,
-            input_files: vec![("0_0.npy".into(), FileIdentity { size: 100, mtime_ns: 7 })],
+            input_files: vec![(
+                "0_0.npy".into(),
+                FileIdentity {
+                    size: 100,
+                    mtime_ns: 7,
+                },
+            )],
         }
     }
 
@@ -298,7 +345,10 @@ mod tests {
         staging.record_done(&[3, 1]).unwrap();
         drop(staging);
         // A crash mid-append leaves half a record.
-        let mut journal = OpenOptions::new().append(true).open(dir.path().join(JOURNAL)).unwrap();
+        let mut journal = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join(JOURNAL))
+            .unwrap();
         journal.write_all(&[9, 0, 0]).unwrap();
         let (_, done) = Staging::open(dir.path(), &manifest(), false).unwrap();
         assert_eq!(done, vec![3, 1]);
@@ -312,14 +362,21 @@ mod tests {
         drop(staging);
         let mut changed = manifest();
         changed.input_files[0].1.size = 101;
-        let err = Staging::open(dir.path(), &changed, false).unwrap_err().to_string();
-        assert!(err.contains("input file 0_0.npy changed size (100 → 101 bytes)"), "{err}");
+        let err = Staging::open(dir.path(), &changed, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("input file 0_0.npy changed size (100 → 101 bytes)"),
+            "{err}"
+        );
         assert!(err.contains("--rebuild"), "{err}");
         let (_, done) = Staging::open(dir.path(), &changed, true).unwrap();
         assert!(done.is_empty());
         let mut other_shape = changed.clone();
         other_shape.output_block = vec![2, 2];
-        let err = Staging::open(dir.path(), &other_shape, false).unwrap_err().to_string();
+        let err = Staging::open(dir.path(), &other_shape, false)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("holds npy blocks of 5×5"), "{err}");
     }
 }

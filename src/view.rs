@@ -160,20 +160,25 @@ const OPEN_STAGED_FILES: usize = 256;
 impl ViewCore {
     /// A view of `plan`'s output, staged in `staging`, with `done` blocks
     /// already complete there.
-    pub fn new(layout: ViewLayout, plan: &Plan, staging: Arc<Staging>, done: &[u64]) -> Result<ViewCore> {
+    pub fn new(
+        layout: ViewLayout,
+        plan: &Plan,
+        staging: Arc<Staging>,
+        done: &[u64],
+    ) -> Result<ViewCore> {
         let output = plan.output.clone();
         let mut templates = HashMap::new();
         for index in IndexBox::grid(&output.grid_shape()) {
             let shape = output.block(&index).shape;
-            if !templates.contains_key(&shape) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = templates.entry(shape) {
                 let template = format::template_aligned(
                     layout.format,
-                    &shape,
+                    slot.key(),
                     layout.dtype,
                     &layout.dataset,
                     format::VIEW_DATA_ALIGNMENT,
                 )?;
-                templates.insert(shape, template);
+                slot.insert(template);
             }
             // Distinct shapes: interior plus edges, at most 2^N; stop early
             // once every edge combination is seen rather than walk a huge grid.
@@ -326,7 +331,10 @@ impl ViewCore {
             .ok_or(libc::ENOENT)?;
         let index = parse_grid_index(stem).ok_or(libc::ENOENT)?;
         let grid = self.output.grid_shape();
-        if index.len() != grid.len() || index.iter().zip(&grid).any(|(i, n)| i >= n) || grid_name(&index) != stem {
+        if index.len() != grid.len()
+            || index.iter().zip(&grid).any(|(i, n)| i >= n)
+            || grid_name(&index) != stem
+        {
             return Err(libc::ENOENT);
         }
         self.node_attr(FIRST_BLOCK_INO + self.output.linear(&index))
@@ -335,7 +343,11 @@ impl ViewCore {
     /// Directory entries from position `offset` on (`.`, `..`, the metadata
     /// and status files, then the blocks in C order), with each entry's
     /// position for resuming.
-    pub fn readdir(&self, ino: u64, offset: u64) -> std::result::Result<impl Iterator<Item = (u64, DirEntry)> + '_, Errno> {
+    pub fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+    ) -> std::result::Result<impl Iterator<Item = (u64, DirEntry)> + '_, Errno> {
         if ino != ROOT_INO {
             return Err(libc::ENOTDIR);
         }
@@ -373,7 +385,9 @@ impl ViewCore {
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
         if ino == STATUS_INO {
             // One snapshot per open, so reads at several offsets agree.
-            self.status_snapshots.lock().insert(handle, self.status_bytes());
+            self.status_snapshots
+                .lock()
+                .insert(handle, self.status_bytes());
             return Ok((handle, CacheMode::Direct));
         }
         Ok((handle, CacheMode::KeepCache))
@@ -388,7 +402,9 @@ impl ViewCore {
     pub fn read(&self, ino: u64, handle: u64, offset: u64, size: u32, reply: ReadReply) {
         let fixed = |bytes: &[u8]| -> Vec<u8> {
             let start = (offset as usize).min(bytes.len());
-            let end = (offset as usize).saturating_add(size as usize).min(bytes.len());
+            let end = (offset as usize)
+                .saturating_add(size as usize)
+                .min(bytes.len());
             bytes[start..end].to_vec()
         };
         match ino {
@@ -425,7 +441,11 @@ impl ViewCore {
             if !state.done[rank as usize] {
                 match state.phase {
                     Phase::Materialising => {
-                        state.waiters.entry(rank).or_default().push(Waiter { offset, end, reply });
+                        state
+                            .waiters
+                            .entry(rank)
+                            .or_default()
+                            .push(Waiter { offset, end, reply });
                         return;
                     }
                     Phase::Failed | Phase::Stopping | Phase::Complete => {
@@ -463,7 +483,12 @@ impl ViewCore {
 
     /// Whether output block `rank` is complete in the staging area.
     pub fn is_done(&self, rank: u64) -> bool {
-        self.state.lock().done.get(rank as usize).copied().unwrap_or(false)
+        self.state
+            .lock()
+            .done
+            .get(rank as usize)
+            .copied()
+            .unwrap_or(false)
     }
 
     /// Marks blocks complete (their data and journal record are durable)
@@ -573,7 +598,11 @@ impl ViewCore {
         let elapsed = self.started.elapsed().as_secs_f64();
         let bytes_total: u64 = geometry_bytes(&self.layout.array, self.layout.dtype);
         let written = state.run.bytes_written;
-        let rate = if elapsed > 0.0 { written as f64 / elapsed } else { 0.0 };
+        let rate = if elapsed > 0.0 {
+            written as f64 / elapsed
+        } else {
+            0.0
+        };
         let remaining = bytes_total.saturating_sub(state.done_bytes);
         Status {
             state: match state.phase {
@@ -591,7 +620,8 @@ impl ViewCore {
             seeks_made: state.run.seeks(),
             seeks_planned: self.planned_seeks,
             rate_bytes_per_second: rate,
-            eta_seconds: (state.phase == Phase::Materialising && rate > 0.0).then(|| remaining as f64 / rate),
+            eta_seconds: (state.phase == Phase::Materialising && rate > 0.0)
+                .then(|| remaining as f64 / rate),
             elapsed_seconds: elapsed,
             waiting_reads: state.waiters.values().map(|w| w.len() as u64).sum(),
             error: state.failure.clone(),

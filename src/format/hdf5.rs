@@ -27,8 +27,8 @@ use hdf5_sys::h5d::{
 use hdf5_sys::h5f::{H5Fclose, H5Fcreate, H5F_ACC_EXCL};
 use hdf5_sys::h5i::hid_t;
 use hdf5_sys::h5p::{
-    H5Pclose, H5Pcreate, H5Pset_alloc_time, H5Pset_create_intermediate_group, H5Pset_fill_time,
-    H5Pset_alignment, H5Pset_layout, H5Pset_obj_track_times, H5P_DEFAULT,
+    H5Pclose, H5Pcreate, H5Pset_alignment, H5Pset_alloc_time, H5Pset_create_intermediate_group,
+    H5Pset_fill_time, H5Pset_layout, H5Pset_obj_track_times, H5P_DEFAULT,
 };
 use hdf5_sys::h5s::{H5S_seloper_t, H5Sclose, H5Screate_simple, H5Sselect_hyperslab};
 use hdf5_sys::h5t::{
@@ -639,7 +639,12 @@ fn create_template_file(
                 ::hdf5::h5check(H5Pset_alignment(file_access.id, alignment, alignment))?;
             }
             let file = OwnedId::new(
-                H5Fcreate(c_path.as_ptr(), H5F_ACC_EXCL, file_create.id, file_access.id),
+                H5Fcreate(
+                    c_path.as_ptr(),
+                    H5F_ACC_EXCL,
+                    file_create.id,
+                    file_access.id,
+                ),
                 H5Fclose,
             )?;
             let file_type = OwnedId::new(create_datatype(dtype)?, H5Tclose)?;
@@ -1165,8 +1170,19 @@ mod alignment_tests {
     fn view_templates_put_data_on_its_own_page() {
         for format in [BlockFormat::Hdf5, BlockFormat::Npy] {
             for shape in [[64u64, 64, 64], [7, 50, 13]] {
-                let t = template_aligned(format, &shape, "<u2".parse().unwrap(), "/data", VIEW_DATA_ALIGNMENT).unwrap();
-                assert_eq!(t.data_offset % VIEW_DATA_ALIGNMENT, 0, "{format:?} {shape:?}");
+                let t = template_aligned(
+                    format,
+                    &shape,
+                    "<u2".parse().unwrap(),
+                    "/data",
+                    VIEW_DATA_ALIGNMENT,
+                )
+                .unwrap();
+                assert_eq!(
+                    t.data_offset % VIEW_DATA_ALIGNMENT,
+                    0,
+                    "{format:?} {shape:?}"
+                );
                 assert!(t.data_offset >= VIEW_DATA_ALIGNMENT);
             }
         }

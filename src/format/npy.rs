@@ -65,7 +65,9 @@ pub fn encode_header(shape: &[u64], dtype: DType) -> Vec<u8> {
 /// `alignment` bytes (a multiple of 64): padding is what npy's format
 /// provides for, and readers skip it.
 pub fn encode_header_aligned(shape: &[u64], dtype: DType, alignment: usize) -> Vec<u8> {
-    let alignment = alignment.max(DATA_ALIGNMENT).next_multiple_of(DATA_ALIGNMENT);
+    let alignment = alignment
+        .max(DATA_ALIGNMENT)
+        .next_multiple_of(DATA_ALIGNMENT);
     let shape_literal = match shape {
         [extent] => format!("({extent},)"),
         _ => shape_text(shape),

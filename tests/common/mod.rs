@@ -97,3 +97,36 @@ pub fn verify_output(
         "exactly the output blocks, no partial files"
     );
 }
+
+/// The exact bytes of the view's file for output block `region`: the
+/// view's (page-aligned) template around the sample data.
+pub fn expected_view_file(
+    array: &[u64],
+    region: &rechunkfs::geometry::Region,
+    dtype: DType,
+    format: BlockFormat,
+) -> Vec<u8> {
+    let template = format::template_aligned(
+        format,
+        &region.shape,
+        dtype,
+        "/data",
+        format::VIEW_DATA_ALIGNMENT,
+    )
+    .expect("template");
+    let mut bytes = template.prefix.clone();
+    bytes.extend_from_slice(&sample::region_bytes(array, region, dtype.size));
+    bytes.extend_from_slice(&template.suffix);
+    bytes
+}
+
+/// A small deterministic random number generator for tests (no seed files,
+/// same sequence every run).
+pub struct TestRng(pub u64);
+
+impl TestRng {
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(1);
+        sample::splitmix64(self.0) % n.max(1)
+    }
+}

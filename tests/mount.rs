@@ -1,0 +1,710 @@
+//! Real FUSE mounts through the `rechunkfs` binary: every byte read back by
+//! this process and by other programs, parked reads, concurrency, kill -9
+//! and resume, unmount with parked readers, read-only refusals, and the
+//! mount-point checks. Needs /dev/fuse (and root or fusermount3).
+
+mod common;
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use rechunkfs::format::BlockFormat;
+use rechunkfs::geometry::{IndexBox, Partition};
+use rechunkfs::input::grid_name;
+
+use common::{dtype, expected_view_file, make_blocks, TestRng};
+
+const BIN: &str = env!("CARGO_BIN_EXE_rechunkfs");
+
+fn run(args: &[&str], step_delay_ms: u64) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("RECHUNKFS_STEP_DELAY_MS", step_delay_ms.to_string())
+        .output()
+        .expect("run rechunkfs")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A mounted view that is unmounted when dropped, whatever the test did.
+struct Mounted {
+    view: PathBuf,
+    args: Vec<String>,
+}
+
+impl Mounted {
+    fn new(
+        input: &Path,
+        view: &Path,
+        staging: &Path,
+        shape: &str,
+        format: &str,
+        step_delay_ms: u64,
+    ) -> Mounted {
+        fs::create_dir_all(view).unwrap();
+        let args: Vec<String> = [
+            "mount",
+            input.to_str().unwrap(),
+            view.to_str().unwrap(),
+            "--shape",
+            shape,
+            "--format",
+            format,
+            "--staging",
+            staging.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let output = run(
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            step_delay_ms,
+        );
+        assert!(output.status.success(), "mount failed: {}", stderr(&output));
+        Mounted {
+            view: view.to_path_buf(),
+            args,
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let output = run(&["status", "--json", self.view.to_str().unwrap()], 0);
+        assert!(output.status.success(), "status: {}", stderr(&output));
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    fn wait_complete(&self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.status()["state"] != "complete" {
+            assert!(
+                Instant::now() < deadline,
+                "materialisation did not finish: {}",
+                self.status()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn umount(&self) -> Output {
+        run(&["umount", self.view.to_str().unwrap()], 0)
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if rechunkfs::mount::is_mounted(&self.view) {
+            let _ = self.umount();
+        }
+        if rechunkfs::mount::is_mounted(&self.view) {
+            let _ = rechunkfs::mount::detach(&self.view);
+        }
+    }
+}
+
+fn xattr_state(path: &Path) -> String {
+    let c_path = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let name = CString::new("user.rechunkfs.state").unwrap();
+    let mut value = [0u8; 32];
+    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
+    let n = unsafe {
+        libc::getxattr(
+            c_path.as_ptr(),
+            name.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    assert!(
+        n >= 0,
+        "getxattr {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    String::from_utf8_lossy(&value[..n as usize]).into_owned()
+}
+
+/// Every file of the view, read by this process, equals the source.
+fn check_every_file(view: &Path, array: &[u64], block: &[u64], format: BlockFormat, dt: &str) {
+    let grid = Partition::regular(array, block);
+    for index in IndexBox::grid(&grid.grid_shape()) {
+        let region = grid.block(&index);
+        let path = view.join(format!("{}.{}", grid_name(&index), format.extension()));
+        let expected = expected_view_file(array, &region, dtype(dt), format);
+        assert_eq!(
+            fs::metadata(&path).unwrap().len(),
+            expected.len() as u64,
+            "size of {}",
+            path.display()
+        );
+        let bytes = fs::read(&path).unwrap();
+        assert!(
+            bytes == expected,
+            "{} differs from the source",
+            path.display()
+        );
+    }
+}
+
+fn python() -> String {
+    std::env::var("RECHUNKFS_PYTHON").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/target/pyenv/bin/python").to_string()
+    })
+}
+
+#[test]
+fn every_byte_through_the_mount_equals_the_source_for_other_programs_too() {
+    let root = tempfile::tempdir().unwrap();
+    for (format, dt, array, inb, outb) in [
+        (
+            BlockFormat::Hdf5,
+            "<u2",
+            [37u64, 29, 23],
+            [10u64, 8, 7],
+            [16u64, 9, 11],
+        ),
+        (
+            BlockFormat::Npy,
+            ">f4",
+            [30, 30, 30],
+            [10, 10, 10],
+            [15, 15, 15],
+        ),
+    ] {
+        let base = root.path().join(format.extension());
+        let input = make_blocks(&base, "in", &array, &inb, dtype(dt), BlockFormat::Hdf5);
+        let shape = outb
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mounted = Mounted::new(
+            &input,
+            &base.join("view"),
+            &base.join("staging"),
+            &shape,
+            format.extension(),
+            0,
+        );
+        // Read from another thread of this process while it fills.
+        let view = mounted.view.clone();
+        let reader = std::thread::spawn(move || check_every_file(&view, &array, &outb, format, dt));
+        reader.join().unwrap();
+        // And with external programs: cat, and numpy/h5py.
+        let cat = Command::new("cat")
+            .arg(mounted.view.join(format!("0_1_0.{}", format.extension())))
+            .output()
+            .unwrap();
+        let region = Partition::regular(&array, &outb).block(&[0, 1, 0]);
+        assert_eq!(
+            cat.stdout,
+            expected_view_file(&array, &region, dtype(dt), format),
+            "cat"
+        );
+        let array_text = array
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let verify = Command::new(python())
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/verify.py"))
+            .args([
+                mounted.view.to_str().unwrap(),
+                "--array",
+                &array_text,
+                "--block",
+                &shape,
+                "--dtype",
+                dt,
+            ])
+            .args(["--format", format.extension()])
+            .output()
+            .expect("python");
+        assert!(
+            verify.status.success(),
+            "python: {}{}",
+            String::from_utf8_lossy(&verify.stdout),
+            stderr(&verify)
+        );
+        let meta: serde_json::Value =
+            serde_json::from_slice(&fs::read(mounted.view.join("rechunkfs.json")).unwrap())
+                .unwrap();
+        assert_eq!(meta["array_shape"], serde_json::json!(array));
+        mounted.wait_complete();
+        let status = mounted.status();
+        assert_eq!(
+            status["seeks_made"], status["seeks_planned"],
+            "the materialiser made the planned seeks"
+        );
+        let umount = mounted.umount();
+        assert!(umount.status.success(), "{}", stderr(&umount));
+        assert!(!rechunkfs::mount::is_mounted(&mounted.view));
+    }
+}
+
+#[test]
+fn a_read_of_a_pending_block_waits_and_others_are_served_meanwhile() {
+    let root = tempfile::tempdir().unwrap();
+    let array = [40u64, 36, 30];
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &[10, 9, 10],
+        dtype("u1"),
+        BlockFormat::Hdf5,
+    );
+    let mounted = Mounted::new(
+        &input,
+        &root.path().join("view"),
+        &root.path().join("staging"),
+        "8,9,6",
+        "h5",
+        40,
+    );
+    let grid = Partition::regular(&array, &[8, 9, 6]);
+    let last_index: Vec<usize> = grid.grid_shape().iter().map(|n| n - 1).collect();
+    let last = mounted.view.join(format!("{}.h5", grid_name(&last_index)));
+    let first = mounted.view.join("0_0_0.h5");
+
+    assert_eq!(
+        xattr_state(&last),
+        "pending",
+        "the last block is pending when its read is issued"
+    );
+    let order = Arc::new(AtomicUsize::new(0));
+    let (order_a, last_a) = (order.clone(), last.clone());
+    let parked = std::thread::spawn(move || {
+        let bytes = fs::read(&last_a).unwrap();
+        (bytes, order_a.fetch_add(1, Ordering::SeqCst))
+    });
+    while xattr_state(&first) != "done" {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let first_bytes = fs::read(&first).unwrap();
+    let first_rank = order.fetch_add(1, Ordering::SeqCst);
+    assert_eq!(
+        first_bytes,
+        expected_view_file(
+            &array,
+            &grid.block(&[0, 0, 0]),
+            dtype("u1"),
+            BlockFormat::Hdf5
+        )
+    );
+    assert_eq!(
+        xattr_state(&last),
+        "pending",
+        "still pending after the done block was served"
+    );
+    let (last_bytes, last_rank) = parked.join().unwrap();
+    assert!(
+        first_rank < last_rank,
+        "the done block was answered before the pending one"
+    );
+    assert_eq!(
+        last_bytes,
+        expected_view_file(
+            &array,
+            &grid.block(&last_index),
+            dtype("u1"),
+            BlockFormat::Hdf5
+        )
+    );
+}
+
+#[test]
+fn many_concurrent_random_readers_get_correct_bytes_without_deadlock() {
+    let root = tempfile::tempdir().unwrap();
+    let array = [45u64, 40, 33];
+    let block = [16u64, 11, 9];
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &[9, 10, 11],
+        dtype("<i4"),
+        BlockFormat::Hdf5,
+    );
+    let mounted = Mounted::new(
+        &input,
+        &root.path().join("view"),
+        &root.path().join("staging"),
+        "16,11,9",
+        "npy",
+        5,
+    );
+    let grid = Partition::regular(&array, &block);
+    let (done_tx, done_rx) = mpsc::channel();
+    for thread in 0..12u64 {
+        let (view, grid, done_tx) = (mounted.view.clone(), grid.clone(), done_tx.clone());
+        std::thread::spawn(move || {
+            let mut rng = TestRng(thread * 1000);
+            for _ in 0..60 {
+                let rank = rng.below(grid.count());
+                let index = grid.unravel(rank);
+                let expected =
+                    expected_view_file(&array, &grid.block(&index), dtype("<i4"), BlockFormat::Npy);
+                let mut file =
+                    fs::File::open(view.join(format!("{}.npy", grid_name(&index)))).unwrap();
+                // Offsets anywhere, including across the header/data
+                // boundary (4096) and past the end.
+                let offset = match rng.below(3) {
+                    0 => 4096 - rng.below(200),
+                    1 => expected.len() as u64 - rng.below(300).min(expected.len() as u64),
+                    _ => rng.below(expected.len() as u64 + 50),
+                };
+                let len = rng.below(20_000) + 1;
+                file.seek(SeekFrom::Start(offset)).unwrap();
+                let mut got = Vec::new();
+                file.take(len).read_to_end(&mut got).unwrap();
+                let start = (offset as usize).min(expected.len());
+                let end = (offset + len).min(expected.len() as u64) as usize;
+                assert_eq!(got, expected[start..end], "block {rank} at {offset}+{len}");
+            }
+            done_tx.send(thread).unwrap();
+        });
+    }
+    drop(done_tx);
+    for _ in 0..12 {
+        done_rx
+            .recv_timeout(Duration::from_secs(180))
+            .expect("a reader hung or failed");
+    }
+}
+
+fn journal_ranks(staging: &Path) -> Vec<u64> {
+    fs::read(staging.join("done.journal"))
+        .unwrap_or_default()
+        .chunks_exact(16)
+        .map(|r| u64::from_le_bytes(r[..8].try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn kill_9_then_umount_and_remount_resumes_without_rewriting_done_blocks() {
+    let root = tempfile::tempdir().unwrap();
+    let array = [48u64, 40, 36];
+    let block = [12u64, 10, 9];
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &[8, 20, 12],
+        dtype(">u2"),
+        BlockFormat::Hdf5,
+    );
+    let staging = root.path().join("staging");
+    let view = root.path().join("view");
+    let mounted = Mounted::new(&input, &view, &staging, "12,10,9", "h5", 30);
+    while journal_ranks(&staging).len() < 5 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = mounted.status()["pid"].as_i64().unwrap();
+    Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    // The dead daemon's mount answers ENOTCONN; status says what to do.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let dead = loop {
+        let out = run(&["status", view.to_str().unwrap()], 0);
+        if !out.status.success() {
+            break stderr(&out);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "daemon still answering after kill -9"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(dead.contains("not running"), "{dead}");
+    let before = journal_ranks(&staging);
+    let total = Partition::regular(&array, &block).count();
+    assert!((before.len() as u64) < total, "killed mid-materialisation");
+    let times_before: Vec<_> = before
+        .iter()
+        .map(|&rank| {
+            let name = format!(
+                "{}.h5",
+                grid_name(&Partition::regular(&array, &block).unravel(rank))
+            );
+            fs::metadata(staging.join("blocks").join(name))
+                .unwrap()
+                .modified()
+                .unwrap()
+        })
+        .collect();
+    let umount = mounted.umount();
+    assert!(
+        umount.status.success(),
+        "umount of a dead view: {}",
+        stderr(&umount)
+    );
+    assert!(!rechunkfs::mount::is_mounted(&view));
+
+    let args: Vec<&str> = mounted.args.iter().map(String::as_str).collect();
+    let again = run(&args, 0);
+    assert!(again.status.success(), "remount: {}", stderr(&again));
+    let remounted = Mounted {
+        view: view.clone(),
+        args: mounted.args.clone(),
+    };
+    std::mem::forget(mounted);
+    assert!(remounted.status()["blocks_resumed"].as_u64().unwrap() >= before.len() as u64);
+    remounted.wait_complete();
+    check_every_file(&view, &array, &block, BlockFormat::Hdf5, ">u2");
+    let after = journal_ranks(&staging);
+    let mut unique = after.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), after.len(), "no block recorded twice");
+    assert_eq!(unique.len() as u64, total);
+    for (rank, then) in before.iter().zip(times_before) {
+        let name = format!(
+            "{}.h5",
+            grid_name(&Partition::regular(&array, &block).unravel(*rank))
+        );
+        let now = fs::metadata(staging.join("blocks").join(name))
+            .unwrap()
+            .modified()
+            .unwrap();
+        assert_eq!(
+            now, then,
+            "block {rank}, complete before the kill, was rewritten"
+        );
+    }
+}
+
+#[test]
+fn unmount_with_parked_readers_errors_them_promptly_and_frees_the_mount_point() {
+    let root = tempfile::tempdir().unwrap();
+    let array = [40u64, 40, 40];
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &[10, 10, 10],
+        dtype("u1"),
+        BlockFormat::Npy,
+    );
+    let mounted = Mounted::new(
+        &input,
+        &root.path().join("view"),
+        &root.path().join("staging"),
+        "8,8,8",
+        "npy",
+        200,
+    );
+    let (tx, rx) = mpsc::channel();
+    for k in 0..3 {
+        let path = mounted.view.join(format!("4_4_{k}.npy"));
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let result = fs::read(&path);
+            tx.send(result.map(|b| b.len())).unwrap();
+        });
+    }
+    while mounted.status()["waiting_reads"].as_u64().unwrap() < 3 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let umount = mounted.umount();
+    assert!(umount.status.success(), "{}", stderr(&umount));
+    for _ in 0..3 {
+        let result = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a parked reader hung after unmount");
+        assert!(
+            result.is_err(),
+            "a parked read of a pending block must fail, got {result:?}"
+        );
+    }
+    assert!(!rechunkfs::mount::is_mounted(&mounted.view));
+    assert_eq!(
+        fs::read_dir(&mounted.view).unwrap().count(),
+        0,
+        "the mount point is free and empty again"
+    );
+}
+
+#[test]
+fn every_write_path_is_refused_with_erofs() {
+    let root = tempfile::tempdir().unwrap();
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &[10, 10],
+        &[5, 5],
+        dtype("u1"),
+        BlockFormat::Npy,
+    );
+    let mounted = Mounted::new(
+        &input,
+        &root.path().join("view"),
+        &root.path().join("staging"),
+        "4,4",
+        "npy",
+        0,
+    );
+    let view = &mounted.view;
+    let block = view.join("0_0.npy");
+    let erofs = |result: std::io::Result<()>, what: &str| {
+        let error = result.expect_err(what);
+        assert_eq!(error.raw_os_error(), Some(libc::EROFS), "{what}: {error}");
+    };
+    erofs(fs::write(view.join("new.npy"), b"x").map(|_| ()), "create");
+    erofs(
+        fs::OpenOptions::new().write(true).open(&block).map(|_| ()),
+        "open for writing",
+    );
+    erofs(
+        fs::OpenOptions::new().append(true).open(&block).map(|_| ()),
+        "append",
+    );
+    erofs(
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .truncate(true)
+            .open(&block)
+            .map(|_| ()),
+        "truncate",
+    );
+    erofs(fs::rename(&block, view.join("moved.npy")), "rename");
+    erofs(fs::remove_file(&block), "unlink");
+    erofs(fs::create_dir(view.join("d")), "mkdir");
+    erofs(
+        std::os::unix::fs::symlink("0_0.npy", view.join("link")),
+        "symlink",
+    );
+    erofs(
+        fs::set_permissions(&block, std::os::unix::fs::PermissionsExt::from_mode(0o644)),
+        "chmod",
+    );
+    let truncate = Command::new("truncate")
+        .args(["-s", "0", block.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!truncate.status.success());
+    assert!(
+        stderr(&truncate).contains("Read-only file system"),
+        "{}",
+        stderr(&truncate)
+    );
+}
+
+#[test]
+fn mount_point_and_input_refusals_say_what_is_wrong() {
+    let root = tempfile::tempdir().unwrap();
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &[10, 10],
+        &[5, 5],
+        dtype("u1"),
+        BlockFormat::Npy,
+    );
+    let staging = root.path().join("staging");
+    let attempt = |view: &Path, input: &Path| -> String {
+        let output = run(
+            &[
+                "mount",
+                input.to_str().unwrap(),
+                view.to_str().unwrap(),
+                "--shape",
+                "4,4",
+                "--staging",
+                staging.to_str().unwrap(),
+            ],
+            0,
+        );
+        assert!(
+            !output.status.success(),
+            "mount on {} should be refused",
+            view.display()
+        );
+        stderr(&output)
+    };
+    assert!(attempt(&root.path().join("missing"), &input).contains("does not exist"));
+    let file = root.path().join("file");
+    fs::write(&file, b"x").unwrap();
+    assert!(attempt(&file, &input).contains("is not a directory"));
+    let full = root.path().join("full");
+    fs::create_dir(&full).unwrap();
+    fs::write(full.join("x"), b"x").unwrap();
+    assert!(attempt(&full, &input).contains("is not empty"));
+    let mounted = Mounted::new(&input, &root.path().join("view"), &staging, "4,4", "npy", 0);
+    assert!(attempt(&mounted.view, &input).contains("already a mount point"));
+    let broken = root.path().join("broken");
+    fs::create_dir(&broken).unwrap();
+    fs::copy(input.join("0_0.npy"), broken.join("0_0.npy")).unwrap();
+    fs::copy(input.join("1_1.npy"), broken.join("1_1.npy")).unwrap();
+    let empty_view = root.path().join("empty-view");
+    fs::create_dir(&empty_view).unwrap();
+    assert!(attempt(&empty_view, &broken).contains("block 0_1 is missing"));
+    assert!(!rechunkfs::mount::is_mounted(&empty_view));
+}
+
+#[test]
+fn a_changed_input_is_refused_until_rebuild() {
+    let root = tempfile::tempdir().unwrap();
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &[10, 10],
+        &[5, 5],
+        dtype("u1"),
+        BlockFormat::Npy,
+    );
+    let staging = root.path().join("staging");
+    let view = root.path().join("view");
+    {
+        let mounted = Mounted::new(&input, &view, &staging, "4,4", "npy", 0);
+        mounted.wait_complete();
+    }
+    // Rewrite one input block with other content of the same shape.
+    let region = rechunkfs::geometry::Region::new(vec![0, 0], vec![5, 5]);
+    std::thread::sleep(Duration::from_millis(20));
+    rechunkfs::sample::write_block_file(
+        &input.join("0_0.npy"),
+        &[11, 10],
+        &region,
+        dtype("u1"),
+        BlockFormat::Npy,
+        "/data",
+    )
+    .unwrap();
+    let args = [
+        "mount",
+        input.to_str().unwrap(),
+        view.to_str().unwrap(),
+        "--shape",
+        "4,4",
+        "--staging",
+        staging.to_str().unwrap(),
+    ];
+    let refused = run(&args, 0);
+    assert!(!refused.status.success());
+    let message = stderr(&refused);
+    assert!(
+        message.contains("input file 0_0.npy was modified") && message.contains("--rebuild"),
+        "{message}"
+    );
+    let mut rebuild: Vec<&str> = args.to_vec();
+    rebuild.push("--rebuild");
+    let output = run(&rebuild, 0);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let remounted = Mounted {
+        view: view.clone(),
+        args: Vec::new(),
+    };
+    assert_eq!(remounted.status()["blocks_resumed"], 0);
+}

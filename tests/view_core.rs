@@ -1,0 +1,412 @@
+//! The view's core driven without mounting: directory, sizes, reads that
+//! are served or parked, failure and resume. The executor is stepped by
+//! hand (its progress callback waits for the test), so ordering is
+//! asserted on states, never on timings.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rechunkfs::execute::Executor;
+use rechunkfs::format::BlockFormat;
+use rechunkfs::input::InputArray;
+use rechunkfs::materialise::StagingSink;
+use rechunkfs::plan::{self, Plan, Problem, Strategy};
+use rechunkfs::staging::{Manifest, Staging};
+use rechunkfs::view::{CacheMode, ReadReply, ViewCore, ViewLayout, METADATA_INO, ROOT_INO};
+use rechunkfs::DType;
+
+use common::{dtype, expected_view_file, make_blocks, TestRng};
+
+struct Fixture {
+    _root: tempfile::TempDir,
+    array: Vec<u64>,
+    dtype: DType,
+    format: BlockFormat,
+    input: InputArray,
+    plan: Plan,
+    staging_dir: std::path::PathBuf,
+    manifest: Manifest,
+}
+
+fn fixture(
+    array: &[u64],
+    input_block: &[u64],
+    output_block: &[u64],
+    format: BlockFormat,
+) -> Fixture {
+    let root = tempfile::tempdir().unwrap();
+    let dtype = dtype("<u2");
+    let dir = make_blocks(
+        root.path(),
+        "in",
+        array,
+        input_block,
+        dtype,
+        BlockFormat::Hdf5,
+    );
+    let input = InputArray::scan(&dir, None).unwrap();
+    let problem = Problem::new(
+        input.shape.clone(),
+        input.block_shape.clone(),
+        output_block.to_vec(),
+        2,
+    )
+    .unwrap();
+    let plan = plan::plan(&problem, Strategy::Keep, None).unwrap();
+    let manifest = Manifest::new(&input, output_block, format);
+    Fixture {
+        staging_dir: root.path().join("staging"),
+        _root: root,
+        array: array.to_vec(),
+        dtype,
+        format,
+        input,
+        plan,
+        manifest,
+    }
+}
+
+fn open_core(f: &Fixture) -> (Arc<ViewCore>, Vec<u64>) {
+    let (staging, done) = Staging::open(&f.staging_dir, &f.manifest, false).unwrap();
+    let layout = ViewLayout {
+        source: f.input.source.clone(),
+        array: f.array.clone(),
+        dtype: f.dtype,
+        input_block: f.input.block_shape.clone(),
+        output_block: f.plan.problem.output_block.clone(),
+        format: f.format,
+        dataset: "/data".into(),
+    };
+    (
+        Arc::new(ViewCore::new(layout, &f.plan, Arc::new(staging), &done).unwrap()),
+        done,
+    )
+}
+
+fn block_ino(core: &ViewCore, rank: u64) -> u64 {
+    core.lookup(ROOT_INO, OsStr::new(&core.block_name(rank)))
+        .unwrap()
+        .ino
+}
+
+/// A read whose reply lands in a channel.
+fn read_into(
+    core: &ViewCore,
+    ino: u64,
+    offset: u64,
+    size: u32,
+) -> mpsc::Receiver<Result<Vec<u8>, i32>> {
+    let (tx, rx) = mpsc::channel();
+    let reply: ReadReply = Box::new(move |result| {
+        let _ = tx.send(result);
+    });
+    core.read(ino, 0, offset, size, reply);
+    rx
+}
+
+fn expected(f: &Fixture, core: &ViewCore, rank: u64) -> Vec<u8> {
+    let region = core.output().block(&core.output().unravel(rank));
+    expected_view_file(&f.array, &region, f.dtype, f.format)
+}
+
+/// Runs the executor on its own thread, one read block per token sent;
+/// dropping the sender lets it run freely, setting `cancel` stops it.
+fn stepped_run_cancellable(
+    f: &Fixture,
+    core: Arc<ViewCore>,
+    cancel: Arc<AtomicBool>,
+) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (go, wait) = mpsc::channel::<()>();
+    let plan = f.plan.clone();
+    let input = f.input.clone();
+    let handle = std::thread::spawn(move || {
+        let mut sink = StagingSink::new(core.clone());
+        let result = Executor::new(&plan, &input)
+            .with_cancel(&cancel)
+            .run(&mut sink, |_| {
+                let _ = wait.recv();
+            });
+        match result {
+            Ok(stats) => core.finish(&stats),
+            Err(rechunkfs::Error::Cancelled) => {}
+            Err(e) => panic!("executor failed: {e}"),
+        }
+    });
+    (go, handle)
+}
+
+fn stepped_run(
+    f: &Fixture,
+    core: Arc<ViewCore>,
+) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    stepped_run_cancellable(f, core, Arc::new(AtomicBool::new(false)))
+}
+
+#[test]
+fn directory_names_and_sizes_are_exact_from_the_start() {
+    let f = fixture(&[30, 25, 20], &[7, 9, 6], &[8, 10, 20], BlockFormat::Hdf5);
+    let (core, _) = open_core(&f);
+    let names: Vec<String> = core
+        .readdir(ROOT_INO, 0)
+        .unwrap()
+        .map(|(_, e)| e.name)
+        .collect();
+    assert_eq!(
+        &names[..4],
+        &[".", "..", "rechunkfs.json", ".rechunkfs-status.json"]
+    );
+    assert_eq!(names.len() as u64, 4 + core.output().count());
+    // Resuming a listing from an offset continues where it left off.
+    let tail: Vec<String> = core
+        .readdir(ROOT_INO, 10)
+        .unwrap()
+        .map(|(_, e)| e.name)
+        .collect();
+    assert_eq!(tail, names[10..]);
+    for rank in 0..core.output().count() {
+        let attr = core
+            .lookup(ROOT_INO, OsStr::new(&core.block_name(rank)))
+            .unwrap();
+        assert_eq!(
+            attr.size,
+            expected(&f, &core, rank).len() as u64,
+            "size of {}",
+            core.block_name(rank)
+        );
+    }
+    for bad in ["4_0_0.h5", "0_0.h5", "0_0_0.npy", "00_0_0.h5", "x", "0_0_0"] {
+        assert_eq!(
+            core.lookup(ROOT_INO, OsStr::new(bad)),
+            Err(libc::ENOENT),
+            "{bad}"
+        );
+    }
+    let meta = read_into(&core, METADATA_INO, 0, 1 << 20)
+        .recv()
+        .unwrap()
+        .unwrap();
+    let meta: serde_json::Value = serde_json::from_slice(&meta).unwrap();
+    assert_eq!(meta["array_shape"], serde_json::json!([30, 25, 20]));
+    assert_eq!(meta["grid_shape"], serde_json::json!([4, 3, 1]));
+    assert_eq!(core.open(block_ino(&core, 0), true), Err(libc::EROFS));
+    assert_eq!(
+        core.open(block_ino(&core, 0), false).unwrap().1,
+        CacheMode::KeepCache
+    );
+}
+
+#[test]
+fn a_pending_read_waits_for_its_block_while_done_blocks_are_served() {
+    let f = fixture(&[24, 20, 18], &[6, 5, 9], &[8, 10, 6], BlockFormat::Hdf5);
+    let (core, _) = open_core(&f);
+    let last = core.output().count() - 1;
+    let last_ino = block_ino(&core, last);
+    let template_len = core.template(last).data_offset;
+
+    // Header bytes of a pending block come at once.
+    let header = read_into(&core, last_ino, 0, template_len as u32)
+        .try_recv()
+        .unwrap()
+        .unwrap();
+    assert_eq!(header, expected(&f, &core, last)[..template_len as usize]);
+
+    // A read spanning header and data parks.
+    let parked = read_into(&core, last_ino, 100, (template_len + 500) as u32);
+    assert!(
+        parked.try_recv().is_err(),
+        "a pending block's data cannot be served yet"
+    );
+
+    let (go, runner) = stepped_run(&f, core.clone());
+    while !core.is_done(0) {
+        go.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Block 0 is done, the last one is not: reading block 0 is answered
+    // during the read call itself, while the other read stays parked.
+    assert!(!core.is_done(last));
+    let first = read_into(&core, block_ino(&core, 0), 0, 1 << 20).try_recv();
+    assert_eq!(first.unwrap().unwrap(), expected(&f, &core, 0));
+    assert!(
+        parked.try_recv().is_err(),
+        "still parked while its block is pending"
+    );
+    assert_eq!(core.status().waiting_reads, 1);
+
+    while !core.is_done(last) {
+        if go.send(()).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(go);
+    runner.join().unwrap();
+    let answered = parked
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap()
+        .unwrap();
+    let whole = expected(&f, &core, last);
+    assert_eq!(answered, whole[100..(100 + template_len + 500) as usize]);
+    assert_eq!(core.status().state, "complete");
+}
+
+#[test]
+fn every_byte_of_every_file_at_random_offsets_including_past_the_end() {
+    for format in [BlockFormat::Hdf5, BlockFormat::Npy] {
+        let f = fixture(&[23, 19, 17], &[6, 5, 7], &[8, 7, 5], format);
+        let (core, _) = open_core(&f);
+        let (go, runner) = stepped_run(&f, core.clone());
+        drop(go); // run freely
+        runner.join().unwrap();
+        let mut rng = TestRng(7);
+        for rank in 0..core.output().count() {
+            let whole = expected(&f, &core, rank);
+            let ino = block_ino(&core, rank);
+            assert_eq!(
+                read_into(&core, ino, 0, 1 << 20).recv().unwrap().unwrap(),
+                whole
+            );
+            for _ in 0..20 {
+                let offset = rng.below(whole.len() as u64 + 100);
+                let size = rng.below(9000) as u32 + 1;
+                let got = read_into(&core, ino, offset, size).recv().unwrap().unwrap();
+                let start = (offset as usize).min(whole.len());
+                let end = (offset as usize + size as usize).min(whole.len());
+                assert_eq!(
+                    got,
+                    whole[start..end],
+                    "{} at {offset}+{size}",
+                    core.block_name(rank)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_failed_materialiser_fails_pending_reads_and_keeps_done_blocks() {
+    let f = fixture(&[24, 20, 18], &[6, 5, 9], &[8, 10, 6], BlockFormat::Npy);
+    let (core, _) = open_core(&f);
+    let last = core.output().count() - 1;
+    let parked = read_into(&core, block_ino(&core, last), 0, 1 << 20);
+    let (go, runner) = stepped_run(&f, core.clone());
+    while !core.is_done(0) {
+        go.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    core.fail("input vanished: test".into());
+    assert_eq!(
+        parked.recv_timeout(Duration::from_secs(5)).unwrap(),
+        Err(libc::EIO)
+    );
+    assert_eq!(
+        read_into(&core, block_ino(&core, last), 0, 1 << 20)
+            .recv()
+            .unwrap(),
+        Err(libc::EIO)
+    );
+    assert_eq!(
+        read_into(&core, block_ino(&core, 0), 0, 1 << 20)
+            .recv()
+            .unwrap()
+            .unwrap(),
+        expected(&f, &core, 0)
+    );
+    let status = core.status();
+    assert_eq!(status.state, "failed");
+    assert_eq!(status.error.as_deref(), Some("input vanished: test"));
+    assert_eq!(
+        core.getxattr(block_ino(&core, last), OsStr::new("user.rechunkfs.state"))
+            .unwrap(),
+        b"failed"
+    );
+    drop(go);
+    runner.join().unwrap();
+}
+
+#[test]
+fn shutdown_answers_parked_reads_with_an_error() {
+    let f = fixture(&[12, 12], &[5, 5], &[4, 4], BlockFormat::Npy);
+    let (core, _) = open_core(&f);
+    let parked: Vec<_> = (0..5)
+        .map(|_| read_into(&core, block_ino(&core, 3), 0, 1 << 20))
+        .collect();
+    core.shutdown();
+    for reply in parked {
+        assert_eq!(
+            reply.recv_timeout(Duration::from_secs(5)).unwrap(),
+            Err(libc::EIO)
+        );
+    }
+}
+
+fn journal_ranks(dir: &Path) -> Vec<u64> {
+    std::fs::read(dir.join("done.journal"))
+        .unwrap()
+        .chunks_exact(16)
+        .map(|r| u64::from_le_bytes(r[..8].try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn resume_keeps_completed_blocks_and_redoes_only_the_rest() {
+    let f = fixture(&[30, 28, 26], &[10, 7, 13], &[12, 9, 8], BlockFormat::Hdf5);
+    let (core, _) = open_core(&f);
+    let cancel = Arc::new(AtomicBool::new(false));
+    let (go, runner) = stepped_run_cancellable(&f, core.clone(), cancel.clone());
+    for _ in 0..f.plan.read.count() / 2 {
+        go.send(()).unwrap();
+    }
+    while core.status().blocks_done == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Abandon the run half way, as a crash would.
+    cancel.store(true, Ordering::Relaxed);
+    drop(go);
+    runner.join().unwrap();
+    let done_before = journal_ranks(&f.staging_dir);
+    assert!(!done_before.is_empty() && (done_before.len() as u64) < core.output().count());
+    let times_before: Vec<_> = done_before
+        .iter()
+        .map(|&r| {
+            std::fs::metadata(core.staging().block_path(&core.block_name(r)))
+                .unwrap()
+                .modified()
+                .unwrap()
+        })
+        .collect();
+    drop(core);
+
+    let (core, done) = open_core(&f);
+    assert!(done.len() >= done_before.len());
+    assert_eq!(core.status().blocks_resumed, done.len() as u64);
+    let (go, runner) = stepped_run(&f, core.clone());
+    drop(go);
+    runner.join().unwrap();
+    let journal = journal_ranks(&f.staging_dir);
+    let mut unique = journal.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), journal.len(), "no block was completed twice");
+    assert_eq!(unique.len() as u64, core.output().count());
+    for (rank, before) in done_before.iter().zip(times_before) {
+        let now = std::fs::metadata(core.staging().block_path(&core.block_name(*rank)))
+            .unwrap()
+            .modified()
+            .unwrap();
+        assert_eq!(now, before, "a resumed block was rewritten");
+    }
+    for rank in 0..core.output().count() {
+        let got = read_into(&core, block_ino(&core, rank), 0, 1 << 22)
+            .recv()
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, expected(&f, &core, rank));
+    }
+}
