@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use lru::LruCache;
 
@@ -31,11 +32,27 @@ struct OpenOutput {
 }
 
 /// A [`BlockSink`] writing the view's block files into its staging area.
+///
+/// A completed block is served at once (its bytes are in the page cache,
+/// readable through the staging file), while its durability is batched:
+/// the files of a batch are synced, then their journal records are written
+/// and synced together. A crash loses only unrecorded blocks, which a
+/// remount redoes.
 pub struct StagingSink {
     core: Arc<ViewCore>,
     open: LruCache<u64, OpenOutput>,
     created: HashSet<u64>,
+    unsynced: Vec<(u64, OpenOutput)>,
+    unsynced_bytes: u64,
+    last_flush: Instant,
 }
+
+/// A durability batch closes at this many bytes...
+const SYNC_BATCH_BYTES: u64 = 64 << 20;
+/// ...or this many blocks (each holds an open file until synced)...
+const SYNC_BATCH_BLOCKS: usize = 256;
+/// ...or this long after the last one.
+const SYNC_BATCH_AGE: Duration = Duration::from_secs(1);
 
 impl StagingSink {
     pub fn new(core: Arc<ViewCore>) -> StagingSink {
@@ -43,7 +60,29 @@ impl StagingSink {
             core,
             open: LruCache::new(NonZeroUsize::new(OPEN_OUTPUTS).unwrap_or(NonZeroUsize::MIN)),
             created: HashSet::new(),
+            unsynced: Vec::new(),
+            unsynced_bytes: 0,
+            last_flush: Instant::now(),
         }
+    }
+
+    /// Syncs every completed block's data, then records them all in the
+    /// journal (synced too): the order that makes a record trustworthy.
+    pub fn flush(&mut self) -> Result<()> {
+        if self.unsynced.is_empty() {
+            return Ok(());
+        }
+        for (_, open) in &self.unsynced {
+            open.file
+                .sync_data()
+                .map_err(|e| Error::io(&open.path, "syncing", e))?;
+        }
+        let ranks: Vec<u64> = self.unsynced.iter().map(|(rank, _)| *rank).collect();
+        self.core.staging().record_done(&ranks)?;
+        self.unsynced.clear();
+        self.unsynced_bytes = 0;
+        self.last_flush = Instant::now();
+        Ok(())
     }
 }
 
@@ -106,11 +145,16 @@ impl BlockSink for StagingSink {
                 }
             }
         };
-        open.file
-            .sync_data()
-            .map_err(|e| Error::io(&open.path, "syncing", e))?;
-        self.core.staging().record_done(&[rank])?;
+        crate::rechunk::start_writeback(&open.file);
+        self.unsynced_bytes += self.core.template(rank).file_len();
+        self.unsynced.push((rank, open));
         self.core.mark_done(&[rank]);
+        if self.unsynced_bytes >= SYNC_BATCH_BYTES
+            || self.unsynced.len() >= SYNC_BATCH_BLOCKS
+            || self.last_flush.elapsed() >= SYNC_BATCH_AGE
+        {
+            self.flush()?;
+        }
         Ok(())
     }
 }
@@ -151,6 +195,9 @@ impl Materialiser {
                         }
                     },
                 );
+                // Whatever completed is made durable, also when stopping.
+                let flushed = sink.flush();
+                let result = result.and_then(|stats| flushed.map(|()| stats));
                 match result {
                     Ok(stats) => {
                         log::info!(

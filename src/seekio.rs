@@ -111,6 +111,53 @@ pub fn write_all_at(
     Ok(())
 }
 
+/// Writes the concatenation of `sources` at `offset`. Many small sources
+/// are first packed into `scratch` (up to its capacity per call): the
+/// kernel's per-iovec cost on the write path dwarfs a user-space copy of a
+/// row, so one packed `pwrite` beats a `pwritev` of hundreds of rows.
+/// Large sources go out as they are.
+pub fn write_packed_at(
+    file: &File,
+    path: &Path,
+    sources: &[&[u8]],
+    mut offset: u64,
+    scratch: &mut Vec<u8>,
+) -> Result<()> {
+    let capacity = scratch.capacity().max(PACKED_WRITE_BYTES);
+    let total: usize = sources.iter().map(|s| s.len()).sum();
+    if sources.len() <= 2 || total / sources.len() >= PACK_BELOW_BYTES {
+        let mut slices: Vec<IoSlice> = sources.iter().map(|s| IoSlice::new(s)).collect();
+        return write_all_at(file, path, &mut slices, offset);
+    }
+    scratch.clear();
+    for source in sources {
+        let mut rest: &[u8] = source;
+        while !rest.is_empty() {
+            let room = capacity - scratch.len();
+            let (now, later) = rest.split_at(rest.len().min(room));
+            scratch.extend_from_slice(now);
+            rest = later;
+            if scratch.len() == capacity {
+                write_all_at(file, path, &mut [IoSlice::new(scratch)], offset)?;
+                offset += scratch.len() as u64;
+                scratch.clear();
+            }
+        }
+    }
+    if !scratch.is_empty() {
+        write_all_at(file, path, &mut [IoSlice::new(scratch)], offset)?;
+        scratch.clear();
+    }
+    Ok(())
+}
+
+/// Most bytes packed per write call (a fixed buffer, outside `--mem`'s
+/// array bytes).
+pub const PACKED_WRITE_BYTES: usize = 1 << 20;
+
+/// Sources averaging less than this are packed before writing.
+const PACK_BELOW_BYTES: usize = 16 << 10;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,6 +194,12 @@ mod tests {
         let mut targets: Vec<IoSliceMut> = back.chunks_mut(2).map(IoSliceMut::new).collect();
         read_exact_at(&file, &path, &mut targets, 7).unwrap();
         assert_eq!(back, data);
+        let pieces: Vec<&[u8]> = data.chunks(3).collect();
+        let mut scratch = Vec::with_capacity(PACKED_WRITE_BYTES);
+        write_packed_at(&file, &path, &pieces, 7, &mut scratch).unwrap();
+        let mut again = vec![0u8; 3000];
+        read_exact_at(&file, &path, &mut [IoSliceMut::new(&mut again)], 7).unwrap();
+        assert_eq!(again, data);
         let mut past_end = [0u8; 4];
         let err =
             read_exact_at(&file, &path, &mut [IoSliceMut::new(&mut past_end)], 3005).unwrap_err();

@@ -404,7 +404,7 @@ fn kill_9_then_umount_and_remount_resumes_without_rewriting_done_blocks() {
     );
     let staging = root.path().join("staging");
     let view = root.path().join("view");
-    let mounted = Mounted::new(&input, &view, &staging, "12,10,9", "h5", 30);
+    let mounted = Mounted::new(&input, &view, &staging, "12,10,9", "h5", 150);
     while journal_ranks(&staging).len() < 5 {
         std::thread::sleep(Duration::from_millis(5));
     }
