@@ -132,6 +132,9 @@ fn stepped_run_cancellable(
             .run(&mut sink, |_| {
                 let _ = wait.recv();
             });
+        // Completed blocks become durable (journaled) in batches; the end
+        // of a run, stopped or not, closes the last batch.
+        sink.flush().unwrap();
         match result {
             Ok(stats) => core.finish(&stats),
             Err(rechunkfs::Error::Cancelled) => {}
@@ -371,7 +374,12 @@ fn resume_keeps_completed_blocks_and_redoes_only_the_rest() {
     drop(go);
     runner.join().unwrap();
     let done_before = journal_ranks(&f.staging_dir);
-    assert!(!done_before.is_empty() && (done_before.len() as u64) < core.output().count());
+    assert!(
+        !done_before.is_empty() && (done_before.len() as u64) < core.output().count(),
+        "{} of {} done when abandoned",
+        done_before.len(),
+        core.output().count()
+    );
     let times_before: Vec<_> = done_before
         .iter()
         .map(|&r| {
