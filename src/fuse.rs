@@ -24,6 +24,9 @@ const STABLE_TTL: Duration = Duration::from_secs(3600);
 /// Parked reads beyond fuser's default of 16 would stall every other read.
 const MAX_BACKGROUND: u16 = 256;
 
+/// Readahead allowed to the kernel: one page (see `init`).
+const READAHEAD_BYTES: u32 = 4096;
+
 /// The filesystem the kernel talks to.
 pub struct RechunkFs {
     core: Arc<ViewCore>,
@@ -59,7 +62,10 @@ impl RechunkFs {
             uid: self.uid,
             gid: self.gid,
             rdev: 0,
-            blksize: 1 << 20,
+            // Readers size their buffered reads by this: a page, so that a
+            // reader parsing a header (Python's io, numpy) asks for the
+            // header page only, never for pending data.
+            blksize: 4096,
             flags: 0,
         }
     }
@@ -82,6 +88,13 @@ impl Filesystem for RechunkFs {
         if let Err(max) = config.set_max_background(MAX_BACKGROUND) {
             log::warn!("kernel allows only {max} background requests");
             let _ = config.set_max_background(max);
+        }
+        // The kernel's readahead would turn a small read of a header into
+        // a request that reaches into pending data, and park it. With one
+        // page of readahead, a header read asks for the header page only;
+        // large reads still go out as large requests (up to max_pages).
+        if let Err(nearest) = config.set_max_readahead(READAHEAD_BYTES) {
+            let _ = config.set_max_readahead(nearest);
         }
         Ok(())
     }

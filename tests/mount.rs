@@ -708,3 +708,49 @@ fn a_changed_input_is_refused_until_rebuild() {
     };
     assert_eq!(remounted.status()["blocks_resumed"], 0);
 }
+
+#[test]
+fn opening_a_pending_block_to_learn_its_shape_never_waits() {
+    let root = tempfile::tempdir().unwrap();
+    for format in [BlockFormat::Hdf5, BlockFormat::Npy] {
+        let base = root.path().join(format.extension());
+        let input = make_blocks(
+            &base,
+            "in",
+            &[60, 60, 60],
+            &[20, 20, 20],
+            dtype("<u2"),
+            BlockFormat::Hdf5,
+        );
+        let mounted = Mounted::new(
+            &input,
+            &base.join("view"),
+            &base.join("staging"),
+            "30,30,30",
+            format.extension(),
+            400,
+        );
+        let path = mounted.view.join(format!("1_1_1.{}", format.extension()));
+        assert_eq!(xattr_state(&path), "pending");
+        // The usual readers learn shape and dtype from the header alone;
+        // the block must still be pending afterwards, so nothing waited for it.
+        let script = match format {
+            BlockFormat::Hdf5 => "import h5py,sys\nwith h5py.File(sys.argv[1]) as f: print(f['data'].shape, f['data'].dtype)",
+            _ => "import numpy,sys\nm=numpy.load(sys.argv[1], mmap_mode='r'); print(m.shape, m.dtype)",
+        };
+        let output = Command::new(python())
+            .args(["-c", script, path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", stderr(&output));
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout).trim(),
+            "(30, 30, 30) uint16"
+        );
+        assert_eq!(
+            xattr_state(&path),
+            "pending",
+            "learning the shape of {format:?} waited for the data"
+        );
+    }
+}
