@@ -5,15 +5,21 @@
 //! parks it; the session loop moves on at once. Every write path answers
 //! EROFS.
 
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
+
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::view::{CacheMode, NodeAttr, NodeKind, ViewCore, STATUS_INO};
@@ -32,6 +38,24 @@ pub struct RechunkFs {
     core: Arc<ViewCore>,
     uid: u32,
     gid: u32,
+    /// Whether completed blocks are opened in passthrough mode: the kernel
+    /// then reads the staging file itself, with no request reaching us.
+    passthrough: AtomicBool,
+    opens: Mutex<OpenFiles>,
+}
+
+/// Which block files are open in which mode. The kernel refuses (EIO) to
+/// mix cached and passthrough opens of one inode, so an inode stays in the
+/// mode of its open handles until they are all closed.
+#[derive(Default)]
+struct OpenFiles {
+    /// Cached-mode handles per inode.
+    cached: HashMap<u64, u64>,
+    /// Backing id and passthrough handles per inode: one id per inode for
+    /// as long as any handle using it is open.
+    backing: HashMap<u64, (BackingId, u64)>,
+    /// Each handle's inode and whether it is passthrough.
+    handles: HashMap<u64, (u64, bool)>,
 }
 
 impl RechunkFs {
@@ -40,6 +64,8 @@ impl RechunkFs {
             core,
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
+            passthrough: AtomicBool::new(false),
+            opens: Mutex::new(OpenFiles::default()),
         }
     }
 
@@ -79,6 +105,62 @@ impl RechunkFs {
     }
 }
 
+impl RechunkFs {
+    /// Opens a block file: in passthrough mode when the block is done, the
+    /// kernel allows it and no cached handle is open on it; cached otherwise.
+    fn open_block(&self, ino: u64, handle: u64, reply: ReplyOpen) {
+        let mut opens = self.opens.lock();
+        let opens = &mut *opens;
+        let cached_open = opens.cached.get(&ino).copied().unwrap_or(0) > 0;
+        if !cached_open && self.passthrough.load(Ordering::Relaxed) {
+            if let Entry::Vacant(slot) = opens.backing.entry(ino) {
+                if let Some(file) = self.core.done_block_file(ino) {
+                    match reply.open_backing(file.as_fd()) {
+                        Ok(id) => {
+                            slot.insert((id, 0));
+                        }
+                        Err(e) => {
+                            log::warn!(
+                                "passthrough refused ({e}); serving completed blocks by reads"
+                            );
+                            self.passthrough.store(false, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+            if let Some((id, count)) = opens.backing.get_mut(&ino) {
+                *count += 1;
+                opens.handles.insert(handle, (ino, true));
+                reply.opened_passthrough(FileHandle(handle), FopenFlags::empty(), id);
+                return;
+            }
+        }
+        *opens.cached.entry(ino).or_default() += 1;
+        opens.handles.insert(handle, (ino, false));
+        reply.opened(FileHandle(handle), FopenFlags::FOPEN_KEEP_CACHE);
+    }
+
+    fn release_block(&self, handle: u64) {
+        let mut opens = self.opens.lock();
+        let Some((ino, passthrough)) = opens.handles.remove(&handle) else {
+            return;
+        };
+        if passthrough {
+            if let Some((_, count)) = opens.backing.get_mut(&ino) {
+                *count -= 1;
+                if *count == 0 {
+                    opens.backing.remove(&ino);
+                }
+            }
+        } else if let Some(count) = opens.cached.get_mut(&ino) {
+            *count -= 1;
+            if *count == 0 {
+                opens.cached.remove(&ino);
+            }
+        }
+    }
+}
+
 fn errno(code: i32) -> Errno {
     Errno::from(std::io::Error::from_raw_os_error(code))
 }
@@ -96,6 +178,20 @@ impl Filesystem for RechunkFs {
         if let Err(nearest) = config.set_max_readahead(READAHEAD_BYTES) {
             let _ = config.set_max_readahead(nearest);
         }
+        // Passthrough (Linux 6.9+, CAP_SYS_ADMIN) serves completed blocks
+        // from the staging files inside the kernel; without it, reads come
+        // here and are served by pread.
+        let passthrough = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok();
+        self.passthrough.store(passthrough, Ordering::Relaxed);
+        log::info!(
+            "passthrough for completed blocks: {}",
+            if passthrough {
+                "offered by the kernel"
+            } else {
+                "not available"
+            }
+        );
         Ok(())
     }
 
@@ -116,9 +212,7 @@ impl Filesystem for RechunkFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
         match self.core.open(ino.0, write) {
-            Ok((handle, CacheMode::KeepCache)) => {
-                reply.opened(FileHandle(handle), FopenFlags::FOPEN_KEEP_CACHE)
-            }
+            Ok((handle, CacheMode::KeepCache)) => self.open_block(ino.0, handle, reply),
             Ok((handle, CacheMode::Direct)) => {
                 reply.opened(FileHandle(handle), FopenFlags::FOPEN_DIRECT_IO)
             }
@@ -160,6 +254,7 @@ impl Filesystem for RechunkFs {
         reply: ReplyEmpty,
     ) {
         self.core.release(fh.0);
+        self.release_block(fh.0);
         reply.ok();
     }
 

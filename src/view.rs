@@ -481,6 +481,16 @@ impl ViewCore {
         Ok(file)
     }
 
+    /// The staged file of `ino` if it is a completed block: what the kernel
+    /// may read directly (FUSE passthrough), bypassing this process.
+    pub fn done_block_file(&self, ino: u64) -> Option<Arc<File>> {
+        let rank = self.block_rank(ino)?;
+        if !self.is_done(rank) {
+            return None;
+        }
+        self.staged_file(rank).ok()
+    }
+
     /// Whether output block `rank` is complete in the staging area.
     pub fn is_done(&self, rank: u64) -> bool {
         self.state
