@@ -51,6 +51,12 @@ pub trait BlockSink {
     fn wants(&mut self, _rank: u64) -> bool {
         true
     }
+    /// Called between read blocks, with `stats.held_bytes` the array bytes
+    /// the executor holds at that moment (the view extracts blocks out of
+    /// order here, within what `--mem` leaves).
+    fn between_steps(&mut self, _stats: &RunStats) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// What a run did: counted, not estimated.
@@ -62,6 +68,8 @@ pub struct RunStats {
     pub bytes_written: u64,
     /// Most array bytes held in memory at once.
     pub peak_held_bytes: u64,
+    /// Array bytes held now (between read blocks: the waiting pieces).
+    pub held_bytes: u64,
     pub read_blocks_done: u64,
     pub read_blocks_total: u64,
     pub output_blocks_done: u64,
@@ -170,6 +178,7 @@ impl<'a> Executor<'a> {
             }
             self.stats.read_blocks_done += 1;
             self.refresh_stats();
+            sink.between_steps(&self.stats)?;
             progress(&self.stats);
         }
         debug_assert!(self.pending.is_empty() && self.held == 0);
@@ -212,6 +221,7 @@ impl<'a> Executor<'a> {
     }
 
     fn refresh_stats(&mut self) {
+        self.stats.held_bytes = self.held;
         self.stats.read_seeks = self.counter.read_seeks;
         self.stats.write_seeks = self.counter.write_seeks;
         self.stats.bytes_read = self.counter.bytes_read;
@@ -398,6 +408,73 @@ impl<'a> Executor<'a> {
         self.held -= write_box.volume() * self.elem;
         Ok(())
     }
+}
+
+/// Reads `region` of the whole array into `dest`, a C-order buffer of the
+/// region's shape, straight from the input blocks it overlaps (one segment
+/// run per input block, counted in `counter`). For extracting one output
+/// block ahead of the plan.
+pub fn read_region(
+    input: &InputArray,
+    region: &Region,
+    dest: &mut Vec<u8>,
+    counter: &mut SeekCounter,
+) -> Result<()> {
+    let grid_of_inputs = input.grid();
+    let elem = input.dtype.size as u64;
+    // One piece: the region itself, as a cell of a partition cut at its bounds.
+    let cut = Partition::new(
+        (0..region.ndim())
+            .map(|d| {
+                crate::geometry::Axis::from_bounds(vec![
+                    0,
+                    region.origin[d],
+                    region.end(d),
+                    input.shape[d],
+                ])
+            })
+            .collect(),
+    );
+    let grid = PieceGrid::new(&cut, region);
+    let buffers = std::slice::from_mut(dest);
+    for input_index in IndexBox::new(grid_of_inputs.overlapping(region)) {
+        let file_box = grid_of_inputs.block(&input_index);
+        let Some(part) = file_box.intersect(region) else {
+            continue;
+        };
+        let rank = grid_of_inputs.linear(&input_index);
+        let block = &input.blocks[rank as usize];
+        let key = FileKey::Input(rank);
+        match &block.storage {
+            Storage::Contiguous { data_offset } => {
+                let file =
+                    File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?;
+                walk_segments(&part, &file_box, elem, &grid, |offset, len, fragments| {
+                    let mut targets = scatter_targets(buffers, fragments);
+                    seekio::read_exact_at(&file, &block.path, &mut targets, data_offset + offset)?;
+                    counter.read(key, data_offset + offset, len);
+                    Ok(())
+                })?;
+            }
+            Storage::Hdf5Dataset { dataset } => {
+                let reader = Hdf5BlockReader::open(&block.path, dataset)?;
+                walk_segments(&part, &file_box, elem, &grid, |offset, len, _| {
+                    counter.read(key, offset, len);
+                    Ok(())
+                })?;
+                let in_file = part.relative_to(&file_box);
+                let in_region = part.relative_to(region);
+                reader.read_box(
+                    &in_file.origin,
+                    &part.shape,
+                    &mut buffers[0],
+                    &region.shape,
+                    &in_region.origin,
+                )?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The pieces a container box (a read block, or a write block) is cut into

@@ -17,10 +17,12 @@ use std::time::{Duration, Instant};
 use lru::LruCache;
 
 use crate::error::{Error, Result};
-use crate::execute::{BlockSink, Executor, OutputTarget, RunStats};
+use crate::execute::{read_region, BlockSink, Executor, OutputTarget, RunStats};
 use crate::input::InputArray;
 use crate::plan::Plan;
+use crate::seekio::{self, FileKey, SeekCounter};
 use crate::view::ViewCore;
+use std::io::IoSlice;
 
 /// Staging files kept open while partially written.
 const OPEN_OUTPUTS: usize = 128;
@@ -45,7 +47,21 @@ pub struct StagingSink {
     unsynced: Vec<(u64, OpenOutput)>,
     unsynced_bytes: u64,
     last_flush: Instant,
+    /// Set for a view: blocks readers wait for are extracted from this
+    /// input ahead of the plan, within this memory limit.
+    on_demand: Option<OnDemand>,
 }
+
+/// What extracting blocks ahead of the plan needs.
+struct OnDemand {
+    input: InputArray,
+    plan: Plan,
+    mem: Option<u64>,
+}
+
+/// A waited-for block the plan completes within this many read blocks is
+/// left to the plan: extracting it would cost more than waiting.
+const SOON_STEPS: u64 = 1;
 
 /// A durability batch closes at this many bytes...
 const SYNC_BATCH_BYTES: u64 = 64 << 20;
@@ -63,7 +79,62 @@ impl StagingSink {
             unsynced: Vec::new(),
             unsynced_bytes: 0,
             last_flush: Instant::now(),
+            on_demand: None,
         }
+    }
+
+    /// Extracts blocks that readers wait for ahead of the plan, reading
+    /// `input` directly, while the executor's held bytes plus the block fit
+    /// in `mem`.
+    pub fn with_on_demand(
+        mut self,
+        input: InputArray,
+        plan: Plan,
+        mem: Option<u64>,
+    ) -> StagingSink {
+        self.on_demand = Some(OnDemand { input, plan, mem });
+        self
+    }
+
+    /// Writes output block `rank` now, reading just its part of the input,
+    /// and serves it; the plan then skips it. Returns the seeks it took.
+    pub fn extract(&mut self, rank: u64, input: &InputArray) -> Result<u64> {
+        let region = self.core.output().block(&self.core.output().unravel(rank));
+        let template = self.core.template(rank).clone();
+        let mut data = vec![0u8; template.data_len as usize];
+        let mut counter = SeekCounter::default();
+        read_region(input, &region, &mut data, &mut counter)?;
+        // Whatever the plan wrote of it so far is rewritten whole.
+        self.open.pop(&rank);
+        self.created.remove(&rank);
+        let path = self.core.staging().block_path(&self.core.block_name(rank));
+        let file = template.create_file(&path)?;
+        seekio::write_all_at(
+            &file,
+            &path,
+            &mut [IoSlice::new(&data)],
+            template.data_offset,
+        )?;
+        counter.write(
+            FileKey::Output(rank),
+            template.data_offset,
+            data.len() as u64,
+        );
+        crate::rechunk::start_writeback(&file);
+        self.unsynced_bytes += template.file_len();
+        self.unsynced.push((
+            rank,
+            OpenOutput {
+                file,
+                path,
+                data_offset: template.data_offset,
+            },
+        ));
+        // Counted before waiting readers are woken, so the status they see
+        // already includes it.
+        self.core.record_on_demand(counter.seeks());
+        self.core.mark_done(&[rank]);
+        Ok(counter.seeks())
     }
 
     /// Syncs every completed block's data, then records them all in the
@@ -87,6 +158,36 @@ impl StagingSink {
 }
 
 impl BlockSink for StagingSink {
+    fn between_steps(&mut self, stats: &RunStats) -> Result<()> {
+        let Some(on_demand) = self.on_demand.take() else {
+            return Ok(());
+        };
+        let mut result = Ok(());
+        for rank in self.core.take_urgent() {
+            let region = self.core.output().block(&self.core.output().unravel(rank));
+            if on_demand.plan.completion_step(&region) < stats.read_blocks_done + SOON_STEPS {
+                continue;
+            }
+            let bytes = self.core.template(rank).data_len;
+            if on_demand
+                .mem
+                .is_some_and(|mem| stats.held_bytes + bytes > mem)
+            {
+                log::info!(
+                    "{}: a reader waits, but extracting it now would exceed --mem; the plan will reach it",
+                    self.core.block_name(rank)
+                );
+                continue;
+            }
+            if let Err(e) = self.extract(rank, &on_demand.input) {
+                result = Err(e);
+                break;
+            }
+        }
+        self.on_demand = Some(on_demand);
+        result
+    }
+
     fn wants(&mut self, rank: u64) -> bool {
         !self.core.is_done(rank)
     }
@@ -176,14 +277,21 @@ pub struct Materialiser {
 }
 
 impl Materialiser {
-    /// Starts running `plan` over `input` into `core`'s staging area.
-    pub fn start(core: Arc<ViewCore>, input: InputArray, plan: Plan) -> Result<Materialiser> {
+    /// Starts running `plan` over `input` into `core`'s staging area; blocks
+    /// readers wait for are extracted ahead of the plan within `mem`.
+    pub fn start(
+        core: Arc<ViewCore>,
+        input: InputArray,
+        plan: Plan,
+        mem: Option<u64>,
+    ) -> Result<Materialiser> {
         let cancel = Arc::new(AtomicBool::new(false));
         let stop = cancel.clone();
         let thread = std::thread::Builder::new()
             .name("materialiser".into())
             .spawn(move || {
-                let mut sink = StagingSink::new(core.clone());
+                let mut sink =
+                    StagingSink::new(core.clone()).with_on_demand(input.clone(), plan.clone(), mem);
                 let progress_core = core.clone();
                 let step_delay = step_delay();
                 let result = Executor::new(&plan, &input).with_cancel(&stop).run(

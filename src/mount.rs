@@ -43,6 +43,8 @@ pub struct PreparedView {
     pub plan: Plan,
     pub view: PathBuf,
     pub allow_other: bool,
+    /// The memory limit, also for blocks extracted ahead of the plan.
+    pub mem: Option<u64>,
 }
 
 fn bad_view(path: &Path, problem: impl Into<String>) -> Error {
@@ -211,6 +213,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         plan,
         view: request.view.clone(),
         allow_other: request.allow_other,
+        mem: request.mem,
     })
 }
 
@@ -261,6 +264,7 @@ pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<(
         plan,
         view,
         allow_other,
+        mem,
     } = prepared;
     let options = vec![
         fuser::MountOption::FSName(format!("rechunkfs:{}", input.source.display())),
@@ -287,7 +291,7 @@ pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<(
             return Err(bad_view(&view, message));
         }
     };
-    let materialiser = Materialiser::start(core.clone(), input, plan)?;
+    let materialiser = Materialiser::start(core.clone(), input, plan, mem)?;
 
     let shutdown_core = core.clone();
     let shutdown_view = view.clone();

@@ -194,6 +194,22 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// The C-order rank of the read block after which `region` (an output
+    /// block) is completely written: per dimension, the read interval that
+    /// completes the last write interval overlapping it.
+    pub fn completion_step(&self, region: &crate::geometry::Region) -> u64 {
+        let index: Vec<usize> = (0..region.ndim())
+            .map(|d| {
+                let write = self.write.axis(d);
+                let last_write = write.locate(region.end(d) - 1);
+                self.read.axis(d).locate(write.end(last_write) - 1)
+            })
+            .collect();
+        self.read.linear(&index)
+    }
+}
+
 /// One dimension's choice: read intervals, and how writes follow them.
 #[derive(Clone, Debug)]
 struct DimOption {
@@ -709,6 +725,20 @@ mod tests {
         let config4 = Problem::new(vec![3500; 3], vec![175; 3], vec![250; 3], 2).unwrap();
         assert_eq!(baseline(&config4).prediction.seeks(), 392_008_000);
         assert_eq!(keep_rhat(&config4).prediction.seeks(), 10_744);
+    }
+
+    #[test]
+    fn completion_steps_follow_write_completion() {
+        let problem = cube(12, 4, 3);
+        let plan = keep_rhat(&problem);
+        // Output block (0,0,0) = [0,3)³ is in write block 0, done after read block 0.
+        let first = plan.output.block(&[0, 0, 0]);
+        assert_eq!(plan.completion_step(&first), 0);
+        // Output block (1,1,1) = [3,6)³ is in write block 1, done after read block (1,1,1).
+        let middle = plan.output.block(&[1, 1, 1]);
+        assert_eq!(plan.completion_step(&middle), plan.read.linear(&[1, 1, 1]));
+        let last = plan.output.block(&[3, 3, 3]);
+        assert_eq!(plan.completion_step(&last), plan.read.count() - 1);
     }
 
     #[test]

@@ -114,6 +114,10 @@ struct ViewState {
     phase: Phase,
     failure: Option<String>,
     run: RunStats,
+    /// Pending blocks with parked reads, not yet asked for out of order.
+    urgent: Vec<u64>,
+    on_demand_blocks: u64,
+    on_demand_seeks: u64,
 }
 
 /// Progress, as `rechunkfs status` and the status file show it.
@@ -126,8 +130,16 @@ pub struct Status {
     pub blocks_resumed: u64,
     pub bytes_done: u64,
     pub bytes_total: u64,
+    /// Seeks the plan's run has made (blocks extracted on demand are then
+    /// skipped by the plan, so this can end below `seeks_planned`).
     pub seeks_made: u64,
     pub seeks_planned: u64,
+    /// Blocks extracted ahead of the plan for waiting readers, and the
+    /// extra seeks that took (counted apart from the plan's).
+    #[serde(default)]
+    pub on_demand_blocks: u64,
+    #[serde(default)]
+    pub on_demand_seeks: u64,
     pub rate_bytes_per_second: f64,
     pub eta_seconds: Option<f64>,
     pub elapsed_seconds: f64,
@@ -198,6 +210,9 @@ impl ViewCore {
                 phase: Phase::Materialising,
                 failure: None,
                 run: RunStats::default(),
+                urgent: Vec::new(),
+                on_demand_blocks: 0,
+                on_demand_seeks: 0,
             }),
             staged_files: Mutex::new(LruCache::new(
                 NonZeroUsize::new(OPEN_STAGED_FILES).unwrap_or(NonZeroUsize::MIN),
@@ -441,11 +456,14 @@ impl ViewCore {
             if !state.done[rank as usize] {
                 match state.phase {
                     Phase::Materialising => {
-                        state
-                            .waiters
-                            .entry(rank)
-                            .or_default()
-                            .push(Waiter { offset, end, reply });
+                        let waiters = state.waiters.entry(rank).or_default();
+                        let first = waiters.is_empty();
+                        waiters.push(Waiter { offset, end, reply });
+                        if first {
+                            // Someone waits for it: the materialiser may
+                            // extract it ahead of the plan.
+                            state.urgent.push(rank);
+                        }
                         return;
                     }
                     Phase::Failed | Phase::Stopping | Phase::Complete => {
@@ -525,6 +543,24 @@ impl ViewCore {
                 (waiter.reply)(self.read_staged(rank, waiter.offset, waiter.end));
             }
         }
+    }
+
+    /// Pending blocks someone is waiting for, oldest first, each returned
+    /// once: the materialiser may extract them ahead of the plan.
+    pub fn take_urgent(&self) -> Vec<u64> {
+        let mut state = self.state.lock();
+        let urgent = std::mem::take(&mut state.urgent);
+        urgent
+            .into_iter()
+            .filter(|&rank| !state.done[rank as usize])
+            .collect()
+    }
+
+    /// Counts a block extracted ahead of the plan and the seeks it took.
+    pub fn record_on_demand(&self, seeks: u64) {
+        let mut state = self.state.lock();
+        state.on_demand_blocks += 1;
+        state.on_demand_seeks += seeks;
     }
 
     /// Records the materialiser's latest counts.
@@ -629,6 +665,8 @@ impl ViewCore {
             bytes_total,
             seeks_made: state.run.seeks(),
             seeks_planned: self.planned_seeks,
+            on_demand_blocks: state.on_demand_blocks,
+            on_demand_seeks: state.on_demand_seeks,
             rate_bytes_per_second: rate,
             eta_seconds: (state.phase == Phase::Materialising && rate > 0.0)
                 .then(|| remaining as f64 / rate),

@@ -122,11 +122,25 @@ fn stepped_run_cancellable(
     core: Arc<ViewCore>,
     cancel: Arc<AtomicBool>,
 ) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    stepped_run_with(f, core, cancel, None)
+}
+
+/// As [`stepped_run_cancellable`]; with `on_demand` = Some(mem), waited-for
+/// blocks are extracted ahead of the plan within `mem`.
+fn stepped_run_with(
+    f: &Fixture,
+    core: Arc<ViewCore>,
+    cancel: Arc<AtomicBool>,
+    on_demand: Option<Option<u64>>,
+) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
     let (go, wait) = mpsc::channel::<()>();
     let plan = f.plan.clone();
     let input = f.input.clone();
     let handle = std::thread::spawn(move || {
         let mut sink = StagingSink::new(core.clone());
+        if let Some(mem) = on_demand {
+            sink = sink.with_on_demand(input.clone(), plan.clone(), mem);
+        }
         let result = Executor::new(&plan, &input)
             .with_cancel(&cancel)
             .run(&mut sink, |_| {
@@ -417,4 +431,96 @@ fn resume_keeps_completed_blocks_and_redoes_only_the_rest() {
             .unwrap();
         assert_eq!(got, expected(&f, &core, rank));
     }
+}
+
+#[test]
+fn a_waited_for_block_is_extracted_ahead_of_the_plan_and_not_written_twice() {
+    let f = fixture(&[30, 28, 26], &[10, 7, 13], &[12, 9, 8], BlockFormat::Hdf5);
+    let (core, _) = open_core(&f);
+    let last = core.output().count() - 1;
+    let parked = read_into(&core, block_ino(&core, last), 0, 1 << 22);
+    let (go, runner) = stepped_run_with(
+        &f,
+        core.clone(),
+        Arc::new(AtomicBool::new(false)),
+        Some(None),
+    );
+    // One read block later the waited-for block is served, long before
+    // the plan would reach it.
+    go.send(()).unwrap();
+    let answered = parked
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap()
+        .unwrap();
+    assert_eq!(answered, expected(&f, &core, last));
+    let status = core.status();
+    assert_eq!(status.on_demand_blocks, 1);
+    assert!(
+        status.on_demand_seeks >= 2,
+        "extraction reads its inputs and writes once"
+    );
+    assert!(
+        status.blocks_done < core.output().count(),
+        "the plan is still running"
+    );
+    let path = core.staging().block_path(&core.block_name(last));
+    let extracted_at = std::fs::metadata(&path).unwrap().modified().unwrap();
+    drop(go);
+    runner.join().unwrap();
+    // The plan skipped it: not rewritten, recorded once, and every block exact.
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().modified().unwrap(),
+        extracted_at
+    );
+    let journal = journal_ranks(&f.staging_dir);
+    let mut unique = journal.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), journal.len(), "no block recorded twice");
+    assert_eq!(unique.len() as u64, core.output().count());
+    for rank in 0..core.output().count() {
+        let got = read_into(&core, block_ino(&core, rank), 0, 1 << 22)
+            .recv()
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, expected(&f, &core, rank), "{}", core.block_name(rank));
+    }
+    // Its write was the plan's only seek on that block (keep writes output
+    // blocks whole), so the plan's run made exactly one seek fewer.
+    let status = core.status();
+    assert_eq!(status.seeks_made + 1, status.seeks_planned);
+}
+
+#[test]
+fn extraction_that_would_break_the_memory_cap_waits_for_the_plan() {
+    let f = fixture(&[30, 28, 26], &[10, 7, 13], &[12, 9, 8], BlockFormat::Npy);
+    let (core, _) = open_core(&f);
+    let last = core.output().count() - 1;
+    let parked = read_into(&core, block_ino(&core, last), 0, 1 << 22);
+    // A cap below one block: no extraction can fit.
+    let tiny = core.template(last).data_len - 1;
+    let (go, runner) = stepped_run_with(
+        &f,
+        core.clone(),
+        Arc::new(AtomicBool::new(false)),
+        Some(Some(tiny)),
+    );
+    go.send(()).unwrap();
+    go.send(()).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        parked.try_recv().is_err(),
+        "not extracted: it would not fit"
+    );
+    drop(go);
+    runner.join().unwrap();
+    assert_eq!(
+        parked
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap()
+            .unwrap(),
+        expected(&f, &core, last)
+    );
+    assert_eq!(core.status().on_demand_blocks, 0);
+    assert_eq!(core.status().seeks_made, core.status().seeks_planned);
 }
