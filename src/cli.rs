@@ -442,7 +442,15 @@ fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print_plan(&chosen, dtype, order, mem, keep.as_ref(), &baseline, elapsed);
+        print_plan(
+            &chosen,
+            dtype,
+            order,
+            mem,
+            keep.as_ref(),
+            &baseline,
+            elapsed,
+        );
     }
     Ok(())
 }

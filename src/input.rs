@@ -285,7 +285,11 @@ fn list_block_files(dir: &Path) -> Result<Vec<(Vec<usize>, PathBuf, BlockFormat)
             )
         })?;
         // Names are in the user's order; the grid is kept in C order.
-        named.push((AxisOrder::for_input(format).to_internal(&index), path, format));
+        named.push((
+            AxisOrder::for_input(format).to_internal(&index),
+            path,
+            format,
+        ));
     }
     Ok(named)
 }

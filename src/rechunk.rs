@@ -52,7 +52,14 @@ impl OutputSpec {
     /// The template of a block of `shape` at the array's origin; checks
     /// that the format can hold such a block.
     pub fn template(&self, shape: &[u64]) -> Result<BlockTemplate> {
-        format::template_in_space(self.format, shape, self.dtype, &self.dataset, 1, &self.space)
+        format::template_in_space(
+            self.format,
+            shape,
+            self.dtype,
+            &self.dataset,
+            1,
+            &self.space,
+        )
     }
 }
 

@@ -85,7 +85,14 @@ pub fn write_block_file(
     // NIfTI headers place the block in the whole (identity voxel sizes).
     let space = format::space::Space::identity(array.len());
     let template = format::template_in_space(format, &region.shape, dtype, dataset, 1, &space)?;
-    let template = format::place(&template, format, &region.shape, dtype, &space, &region.origin);
+    let template = format::place(
+        &template,
+        format,
+        &region.shape,
+        dtype,
+        &space,
+        &region.origin,
+    );
     let file = template.create_file(path)?;
     let data = region_bytes(array, region, dtype.size);
     file.write_all_at(&data, template.data_offset)

@@ -47,7 +47,11 @@ fn python() -> String {
 /// Runs `scripts/{script}` with `args`, failing the test with its output if it fails.
 fn run_script(script: &str, args: &[&str]) -> String {
     let output = Command::new(python())
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts").join(script))
+        .arg(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("scripts")
+                .join(script),
+        )
         .args(args)
         .output()
         .expect("run python");
@@ -190,7 +194,12 @@ fn nifti_input_rechunks_to_nifti_h5_and_raw_that_readers_place_right() {
 fn minc2_input_rechunks_to_nifti_and_h5_that_nibabel_and_h5py_read() {
     let root = tempfile::tempdir().unwrap();
     // Shapes are C order, as the image's dimorder zspace,yspace,xspace lists them.
-    for (descr, scaling) in [("<u2", "global"), (">i2", "none"), ("<f4", "global"), ("|u1", "global")] {
+    for (descr, scaling) in [
+        ("<u2", "global"),
+        (">i2", "none"),
+        ("<f4", "global"),
+        ("|u1", "global"),
+    ] {
         let base = root.path().join(descr.replace(['|', '<', '>'], "_"));
         make_minc2(&base, "7,9,11", descr, "4,4,4", scaling);
         let whole = base.join("whole.mnc");
@@ -236,7 +245,13 @@ fn per_slice_minc2_scaling_refuses_nifti_output_but_not_h5() {
     );
     assert!(!out.exists(), "nothing may be written when refused");
     rechunk_ok(&blocks, &out, "4,4,4", Some("h5"));
-    check(&out, &root.path().join("whole.mnc"), Some("4,4,4"), "h5", &[]);
+    check(
+        &out,
+        &root.path().join("whole.mnc"),
+        Some("4,4,4"),
+        "h5",
+        &[],
+    );
 }
 
 #[test]
@@ -419,7 +434,10 @@ fn shapes_and_names_follow_the_input_formats_axis_order() {
     assert_eq!(report["axis_order"], "nifti");
     let human = rechunkfs(&["plan", text(&blocks), "--shape", "11,3,7"]);
     let said = String::from_utf8_lossy(&human.stdout);
-    assert!(said.contains("11×9×7") && said.contains("(x, y, z)"), "{said}");
+    assert!(
+        said.contains("11×9×7") && said.contains("(x, y, z)"),
+        "{said}"
+    );
 
     // Written as HDF5, the blocks keep the NIfTI names: 0_2_0 is the third
     // along y, and h5py sees its C-order shape (7, 3, 11).
@@ -511,10 +529,34 @@ fn nibabel_and_numpy_read_every_block_of_a_mounted_view() {
     let minc = root.path().join("minc");
     make_minc2(&minc, "7,9,11", "<u2", "4,4,4", "global");
     for (name, input, whole, shape, format) in [
-        ("nii-nii", nifti.join("blocks"), nifti.join("whole.nii"), "5,5,5", "nii"),
-        ("mnc-nii", minc.join("blocks"), minc.join("whole.mnc"), "5,4,11", "nii"),
-        ("mnc-h5", minc.join("blocks"), minc.join("whole.mnc"), "5,4,11", "h5"),
-        ("nii-raw", nifti.join("blocks"), nifti.join("whole.nii"), "5,5,5", "raw"),
+        (
+            "nii-nii",
+            nifti.join("blocks"),
+            nifti.join("whole.nii"),
+            "5,5,5",
+            "nii",
+        ),
+        (
+            "mnc-nii",
+            minc.join("blocks"),
+            minc.join("whole.mnc"),
+            "5,4,11",
+            "nii",
+        ),
+        (
+            "mnc-h5",
+            minc.join("blocks"),
+            minc.join("whole.mnc"),
+            "5,4,11",
+            "h5",
+        ),
+        (
+            "nii-raw",
+            nifti.join("blocks"),
+            nifti.join("whole.nii"),
+            "5,5,5",
+            "raw",
+        ),
     ] {
         let base = root.path().join(name);
         let mounted = Mounted::new(&input, &base, shape, format);

@@ -62,11 +62,7 @@ fn string_attr(location: &::hdf5::Location, name: &str) -> ::hdf5::Result<Option
             // `len` bytes for each of its `points` elements. The caller
             // holds the library lock.
             ::hdf5::h5check(unsafe {
-                H5Aread(
-                    attr.id(),
-                    file_type.id(),
-                    bytes.as_mut_ptr() as *mut c_void,
-                )
+                H5Aread(attr.id(), file_type.id(), bytes.as_mut_ptr() as *mut c_void)
             })?;
             bytes.truncate(len);
             String::from_utf8_lossy(&bytes)
@@ -252,10 +248,10 @@ pub fn probe_space(path: &Path, ndim: usize, dtype: DType) -> Result<Space> {
         // nibabel scales integer images only, mapping the valid range onto
         // [image-min, image-max].
         if dtype.kind != Kind::Float {
-            let minimum =
-                scale_values(&file, "image-min").map_err(|e| library_error(path, "image-min", e))?;
-            let maximum =
-                scale_values(&file, "image-max").map_err(|e| library_error(path, "image-max", e))?;
+            let minimum = scale_values(&file, "image-min")
+                .map_err(|e| library_error(path, "image-min", e))?;
+            let maximum = scale_values(&file, "image-max")
+                .map_err(|e| library_error(path, "image-max", e))?;
             if let (Some(minimum), Some(maximum)) = (minimum, maximum) {
                 let single = |values: &[f64]| -> Option<f64> {
                     let first = *values.first()?;

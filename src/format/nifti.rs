@@ -93,7 +93,11 @@ fn dtype_of_code(code: i16, endian: Endian) -> std::result::Result<DType, String
         1792 => return Err("complex128 (datatype 1792)".into()),
         2048 => return Err("complex256 (datatype 2048)".into()),
         2304 => return Err("RGBA quadruples (datatype 2304)".into()),
-        other => return Err(format!("datatype code {other}, which NIfTI-1 does not define")),
+        other => {
+            return Err(format!(
+                "datatype code {other}, which NIfTI-1 does not define"
+            ))
+        }
     };
     DType::new(kind, size, endian).map_err(|e| e.to_string())
 }
@@ -202,7 +206,11 @@ pub fn encode_header(
     w.i16(40, ndim as i16);
     for axis in 0..7 {
         // Sides past dim[0] are 1, as nibabel writes them.
-        let side = if axis < ndim { shape[ndim - 1 - axis] } else { 1 };
+        let side = if axis < ndim {
+            shape[ndim - 1 - axis]
+        } else {
+            1
+        };
         w.i16(42 + 2 * axis, side as i16);
     }
     // `output_problem` has refused datatypes NIfTI-1 lacks; 0 (unknown)
@@ -273,9 +281,11 @@ pub(super) fn template(
 /// Decode the header at the start of `bytes` (at least 352 bytes of a file).
 pub fn decode_header(bytes: &[u8]) -> std::result::Result<NiftiHeader, String> {
     if bytes.starts_with(&[0x1f, 0x8b]) {
-        return Err("it is gzip-compressed (a .nii.gz renamed?); rechunkfs reads uncompressed \
+        return Err(
+            "it is gzip-compressed (a .nii.gz renamed?); rechunkfs reads uncompressed \
                     .nii files: gunzip it first"
-            .into());
+                .into(),
+        );
     }
     if bytes.len() < MIN_VOX_OFFSET as usize {
         return Err(format!(
@@ -304,9 +314,11 @@ pub fn decode_header(bytes: &[u8]) -> std::result::Result<NiftiHeader, String> {
     match &bytes[344..348] {
         b"n+1\0" => {}
         b"ni1\0" => {
-            return Err("it is the header of a NIfTI-1 pair (.hdr/.img); rechunkfs reads \
+            return Err(
+                "it is the header of a NIfTI-1 pair (.hdr/.img); rechunkfs reads \
                         single-file .nii images"
-                .into())
+                    .into(),
+            )
         }
         other => {
             return Err(format!(
@@ -317,7 +329,9 @@ pub fn decode_header(bytes: &[u8]) -> std::result::Result<NiftiHeader, String> {
     }
     let ndim = r.i16(40);
     if !(1..=MAX_DIMS as i16).contains(&ndim) {
-        return Err(format!("its dim[0] is {ndim}; NIfTI-1 allows 1 to 7 dimensions"));
+        return Err(format!(
+            "its dim[0] is {ndim}; NIfTI-1 allows 1 to 7 dimensions"
+        ));
     }
     let ndim = ndim as usize;
     let mut dims = Vec::with_capacity(ndim);
@@ -374,7 +388,13 @@ pub fn decode_header(bytes: &[u8]) -> std::result::Result<NiftiHeader, String> {
 /// the qform if its code is set, else nibabel's default (voxel sizes on the
 /// diagonal, x flipped, centred on the middle voxel).
 fn best_affine(r: &Reader<'_>, dims: &[u64], pixdim: &[f64]) -> [[f64; 4]; 3] {
-    let zoom = |axis: usize| if axis < dims.len() { pixdim[axis + 1] } else { 1.0 };
+    let zoom = |axis: usize| {
+        if axis < dims.len() {
+            pixdim[axis + 1]
+        } else {
+            1.0
+        }
+    };
     if r.i16(254) > 0 {
         let mut affine = [[0.0; 4]; 3];
         for (row, values) in affine.iter_mut().enumerate() {
@@ -396,11 +416,11 @@ fn best_affine(r: &Reader<'_>, dims: &[u64], pixdim: &[f64]) -> [[f64; 4]; 3] {
         return affine_of_qform(&qform, [zoom(0), zoom(1), zoom(2)]);
     }
     let mut affine = [[0.0; 4]; 3];
-    for axis in 0..3 {
+    for (axis, row) in affine.iter_mut().enumerate() {
         let side = dims.get(axis).copied().unwrap_or(1) as f64;
         let step = if axis == 0 { -zoom(axis) } else { zoom(axis) };
-        affine[axis][axis] = step;
-        affine[axis][3] = -(side - 1.0) / 2.0 * step;
+        row[axis] = step;
+        row[3] = -(side - 1.0) / 2.0 * step;
     }
     affine
 }
@@ -432,8 +452,8 @@ pub fn read_header(path: &Path) -> Result<NiftiHeader> {
         }
     })?;
     let shape: Vec<u64> = header.dims.iter().rev().copied().collect();
-    let data_len = shape_problem(&shape, header.dtype)
-        .map_err(|problem| Error::bad_input(path, problem))?;
+    let data_len =
+        shape_problem(&shape, header.dtype).map_err(|problem| Error::bad_input(path, problem))?;
     let needed_len = header.vox_offset.saturating_add(data_len);
     if file_len < needed_len {
         return Err(bad_file(format!(
@@ -502,17 +522,29 @@ mod tests {
     fn refusals_say_what_nifti_cannot_hold() {
         let space = Space::identity(3);
         let problem = output_problem(&[4, 4, 4], dtype("<f2"), &space).unwrap();
-        assert!(problem.contains("f2") && problem.contains("float16"), "{problem}");
+        assert!(
+            problem.contains("f2") && problem.contains("float16"),
+            "{problem}"
+        );
         let problem = output_problem(&[1; 8], dtype("u1"), &Space::identity(8)).unwrap();
         assert!(problem.contains("at most 7 dimensions"), "{problem}");
         let problem = output_problem(&[4, 4, 40_000], dtype("u1"), &space).unwrap();
-        assert!(problem.contains("32767") && problem.contains("40000"), "{problem}");
+        assert!(
+            problem.contains("32767") && problem.contains("40000"),
+            "{problem}"
+        );
         assert_eq!(output_problem(&[4, 4, 32_767], dtype("u1"), &space), None);
     }
 
     #[test]
     fn decode_refuses_what_is_not_single_file_nifti1() {
-        let good = encode_header(&[2, 2, 2], dtype("u1"), &Space::identity(3), &[0, 0, 0], 352);
+        let good = encode_header(
+            &[2, 2, 2],
+            dtype("u1"),
+            &Space::identity(3),
+            &[0, 0, 0],
+            352,
+        );
         let mut pair = good.clone();
         pair[344..348].copy_from_slice(b"ni1\0");
         assert!(decode_header(&pair).unwrap_err().contains("pair"));

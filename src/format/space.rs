@@ -91,7 +91,10 @@ const ORTHONORMAL_TOLERANCE: f64 = 1e-4;
 pub fn qform_of(affine: &[[f64; 4]; 3], zooms: [f64; 3]) -> Option<Qform> {
     let mut r = [[0.0f64; 3]; 3];
     for (col, &zoom) in zooms.iter().enumerate() {
-        let length = (0..3).map(|row| affine[row][col].powi(2)).sum::<f64>().sqrt();
+        let length = (0..3)
+            .map(|row| affine[row][col].powi(2))
+            .sum::<f64>()
+            .sqrt();
         if zoom <= 0.0 || (length - zoom).abs() > ORTHONORMAL_TOLERANCE * zoom.max(1.0) {
             return None;
         }
