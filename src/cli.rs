@@ -181,7 +181,7 @@ pub struct RechunkArgs {
     pub format: Option<String>,
     #[command(flatten)]
     pub input_args: InputArgs,
-    /// Replace block files already in OUT (other files there are left alone).
+    /// Replace block files (and rechunkfs.json) already in OUT; other files there are left alone.
     #[arg(long)]
     pub overwrite: bool,
     /// Print the final report as one JSON object.
@@ -644,9 +644,7 @@ fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let plan = plan::plan(&problem, strategy, mem)?;
     let format = match &args.format {
         Some(text) => text.parse::<BlockFormat>()?,
-        // rechunkfs reads MINC2 but writes its voxels as plain HDF5.
-        None if input.format == BlockFormat::Minc2 => BlockFormat::Hdf5,
-        None => input.format,
+        None => input.format.default_output(),
     };
     if same_directory(&args.input, &args.output) {
         bail!(

@@ -190,11 +190,24 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         input.dtype.size as u64,
     )?;
     let plan = plan::plan(&problem, request.strategy, request.mem)?;
-    let format = request.format.unwrap_or(input.format);
+    let format = request
+        .format
+        .unwrap_or_else(|| input.format.default_output());
     let staging_dir = match &request.staging {
         Some(dir) => dir.clone(),
         None => Staging::default_dir(&input.source, &input.dataset, &problem.output_block, format)?,
     };
+    // Refuse what the format cannot hold (NIfTI's limits, MINC2 scaling)
+    // before a staging area is made for it: the first block is the largest.
+    let space = input.space()?;
+    crate::format::template_in_space(
+        format,
+        &plan.output.block(&vec![0; plan.output.ndim()]).shape,
+        input.dtype,
+        &input.dataset,
+        crate::format::VIEW_DATA_ALIGNMENT,
+        &space,
+    )?;
     let manifest = Manifest::new(&input, &problem.output_block, format);
     let (staging, done) = Staging::open(&staging_dir, &manifest, request.rebuild)?;
     let layout = ViewLayout {
@@ -205,7 +218,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         output_block: problem.output_block.clone(),
         format,
         dataset: input.dataset.clone(),
-        space: input.space()?,
+        space,
         axis_order: input.axis_order(),
     };
     let core = Arc::new(ViewCore::new(layout, &plan, Arc::new(staging), &done)?);

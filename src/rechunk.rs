@@ -70,7 +70,8 @@ pub fn block_file_name(index: &[usize], format: BlockFormat) -> String {
 
 /// Checks `out` can receive blocks: created if missing; if it holds files,
 /// refused unless `overwrite`, in which case old block files (and leftover
-/// partial files) are removed and nothing else is touched.
+/// partial files, and an old `rechunkfs.json`) are removed and nothing else
+/// is touched.
 pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<()> {
     match fs::metadata(out) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -106,6 +107,8 @@ pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<()> {
     for path in entries {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let is_partial = name.starts_with('.') && name.ends_with(".partial");
+        // The metadata of an earlier raw run would describe blocks no longer there.
+        let is_metadata = name == METADATA_NAME;
         let is_block = path
             .file_stem()
             .and_then(|s| s.to_str())
@@ -116,7 +119,7 @@ pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<()> {
                 .and_then(|e| e.to_str())
                 .and_then(BlockFormat::from_extension)
                 .is_some();
-        if (is_partial || is_block) && path.is_file() {
+        if (is_partial || is_block || is_metadata) && path.is_file() {
             fs::remove_file(&path).map_err(|e| Error::io(&path, "removing an old block", e))?;
         }
     }

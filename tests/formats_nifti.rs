@@ -244,6 +244,31 @@ fn per_slice_minc2_scaling_refuses_nifti_output_but_not_h5() {
         "{message}"
     );
     assert!(!out.exists(), "nothing may be written when refused");
+    // A view is refused the same way, before anything is mounted.
+    let view = root.path().join("view");
+    fs::create_dir(&view).unwrap();
+    let mount = rechunkfs(&[
+        "mount",
+        text(&blocks),
+        text(&view),
+        "--shape",
+        "4,4,4",
+        "--format",
+        "nii",
+        "--staging",
+        text(&root.path().join("staging")),
+    ]);
+    assert!(!mount.status.success());
+    assert!(
+        stderr(&mount).contains("varies per slice"),
+        "{}",
+        stderr(&mount)
+    );
+    assert!(!rechunkfs::mount::is_mounted(&view));
+    assert!(
+        !root.path().join("staging").exists(),
+        "no staging area for a refused view"
+    );
     rechunk_ok(&blocks, &out, "4,4,4", Some("h5"));
     check(
         &out,

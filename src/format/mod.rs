@@ -91,6 +91,15 @@ impl BlockFormat {
         }
     }
 
+    /// The output format when none is asked for: the input's, except that
+    /// MINC2, which rechunkfs reads but does not write, becomes plain HDF5.
+    pub fn default_output(&self) -> BlockFormat {
+        match self {
+            BlockFormat::Minc2 => BlockFormat::Hdf5,
+            other => *other,
+        }
+    }
+
     /// The dataset holding the array in an HDF5-based input, whatever
     /// `--dataset` says: MINC2 keeps its image at a fixed path.
     pub fn input_dataset<'a>(&self, requested: &'a str) -> &'a str {
