@@ -484,6 +484,35 @@ fn shapes_and_names_follow_the_input_formats_axis_order() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "(7, 3, 11)");
 
+    // `rechunkfs sample --format nii` follows the rule too: --array is (x, y, z).
+    let sample = root.path().join("sample");
+    let whole = root.path().join("sample-whole");
+    for (dir, blocks) in [(&sample, "4,5,3"), (&whole, "10,5,3")] {
+        let made = rechunkfs(&[
+            "sample",
+            text(dir),
+            "--array",
+            "10,5,3",
+            "--blocks",
+            blocks,
+            "--dtype",
+            "<u2",
+            "--format",
+            "nii",
+        ]);
+        assert!(made.status.success(), "{}", stderr(&made));
+    }
+    assert!(sample.join("2_0_0.nii").exists());
+    let resplit = root.path().join("resplit");
+    rechunk_ok(&sample, &resplit, "3,2,3", None);
+    check(
+        &resplit,
+        &whole.join("0_0_0.nii"),
+        Some("3,2,3"),
+        "nii",
+        &[],
+    );
+
     // The rule is in --help.
     for command in ["mount", "rechunk", "plan"] {
         let help = rechunkfs(&[command, "--help"]);
