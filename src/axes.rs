@@ -48,7 +48,7 @@ blocks are named in the same order whatever their format; bytes are moved, never
 }
 pub(crate) use axis_order_help;
 
-/// The axis-order rule in words (see [`axis_order_help`]).
+/// The axis-order rule in words, as `--help` prints it.
 pub const AXIS_ORDER_HELP: &str = axis_order_help!();
 
 impl AxisOrder {
