@@ -12,6 +12,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 
+use crate::axes::{axis_order_help, AxisOrder, AXIS_ORDER_HELP};
 use crate::dtype::DType;
 use crate::execute::RunStats;
 use crate::format::BlockFormat;
@@ -21,23 +22,20 @@ use crate::plan::{self, Plan, Problem, Strategy};
 use crate::rechunk::{self, OutputSpec};
 use crate::units::{parse_bytes, parse_shape, show_bytes};
 
-const AXIS_ORDER: &str = "Shapes and block indices are in C order, as numpy and h5py \
-report them: the last number is the fastest-moving dimension in the file.";
-
 #[derive(Parser, Debug)]
 #[command(
     name = "rechunkfs",
     version,
     about = "Rechunk arrays stored as grids of block files, with the fewest seeks in the memory allowed",
-    long_about = "rechunkfs reads an array stored as a grid of block files ({i}_{j}_{k}.h5 or .npy, \
-one file per block, edge blocks may be smaller) and writes it as blocks of another shape, \
+    long_about = "rechunkfs reads an array stored as a grid of block files ({i}_{j}_{k}.h5, .npy, \
+.nii or .mnc, one file per block, edge blocks may be smaller) and writes it as blocks of another shape, \
 following the keep plan: the read and write order with the fewest disk seeks that fits in \
 --mem.\n\nExamples:\n  rechunkfs plan blocks/ --shape 256,256,256 --mem 4G\n  \
 rechunkfs plan --array 8000,8000,8000 --blocks 200,200,200 --dtype f16 --shape 160,160,160 --mem 4G\n  \
 rechunkfs rechunk blocks/ out/ --shape 256,256,256 --mem 4G\n  \
 rechunkfs rechunk whole.h5 out/ --shape 100,100,100      (split one file)\n  \
 rechunkfs rechunk blocks/ merged/ --shape 100000,100000,100000   (merge: a shape past the array means whole)",
-    after_help = AXIS_ORDER
+    after_help = AXIS_ORDER_HELP
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -62,14 +60,16 @@ pub enum Command {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "The view holds one file per output block, named {i}_{j}_{k}.{ext} by grid \
+    after_help = concat!("The view holds one file per output block, named {i}_{j}_{k}.{ext} by grid \
 index, plus rechunkfs.json (the array, its dtype and the new grid) and .rechunkfs-status.json \
 (live progress). Sizes are exact from the first stat. Reading a block that is not done yet waits \
 for that block only; its header bytes are served at once. Each block file carries the extended \
 attribute user.rechunkfs.state (done or pending).\n\nBlocks are written into a staging directory \
 (default: ~/.cache/rechunkfs/...). Mounting again with the same arguments resumes: completed \
 blocks are kept, the rest are redone. If the input changed since, the mount is refused; \
---rebuild starts over.\n\nShapes and block indices are in C order, as numpy and h5py report them."
+--rebuild starts over.\n\nNIfTI blocks (--format nii) carry the input's voxel sizes and an \
+affine placing each block in the whole image (identity for HDF5 and npy input); raw blocks \
+(--format raw) are data only, described by rechunkfs.json.\n\n", axis_order_help!())
 )]
 pub struct MountArgs {
     /// Input: a directory of block files, or one file.
@@ -83,7 +83,7 @@ pub struct MountArgs {
     /// Where to write the blocks (default: under ~/.cache/rechunkfs, keyed by input, shape and format).
     #[arg(long, value_name = "DIR")]
     pub staging: Option<PathBuf>,
-    /// Block file format: h5 or npy (default: the input's).
+    /// Block file format: h5, npy, nii (NIfTI-1) or raw (default: the input's; h5 for MINC2 input).
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
     #[command(flatten)]
@@ -137,6 +137,7 @@ pub struct PlanningArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(after_help = AXIS_ORDER_HELP)]
 pub struct PlanArgs {
     /// Input: a directory of block files or one file. Omit it to plan from --array/--blocks/--dtype.
     #[arg(value_name = "IN", required_unless_present = "array")]
@@ -160,6 +161,12 @@ pub struct PlanArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(
+    after_help = concat!("NIfTI blocks (--format nii) carry the input's voxel sizes and an \
+affine placing each block in the whole image (identity for HDF5 and npy input); raw blocks \
+(--format raw) are data only, and OUT/rechunkfs.json describes them (shape, dtype, axis \
+order).\n\n", axis_order_help!())
+)]
 pub struct RechunkArgs {
     /// Input: a directory of block files, or one file (to split it).
     #[arg(value_name = "IN")]
@@ -169,12 +176,12 @@ pub struct RechunkArgs {
     pub output: PathBuf,
     #[command(flatten)]
     pub planning: PlanningArgs,
-    /// Output format: h5 or npy (default: the input's).
+    /// Output format: h5, npy, nii (NIfTI-1) or raw (default: the input's; h5 for MINC2 input).
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
     #[command(flatten)]
     pub input_args: InputArgs,
-    /// Replace block files already in OUT (other files there are left alone).
+    /// Replace block files (and rechunkfs.json) already in OUT; other files there are left alone.
     #[arg(long)]
     pub overwrite: bool,
     /// Print the final report as one JSON object.
@@ -199,7 +206,7 @@ pub struct SampleArgs {
     /// Element type (uint16, <u2, >f4, float16, u16, ...).
     #[arg(long, default_value = "u16", value_name = "DTYPE")]
     pub dtype: String,
-    /// h5 or npy.
+    /// h5, npy or nii (shapes for nii are in NIfTI's x, y, z order).
     #[arg(long, default_value = "h5", value_name = "FORMAT")]
     pub format: String,
     /// HDF5 dataset path to write.
@@ -250,7 +257,13 @@ fn mount_command(args: MountArgs) -> anyhow::Result<()> {
     let summary = format!(
         "{} blocks of {} ({} done already), staging in {}",
         thousands(status.blocks_total),
-        show_shape(&prepared.core.layout().output_block),
+        show_shape(
+            &prepared
+                .core
+                .layout()
+                .axis_order
+                .to_user(&prepared.core.layout().output_block)
+        ),
         thousands(status.blocks_done),
         status.staging.display()
     );
@@ -351,15 +364,17 @@ fn status_command(args: StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The problem and dtype from IN or from --array/--blocks/--dtype.
+/// The problem and dtype from IN or from --array/--blocks/--dtype; `shape`
+/// is in the input's user-facing order.
 fn problem_of(input: &InputArray, shape: &str) -> anyhow::Result<Problem> {
-    let output = parse_shape(shape)?;
+    let order = input.axis_order();
+    let output = order.to_internal(&parse_shape(shape)?);
     if output.len() != input.ndim() {
         bail!(
             "--shape {} has {} dimensions but the input array {} has {}",
             shape,
             output.len(),
-            show_shape(&input.shape),
+            show_shape(&order.to_user(&input.shape)),
             input.ndim()
         );
     }
@@ -382,10 +397,14 @@ fn mem_of(planning: &PlanningArgs) -> anyhow::Result<Option<u64>> {
 
 fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let (problem, dtype) = match (&args.input, &args.array) {
+    let (problem, dtype, order) = match (&args.input, &args.array) {
         (Some(input), _) => {
             let input = InputArray::scan(input, Some(&args.input_args.dataset))?;
-            (problem_of(&input, &args.planning.shape)?, input.dtype)
+            (
+                problem_of(&input, &args.planning.shape)?,
+                input.dtype,
+                input.axis_order(),
+            )
         }
         (None, Some(array)) => {
             let dtype: DType = args.dtype.as_deref().unwrap_or("u1").parse()?;
@@ -395,6 +414,7 @@ fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
             (
                 Problem::new(array, blocks, output, dtype.size as u64)?,
                 dtype,
+                AxisOrder::C,
             )
         }
         (None, None) => bail!("give IN (block files) or --array, --blocks and --dtype"),
@@ -412,6 +432,7 @@ fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
     let report = plan_json(
         &chosen,
         dtype,
+        order,
         mem,
         keep.as_ref(),
         &baseline,
@@ -421,18 +442,28 @@ fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print_plan(&chosen, dtype, mem, keep.as_ref(), &baseline, elapsed);
+        print_plan(
+            &chosen,
+            dtype,
+            order,
+            mem,
+            keep.as_ref(),
+            &baseline,
+            elapsed,
+        );
     }
     Ok(())
 }
 
-fn grid_of(partition: &crate::geometry::Partition) -> Vec<usize> {
-    partition.grid_shape()
+fn grid_of(partition: &crate::geometry::Partition, order: AxisOrder) -> Vec<usize> {
+    order.to_user(&partition.grid_shape())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn plan_json(
     chosen: &Plan,
     dtype: DType,
+    order: AxisOrder,
     mem: Option<u64>,
     keep: Option<&Plan>,
     baseline: &Plan,
@@ -440,20 +471,22 @@ fn plan_json(
     elapsed: Duration,
 ) -> serde_json::Value {
     let problem = &chosen.problem;
+    let user = |shape: &[u64]| order.to_user(shape);
     json!({
-        "array": problem.array,
+        "array": user(&problem.array),
         "dtype": dtype.numpy_descr(),
         "elem_size": problem.elem_size,
-        "input_block": problem.input_block,
-        "output_block": problem.output_block,
-        "input_grid": grid_of(&chosen.input),
-        "output_grid": grid_of(&chosen.output),
+        "axis_order": order,
+        "input_block": user(&problem.input_block),
+        "output_block": user(&problem.output_block),
+        "input_grid": grid_of(&chosen.input, order),
+        "output_grid": grid_of(&chosen.output, order),
         "strategy": chosen.strategy,
-        "read_shape": chosen.read_shape,
-        "read_grid": grid_of(&chosen.read),
+        "read_shape": user(&chosen.read_shape),
+        "read_grid": grid_of(&chosen.read, order),
         "read_blocks": chosen.read.count(),
         "write_blocks": chosen.write.count(),
-        "write_modes": chosen.write_modes,
+        "write_modes": order.to_user(&chosen.write_modes),
         "seeks": {
             "planned": chosen.prediction.seeks(),
             "read": chosen.prediction.read_seeks,
@@ -465,7 +498,7 @@ fn plan_json(
         "peak_memory_bytes": chosen.prediction.peak_bytes,
         "mem_limit_bytes": mem,
         "keep_rhat": {
-            "read_shape": rhat.read_shape,
+            "read_shape": user(&rhat.read_shape),
             "seeks": rhat.prediction.seeks(),
             "peak_memory_bytes": rhat.prediction.peak_bytes,
         },
@@ -489,28 +522,34 @@ fn thousands(n: u64) -> String {
 fn print_plan(
     chosen: &Plan,
     dtype: DType,
+    order: AxisOrder,
     mem: Option<u64>,
     keep: Option<&Plan>,
     baseline: &Plan,
     elapsed: Duration,
 ) {
     let problem = &chosen.problem;
+    let user = |shape: &[u64]| show_shape(&order.to_user(shape));
     let nbytes = crate::geometry::volume(&problem.array) * problem.elem_size;
     println!(
-        "array         {} {dtype} ({})",
-        show_shape(&problem.array),
-        show_bytes(nbytes)
+        "array         {} {dtype} ({}){}",
+        user(&problem.array),
+        show_bytes(nbytes),
+        match order {
+            AxisOrder::C => "",
+            AxisOrder::Nifti => ", shapes in NIfTI (x, y, z) order",
+        }
     );
     println!(
         "input blocks  {}, grid {} ({} blocks)",
-        show_shape(&problem.input_block),
-        show_grid(&chosen.input),
+        user(&problem.input_block),
+        show_grid(&chosen.input, order),
         thousands(chosen.input.count())
     );
     println!(
         "output blocks {}, grid {} ({} blocks)",
-        show_shape(&problem.output_block),
-        show_grid(&chosen.output),
+        user(&problem.output_block),
+        show_grid(&chosen.output, order),
         thousands(chosen.output.count())
     );
     let strategy = match chosen.strategy {
@@ -526,11 +565,11 @@ fn print_plan(
     );
     println!(
         "read shape    {} ({} read blocks), {} write blocks, writes per dimension: {}",
-        show_shape(&chosen.read_shape),
+        user(&chosen.read_shape),
         thousands(chosen.read.count()),
         thousands(chosen.write.count()),
-        chosen
-            .write_modes
+        order
+            .to_user(&chosen.write_modes)
             .iter()
             .map(|m| match m {
                 plan::WriteMode::Keep => "keep",
@@ -573,9 +612,8 @@ fn print_plan(
     println!("planned in    {:.3} s", elapsed.as_secs_f64());
 }
 
-fn show_grid(partition: &crate::geometry::Partition) -> String {
-    partition
-        .grid_shape()
+fn show_grid(partition: &crate::geometry::Partition, order: AxisOrder) -> String {
+    grid_of(partition, order)
         .iter()
         .map(|n| n.to_string())
         .collect::<Vec<_>>()
@@ -606,7 +644,7 @@ fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let plan = plan::plan(&problem, strategy, mem)?;
     let format = match &args.format {
         Some(text) => text.parse::<BlockFormat>()?,
-        None => input.format,
+        None => input.format.default_output(),
     };
     if same_directory(&args.input, &args.output) {
         bail!(
@@ -614,12 +652,28 @@ fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
             args.output.display()
         );
     }
-    rechunk::prepare_output_dir(&args.output, args.overwrite)?;
     let spec = OutputSpec {
         format,
         dataset: args.input_args.dataset.clone(),
         dtype: input.dtype,
+        space: input.space()?,
+        axis_order: input.axis_order(),
     };
+    // The first output block is the largest: if the format can hold it
+    // (NIfTI's limits, MINC2 scaling), it can hold them all. Refuse before
+    // OUT is touched.
+    spec.template(&plan.output.block(&vec![0; plan.output.ndim()]).shape)?;
+    rechunk::prepare_output_dir(&args.output, args.overwrite)?;
+    let metadata = rechunk::metadata_json(
+        &input.shape,
+        input.dtype,
+        &input.block_shape,
+        &plan.output,
+        format,
+        &spec.dataset,
+        spec.axis_order,
+        &input.source,
+    );
     let bar = progress_bar(input.nbytes(), args.quiet || args.json);
     let cancel = Arc::new(AtomicBool::new(false));
     let stats = rechunk::rechunk(&input, &plan, &args.output, spec, Some(&cancel), |stats| {
@@ -630,8 +684,11 @@ fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         ));
     })?;
     bar.finish_and_clear();
+    if format == BlockFormat::Raw {
+        rechunk::write_metadata(&args.output, &metadata)?;
+    }
     let elapsed = started.elapsed();
-    report_run(&plan, &stats, elapsed, args.json)
+    report_run(&plan, &stats, input.axis_order(), elapsed, args.json)
 }
 
 fn same_directory(a: &Path, b: &Path) -> bool {
@@ -644,6 +701,7 @@ fn same_directory(a: &Path, b: &Path) -> bool {
 fn report_run(
     plan: &Plan,
     stats: &RunStats,
+    order: AxisOrder,
     elapsed: Duration,
     as_json: bool,
 ) -> anyhow::Result<()> {
@@ -651,7 +709,7 @@ fn report_run(
     if as_json {
         let report = json!({
             "strategy": plan.strategy,
-            "read_shape": plan.read_shape,
+            "read_shape": order.to_user(&plan.read_shape),
             "seeks": {
                 "made": stats.seeks(),
                 "read": stats.read_seeks,
@@ -706,17 +764,19 @@ pub fn peak_rss_bytes() -> Option<u64> {
 }
 
 fn sample_command(args: SampleArgs) -> anyhow::Result<()> {
-    let array = parse_shape(&args.array).context("--array")?;
-    let blocks = parse_shape(&args.blocks).context("--blocks")?;
     let dtype: DType = args.dtype.parse()?;
     let format: BlockFormat = args.format.parse()?;
+    // Written as the format's readers will address it (see crate::axes).
+    let order = AxisOrder::for_input(format);
+    let array = order.to_internal(&parse_shape(&args.array).context("--array")?);
+    let blocks = order.to_internal(&parse_shape(&args.blocks).context("--blocks")?);
     crate::sample::write_sample(&args.output, &array, &blocks, dtype, format, &args.dataset)?;
     eprintln!(
         "wrote a {} {} array as {} blocks of {} into {}",
-        show_shape(&array),
+        show_shape(&order.to_user(&array)),
         dtype,
         format.name(),
-        show_shape(&blocks),
+        show_shape(&order.to_user(&blocks)),
         args.output.display()
     );
     Ok(())

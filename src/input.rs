@@ -5,6 +5,10 @@
 //! The scan never guesses: a missing or duplicated index, a block whose
 //! shape disagrees with its position, mixed dtypes, a truncated file or a
 //! name that does not parse is refused with the file and the problem named.
+//!
+//! Block file names and the shapes in messages are in the user-facing axis
+//! order of the input's format ([`AxisOrder`]); everything stored here is
+//! in internal C order.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -13,8 +17,10 @@ use std::time::UNIX_EPOCH;
 
 use serde::Serialize;
 
+use crate::axes::AxisOrder;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::format::space::Space;
 use crate::format::{self, BlockFormat, Storage};
 use crate::geometry::{self, Partition};
 
@@ -99,11 +105,79 @@ impl InputArray {
     pub fn nbytes(&self) -> u64 {
         geometry::volume(&self.shape) * self.dtype.size as u64
     }
+
+    /// The order of shapes and block indices people use for this input
+    /// (see [`crate::axes`]): the input's format decides it for the whole run.
+    pub fn axis_order(&self) -> AxisOrder {
+        AxisOrder::for_input(self.format)
+    }
+
+    /// Where the array lies in the world, for NIfTI outputs: from the headers
+    /// of NIfTI and MINC2 inputs (block 0's affine is the whole array's),
+    /// identity for the others. MINC2 scaling is one global range only if
+    /// every block has the same one; otherwise NIfTI output is refused.
+    pub fn space(&self) -> Result<Space> {
+        let Some(first) = self.blocks.first() else {
+            return Ok(Space::identity(self.ndim()));
+        };
+        let probe = |block: &InputBlock, shape: Vec<u64>| -> Result<Option<Space>> {
+            let info = format::BlockInfo {
+                shape,
+                dtype: self.dtype,
+                storage: block.storage.clone(),
+            };
+            format::probe_space(&block.path, self.format, &info)
+        };
+        let Some(mut space) = probe(first, self.block_shape.clone())? else {
+            return Ok(Space::identity(self.ndim()));
+        };
+        let grid = self.grid();
+        for (rank, block) in self.blocks.iter().enumerate().skip(1) {
+            let region = grid.block(&grid.unravel(rank as u64));
+            let Some(other) = probe(block, region.shape)? else {
+                continue;
+            };
+            if space.nifti_refusal.is_none() {
+                if let Some(refusal) = other.nifti_refusal {
+                    space.nifti_refusal = Some(refusal);
+                } else if other.scaling != space.scaling {
+                    space.nifti_refusal = Some(format!(
+                        "{} scales its values by (slope, intercept) {:?} but {} by {:?}; a set \
+                         of NIfTI blocks made from them would need one scaling",
+                        block.path.display(),
+                        other.scaling,
+                        first.path.display(),
+                        space.scaling
+                    ));
+                }
+            }
+            // Each block's own affine should put it where its position in
+            // the grid says; if not, the blocks' affines disagree, and the
+            // first block's is the one carried.
+            let expected = space.block_affine(&region.origin);
+            let disagrees = expected
+                .iter()
+                .flatten()
+                .zip(other.affine.iter().flatten())
+                .any(|(a, b)| (a - b).abs() > 1e-3 * a.abs().max(1.0));
+            if disagrees {
+                log::warn!(
+                    "{}: its affine {:?} does not place it at its grid position (expected {:?}); \
+                     using the affine of {}",
+                    block.path.display(),
+                    other.affine,
+                    expected,
+                    first.path.display()
+                );
+            }
+        }
+        Ok(space)
+    }
 }
 
 fn scan_single_file(path: &Path, dataset: String) -> Result<InputArray> {
     let format = format_of(path)?;
-    let info = format::probe(path, format, &dataset)?;
+    let info = format::probe(path, format, format.input_dataset(&dataset))?;
     Ok(InputArray {
         source: path.to_path_buf(),
         format,
@@ -120,15 +194,35 @@ fn scan_single_file(path: &Path, dataset: String) -> Result<InputArray> {
 }
 
 fn format_of(path: &Path) -> Result<BlockFormat> {
+    refuse_compressed_nifti(path)?;
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
     BlockFormat::from_extension(ext).ok_or_else(|| {
         Error::bad_input(
             path,
             format!(
-                "unknown block file extension '.{ext}'; rechunkfs reads .h5/.hdf5 (HDF5) and .npy files"
+                "unknown block file extension '.{ext}'; rechunkfs reads .h5/.hdf5 (HDF5), .npy, \
+                 .nii (NIfTI-1) and .mnc (MINC2) files"
             ),
         )
     })
+}
+
+/// `.nii.gz` is the usual way NIfTI travels, but its voxels are not at a
+/// fixed offset, so rechunkfs cannot read them in place: say so rather than
+/// skip the file as one of an unknown type.
+fn refuse_compressed_nifti(path: &Path) -> Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if name.ends_with(".nii.gz") {
+        return Err(Error::bad_input(
+            path,
+            "gzip-compressed NIfTI (.nii.gz) is not supported: its voxels cannot be read in \
+             place; decompress it first (gunzip FILE.nii.gz, or gunzip -k to keep the original)",
+        ));
+    }
+    Ok(())
 }
 
 /// Parses `3_0_12` into `[3, 0, 12]`.
@@ -166,6 +260,7 @@ fn list_block_files(dir: &Path) -> Result<Vec<(Vec<usize>, PathBuf, BlockFormat)
         if file_name.starts_with('.') {
             continue;
         }
+        refuse_compressed_nifti(&path)?;
         let Some(format) = path
             .extension()
             .and_then(|e| e.to_str())
@@ -189,7 +284,12 @@ fn list_block_files(dir: &Path) -> Result<Vec<(Vec<usize>, PathBuf, BlockFormat)
                 ),
             )
         })?;
-        named.push((index, path, format));
+        // Names are in the user's order; the grid is kept in C order.
+        named.push((
+            AxisOrder::for_input(format).to_internal(&index),
+            path,
+            format,
+        ));
     }
     Ok(named)
 }
@@ -206,6 +306,9 @@ fn assemble_grid(
         ));
     };
     let ndim = first_index.len();
+    let order = AxisOrder::for_input(format);
+    // Grid indices as the file names write them.
+    let user_name = |index: &[usize]| grid_name(&order.to_user(index));
     if ndim > geometry::MAX_DIMS {
         return Err(Error::bad_input(
             &first_path,
@@ -243,7 +346,7 @@ fn assemble_grid(
                 path,
                 format!(
                     "duplicates block {}: {} claims the same grid index",
-                    grid_name(index),
+                    user_name(index),
                     other.display()
                 ),
             ));
@@ -258,8 +361,8 @@ fn assemble_grid(
                 dir,
                 format!(
                     "block {} is missing: the names present span a {} grid, which needs all {} blocks",
-                    grid_name(&index),
-                    grid.iter().map(|n| n.to_string()).collect::<Vec<_>>().join("×"),
+                    user_name(&index),
+                    order.to_user(&grid).iter().map(|n| n.to_string()).collect::<Vec<_>>().join("×"),
                     grid.iter().product::<usize>()
                 ),
             ));
@@ -271,7 +374,7 @@ fn assemble_grid(
     let mut shapes = Vec::with_capacity(by_index.len());
     let mut dtype: Option<DType> = None;
     for (index, path) in &by_index {
-        let info = format::probe(path, format, &dataset)?;
+        let info = format::probe(path, format, format.input_dataset(&dataset))?;
         if info.shape.len() != ndim {
             return Err(Error::bad_input(
                 path,
@@ -349,9 +452,10 @@ fn assemble_grid(
                     path,
                     format!(
                         "has shape {} which does not fit its position {} in the grid: along \
-                         dimension {d} {} blocks are {expected} long{example}, this one is {}",
-                        geometry::show_shape(shape),
-                        grid_name(index),
+                         dimension {} {} blocks are {expected} long{example}, this one is {}",
+                        geometry::show_shape(&order.to_user(shape)),
+                        user_name(index),
+                        order.user_axis(d, ndim),
                         if is_last {
                             "the last"
                         } else {
@@ -368,9 +472,11 @@ fn assemble_grid(
             return Err(Error::bad_input(
                 dir,
                 format!(
-                    "along dimension {d} the last blocks are {} long, longer than the others ({}): \
+                    "along dimension {} the last blocks are {} long, longer than the others ({}): \
                      only edge blocks may differ, and only by being shorter",
-                    last_extent[d], interior_extent[d]
+                    order.user_axis(d, ndim),
+                    last_extent[d],
+                    interior_extent[d]
                 ),
             ));
         }

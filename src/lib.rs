@@ -1,6 +1,7 @@
 //! rechunkfs: rechunk arrays stored as grids of block files, with the keep
 //! plan (fewest seeks in the memory allowed), to real files or as a view.
 
+pub mod axes;
 pub mod cli;
 pub mod dtype;
 pub mod error;

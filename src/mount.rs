@@ -174,27 +174,42 @@ fn which(program: &str) -> Option<PathBuf> {
 /// Scans, plans and opens the staging area: everything short of mounting.
 pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
     let input = InputArray::scan(&request.input, Some(&request.dataset))?;
-    if request.output_block.len() != input.ndim() {
+    // --shape is in the input's user-facing order (see crate::axes).
+    let output_block = input.axis_order().to_internal(&request.output_block);
+    if output_block.len() != input.ndim() {
         return Err(Error::BadArgument(format!(
             "--shape {} has {} dimensions but the input array {} has {}",
             crate::geometry::show_shape(&request.output_block),
             request.output_block.len(),
-            crate::geometry::show_shape(&input.shape),
+            crate::geometry::show_shape(&input.axis_order().to_user(&input.shape)),
             input.ndim()
         )));
     }
     let problem = Problem::new(
         input.shape.clone(),
         input.block_shape.clone(),
-        request.output_block.clone(),
+        output_block,
         input.dtype.size as u64,
     )?;
     let plan = plan::plan(&problem, request.strategy, request.mem)?;
-    let format = request.format.unwrap_or(input.format);
+    let format = request
+        .format
+        .unwrap_or_else(|| input.format.default_output());
     let staging_dir = match &request.staging {
         Some(dir) => dir.clone(),
         None => Staging::default_dir(&input.source, &input.dataset, &problem.output_block, format)?,
     };
+    // Refuse what the format cannot hold (NIfTI's limits, MINC2 scaling)
+    // before a staging area is made for it: the first block is the largest.
+    let space = input.space()?;
+    crate::format::template_in_space(
+        format,
+        &plan.output.block(&vec![0; plan.output.ndim()]).shape,
+        input.dtype,
+        &input.dataset,
+        crate::format::VIEW_DATA_ALIGNMENT,
+        &space,
+    )?;
     let manifest = Manifest::new(&input, &problem.output_block, format);
     let (staging, done) = Staging::open(&staging_dir, &manifest, request.rebuild)?;
     let layout = ViewLayout {
@@ -205,6 +220,8 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         output_block: problem.output_block.clone(),
         format,
         dataset: input.dataset.clone(),
+        space,
+        axis_order: input.axis_order(),
     };
     let core = Arc::new(ViewCore::new(layout, &plan, Arc::new(staging), &done)?);
     Ok(PreparedView {

@@ -5,6 +5,9 @@
 //! never leaves a torn block that looks finished. Durability is batched: one
 //! `syncfs` covers many completed blocks before their renames, instead of an
 //! `fsync` per block.
+//!
+//! Raw blocks carry no header, so a `rechunkfs.json` beside them says their
+//! shape, dtype and axis order ([`write_metadata`]).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
@@ -15,8 +18,10 @@ use std::sync::atomic::AtomicBool;
 
 use lru::LruCache;
 
+use crate::axes::AxisOrder;
 use crate::error::{Error, Result};
 use crate::execute::{BlockSink, Executor, OutputTarget, RunStats};
+use crate::format::space::Space;
 use crate::format::{self, BlockFormat, BlockTemplate};
 use crate::geometry::Partition;
 use crate::input::{grid_name, parse_grid_index, InputArray};
@@ -37,6 +42,25 @@ pub struct OutputSpec {
     /// HDF5 dataset path in each output block.
     pub dataset: String,
     pub dtype: DType,
+    /// Where the whole array lies in the world (NIfTI headers record it).
+    pub space: Space,
+    /// The order block file names are written in (the input's; see [`crate::axes`]).
+    pub axis_order: AxisOrder,
+}
+
+impl OutputSpec {
+    /// The template of a block of `shape` at the array's origin; checks
+    /// that the format can hold such a block.
+    pub fn template(&self, shape: &[u64]) -> Result<BlockTemplate> {
+        format::template_in_space(
+            self.format,
+            shape,
+            self.dtype,
+            &self.dataset,
+            1,
+            &self.space,
+        )
+    }
 }
 
 /// The file name of output block `index`.
@@ -46,7 +70,8 @@ pub fn block_file_name(index: &[usize], format: BlockFormat) -> String {
 
 /// Checks `out` can receive blocks: created if missing; if it holds files,
 /// refused unless `overwrite`, in which case old block files (and leftover
-/// partial files) are removed and nothing else is touched.
+/// partial files, and an old `rechunkfs.json`) are removed and nothing else
+/// is touched.
 pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<()> {
     match fs::metadata(out) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -82,6 +107,8 @@ pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<()> {
     for path in entries {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let is_partial = name.starts_with('.') && name.ends_with(".partial");
+        // The metadata of an earlier raw run would describe blocks no longer there.
+        let is_metadata = name == METADATA_NAME;
         let is_block = path
             .file_stem()
             .and_then(|s| s.to_str())
@@ -92,7 +119,7 @@ pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<()> {
                 .and_then(|e| e.to_str())
                 .and_then(BlockFormat::from_extension)
                 .is_some();
-        if (is_partial || is_block) && path.is_file() {
+        if (is_partial || is_block || is_metadata) && path.is_file() {
             fs::remove_file(&path).map_err(|e| Error::io(&path, "removing an old block", e))?;
         }
     }
@@ -133,7 +160,8 @@ impl DirectorySink {
     }
 
     fn paths(&self, rank: u64) -> (PathBuf, PathBuf) {
-        let name = block_file_name(&self.output.unravel(rank), self.spec.format);
+        let index = self.spec.axis_order.to_user(&self.output.unravel(rank));
+        let name = block_file_name(&index, self.spec.format);
         (
             self.dir.join(format!(".{name}.partial")),
             self.dir.join(name),
@@ -142,8 +170,7 @@ impl DirectorySink {
 
     fn template(&mut self, shape: &[u64]) -> Result<&BlockTemplate> {
         if !self.templates.contains_key(shape) {
-            let template =
-                format::template(self.spec.format, shape, self.spec.dtype, &self.spec.dataset)?;
+            let template = self.spec.template(shape)?;
             self.templates.insert(shape.to_vec(), template);
         }
         self.templates
@@ -181,7 +208,8 @@ impl BlockSink for DirectorySink {
     fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
         if !self.open.contains(&rank) {
             let (partial, _) = self.paths(rank);
-            let shape = self.output.block(&self.output.unravel(rank)).shape;
+            let region = self.output.block(&self.output.unravel(rank));
+            let shape = region.shape;
             let opened = if self.created.contains(&rank) {
                 let data_offset = self.template(&shape)?.data_offset;
                 let file = File::options()
@@ -195,9 +223,12 @@ impl BlockSink for DirectorySink {
                     data_offset,
                 }
             } else {
+                let (format, dtype) = (self.spec.format, self.spec.dtype);
+                let space = self.spec.space.clone();
                 let template = self.template(&shape)?;
-                let data_offset = template.data_offset;
-                let file = template.create_file(&partial)?;
+                let placed = format::place(template, format, &shape, dtype, &space, &region.origin);
+                let data_offset = placed.data_offset;
+                let file = placed.create_file(&partial)?;
                 self.created.insert(rank);
                 OpenOutput {
                     file,
@@ -262,4 +293,53 @@ pub fn rechunk(
     let stats = executor.run(&mut sink, progress)?;
     sink.commit()?;
     Ok(stats)
+}
+
+/// The name of the metadata file describing raw blocks (the view's has the same name).
+pub const METADATA_NAME: &str = "rechunkfs.json";
+
+/// What a reader of bytes needs to know about a grid of output blocks: the
+/// array, its dtype, the block and grid shapes, the file naming and how a
+/// block's bytes map to its shape. Shapes are in `order` (the user's).
+#[allow(clippy::too_many_arguments)]
+pub fn metadata_json(
+    array: &[u64],
+    dtype: DType,
+    input_block: &[u64],
+    output: &Partition,
+    format: BlockFormat,
+    dataset: &str,
+    order: AxisOrder,
+    source: &Path,
+) -> serde_json::Value {
+    let names: String = "{i}_{j}_{k}_{l}_{m}_{n}_{o}_{p}"
+        .split('_')
+        .take(output.ndim())
+        .collect::<Vec<_>>()
+        .join("_");
+    let block_shape: Vec<u64> = output.axes().iter().map(|axis| axis.extent(0)).collect();
+    serde_json::json!({
+        "array_shape": order.to_user(array),
+        "dtype": dtype.numpy_descr(),
+        "input_block_shape": order.to_user(input_block),
+        "block_shape": order.to_user(&block_shape),
+        "grid_shape": order.to_user(&output.grid_shape()),
+        "format": format,
+        "dataset": if format == BlockFormat::Hdf5 { Some(dataset) } else { None },
+        "file_name_pattern": format!("{names}.{}", format.extension()),
+        "axis_order": order,
+        "axis_order_description": order.describe(),
+        "numpy_order": order.numpy_order(),
+        "data_offset": if format == BlockFormat::Raw { Some(0) } else { None },
+        "source": source,
+    })
+}
+
+/// Writes `rechunkfs.json` into `out` (for raw blocks, which carry no header).
+pub fn write_metadata(out: &Path, metadata: &serde_json::Value) -> Result<()> {
+    let path = out.join(METADATA_NAME);
+    let mut bytes = serde_json::to_vec_pretty(metadata)
+        .map_err(|e| Error::BadArgument(format!("encoding {METADATA_NAME}: {e}")))?;
+    bytes.push(b'\n');
+    fs::write(&path, bytes).map_err(|e| Error::io(&path, "write", e))
 }

@@ -3,9 +3,14 @@
 //! bytes of `splitmix64(n)`. Any misplaced, dropped or duplicated element
 //! shows, whatever the dtype; readers in other languages recompute it in a
 //! line (`scripts/verify.py` does).
+//!
+//! Shapes here are internal C order; files are named in the user-facing
+//! order of their format (see [`crate::axes`]), so a NIfTI sample's names
+//! and nibabel's shapes agree.
 
 use std::path::Path;
 
+use crate::axes::AxisOrder;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::format::{self, BlockFormat};
@@ -60,7 +65,8 @@ pub fn write_sample(
     let grid = Partition::regular(array, block);
     for index in IndexBox::grid(&grid.grid_shape()) {
         let region = grid.block(&index);
-        let path = dir.join(format!("{}.{}", grid_name(&index), format.extension()));
+        let named = AxisOrder::for_input(format).to_user(&index);
+        let path = dir.join(format!("{}.{}", grid_name(&named), format.extension()));
         write_block_file(&path, array, &region, dtype, format, dataset)?;
     }
     Ok(())
@@ -76,7 +82,17 @@ pub fn write_block_file(
     dataset: &str,
 ) -> Result<()> {
     use std::os::unix::fs::FileExt;
-    let template = format::template(format, &region.shape, dtype, dataset)?;
+    // NIfTI headers place the block in the whole (identity voxel sizes).
+    let space = format::space::Space::identity(array.len());
+    let template = format::template_in_space(format, &region.shape, dtype, dataset, 1, &space)?;
+    let template = format::place(
+        &template,
+        format,
+        &region.shape,
+        dtype,
+        &space,
+        &region.origin,
+    );
     let file = template.create_file(path)?;
     let data = region_bytes(array, region, dtype.size);
     file.write_all_at(&data, template.data_offset)

@@ -8,6 +8,7 @@
 //! marks its block done, or until the view fails or shuts down, which
 //! answers it with an error.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
@@ -21,14 +22,16 @@ use lru::LruCache;
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use crate::axes::AxisOrder;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::execute::RunStats;
+use crate::format::space::Space;
 use crate::format::{self, BlockFormat, BlockTemplate};
 use crate::geometry::{IndexBox, Partition};
 use crate::input::{grid_name, parse_grid_index};
 use crate::plan::Plan;
-use crate::rechunk::block_file_name;
+use crate::rechunk::{block_file_name, metadata_json};
 use crate::staging::Staging;
 
 pub const ROOT_INO: u64 = 1;
@@ -36,7 +39,7 @@ pub const METADATA_INO: u64 = 2;
 pub const STATUS_INO: u64 = 3;
 const FIRST_BLOCK_INO: u64 = 16;
 /// The metadata file: the whole array and its new grid, as JSON.
-pub const METADATA_NAME: &str = "rechunkfs.json";
+pub const METADATA_NAME: &str = crate::rechunk::METADATA_NAME;
 /// Live progress, as JSON (what `rechunkfs status` reads).
 pub const STATUS_NAME: &str = ".rechunkfs-status.json";
 /// Extended attribute of each block file: `done`, `pending` or `failed`.
@@ -89,6 +92,10 @@ pub struct ViewLayout {
     pub output_block: Vec<u64>,
     pub format: BlockFormat,
     pub dataset: String,
+    /// Where the whole array lies in the world (NIfTI headers record it).
+    pub space: Space,
+    /// The order of names and shapes people see (the input's; see [`crate::axes`]).
+    pub axis_order: AxisOrder,
 }
 
 struct Waiter {
@@ -183,12 +190,13 @@ impl ViewCore {
         for index in IndexBox::grid(&output.grid_shape()) {
             let shape = output.block(&index).shape;
             if let std::collections::hash_map::Entry::Vacant(slot) = templates.entry(shape) {
-                let template = format::template_aligned(
+                let template = format::template_in_space(
                     layout.format,
                     slot.key(),
                     layout.dtype,
                     &layout.dataset,
                     format::VIEW_DATA_ALIGNMENT,
+                    &layout.space,
                 )?;
                 slot.insert(template);
             }
@@ -263,11 +271,20 @@ impl ViewCore {
         &self.staging
     }
 
-    /// The template of output block `rank` (its header bytes and layout).
-    pub fn template(&self, rank: u64) -> &BlockTemplate {
-        let shape = self.output.block(&self.output.unravel(rank)).shape;
+    /// The template of output block `rank` (its header bytes and layout):
+    /// its shape's, placed at its origin for formats whose header records it.
+    pub fn template(&self, rank: u64) -> Cow<'_, BlockTemplate> {
+        let region = self.output.block(&self.output.unravel(rank));
         // Every block shape was templated at construction.
-        &self.templates[&shape]
+        let template = &self.templates[&region.shape];
+        format::place(
+            template,
+            self.layout.format,
+            &region.shape,
+            self.layout.dtype,
+            &self.layout.space,
+            &region.origin,
+        )
     }
 
     fn data_len(&self, rank: u64) -> u64 {
@@ -276,28 +293,21 @@ impl ViewCore {
 
     /// The file name of output block `rank`.
     pub fn block_name(&self, rank: u64) -> String {
-        block_file_name(&self.output.unravel(rank), self.layout.format)
+        let index = self.layout.axis_order.to_user(&self.output.unravel(rank));
+        block_file_name(&index, self.layout.format)
     }
 
     fn metadata_json(&self) -> Vec<u8> {
-        let grid = self.output.grid_shape();
-        let names: String = "{i}_{j}_{k}_{l}_{m}_{n}_{o}_{p}"
-            .split('_')
-            .take(self.output.ndim())
-            .collect::<Vec<_>>()
-            .join("_");
-        let value = serde_json::json!({
-            "array_shape": self.layout.array,
-            "dtype": self.layout.dtype.numpy_descr(),
-            "input_block_shape": self.layout.input_block,
-            "block_shape": self.layout.output_block,
-            "grid_shape": grid,
-            "format": self.layout.format,
-            "dataset": if self.layout.format == BlockFormat::Hdf5 { Some(&self.layout.dataset) } else { None },
-            "file_name_pattern": format!("{names}.{}", self.layout.format.extension()),
-            "axis_order": "C order (numpy, h5py): the last index moves fastest; block (i, j, k) starts at (i, j, k) * block_shape, and edge blocks are smaller",
-            "source": self.layout.source,
-        });
+        let value = metadata_json(
+            &self.layout.array,
+            self.layout.dtype,
+            &self.layout.input_block,
+            &self.output,
+            self.layout.format,
+            &self.layout.dataset,
+            self.layout.axis_order,
+            &self.layout.source,
+        );
         let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or_default();
         bytes.push(b'\n');
         bytes
@@ -344,11 +354,12 @@ impl ViewCore {
             .strip_suffix(self.layout.format.extension())
             .and_then(|s| s.strip_suffix('.'))
             .ok_or(libc::ENOENT)?;
-        let index = parse_grid_index(stem).ok_or(libc::ENOENT)?;
+        let named = parse_grid_index(stem).ok_or(libc::ENOENT)?;
+        let index = self.layout.axis_order.to_internal(&named);
         let grid = self.output.grid_shape();
         if index.len() != grid.len()
             || index.iter().zip(&grid).any(|(i, n)| i >= n)
-            || grid_name(&index) != stem
+            || grid_name(&named) != stem
         {
             return Err(libc::ENOENT);
         }

@@ -70,6 +70,8 @@ fn run_case(root: &Path, case: &Case) -> (u64, u64) {
         format: case.output_format,
         dataset: "/data".into(),
         dtype,
+        space: rechunkfs::format::space::Space::identity(case.array.len()),
+        axis_order: rechunkfs::axes::AxisOrder::C,
     };
     let stats = rechunk::rechunk(&input, &plan, &out, spec, None, |_| {}).expect("rechunk");
     assert_eq!(

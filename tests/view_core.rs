@@ -82,6 +82,8 @@ fn open_core(f: &Fixture) -> (Arc<ViewCore>, Vec<u64>) {
         output_block: f.plan.problem.output_block.clone(),
         format: f.format,
         dataset: "/data".into(),
+        space: rechunkfs::format::space::Space::identity(f.array.len()),
+        axis_order: rechunkfs::axes::AxisOrder::C,
     };
     (
         Arc::new(ViewCore::new(layout, &f.plan, Arc::new(staging), &done).unwrap()),

@@ -9,10 +9,19 @@
 //! they depend only on format, shape and dtype, so one template per distinct
 //! block shape serves every file, and a view can report exact sizes and serve
 //! headers before any data are written.
+//!
+//! NIfTI-1 headers also say where a block lies in the world (its affine), so
+//! their bytes depend on the block's origin as well: [`place`] rewrites a
+//! shape's template for one block. MINC2 is read (it is HDF5 underneath) but
+//! not written; raw blocks are data only.
 
 pub mod hdf5;
+pub mod minc;
+pub mod nifti;
 pub mod npy;
+pub mod space;
 
+use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -20,6 +29,7 @@ use std::str::FromStr;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use space::Space;
 
 /// The most dimensions a block may have; beyond it shapes are almost surely
 /// a misread header, and fixed-size index arithmetic elsewhere can rely on it.
@@ -31,6 +41,14 @@ pub const MAX_DIMS: usize = 8;
 pub enum BlockFormat {
     Hdf5,
     Npy,
+    /// NIfTI-1 single files (`.nii`), read and written.
+    #[serde(rename = "nii")]
+    Nifti,
+    /// MINC2 (`.mnc`, HDF5 underneath), read only.
+    #[serde(rename = "mnc")]
+    Minc2,
+    /// Data only (`.raw`), written only; a metadata file describes them.
+    Raw,
 }
 
 impl BlockFormat {
@@ -40,6 +58,12 @@ impl BlockFormat {
             Some(BlockFormat::Hdf5)
         } else if ext.eq_ignore_ascii_case("npy") {
             Some(BlockFormat::Npy)
+        } else if ext.eq_ignore_ascii_case("nii") {
+            Some(BlockFormat::Nifti)
+        } else if ext.eq_ignore_ascii_case("mnc") {
+            Some(BlockFormat::Minc2)
+        } else if ext.eq_ignore_ascii_case("raw") {
+            Some(BlockFormat::Raw)
         } else {
             None
         }
@@ -50,6 +74,9 @@ impl BlockFormat {
         match self {
             BlockFormat::Hdf5 => "h5",
             BlockFormat::Npy => "npy",
+            BlockFormat::Nifti => "nii",
+            BlockFormat::Minc2 => "mnc",
+            BlockFormat::Raw => "raw",
         }
     }
 
@@ -58,6 +85,27 @@ impl BlockFormat {
         match self {
             BlockFormat::Hdf5 => "HDF5",
             BlockFormat::Npy => "npy",
+            BlockFormat::Nifti => "NIfTI-1",
+            BlockFormat::Minc2 => "MINC2",
+            BlockFormat::Raw => "raw",
+        }
+    }
+
+    /// The output format when none is asked for: the input's, except that
+    /// MINC2, which rechunkfs reads but does not write, becomes plain HDF5.
+    pub fn default_output(&self) -> BlockFormat {
+        match self {
+            BlockFormat::Minc2 => BlockFormat::Hdf5,
+            other => *other,
+        }
+    }
+
+    /// The dataset holding the array in an HDF5-based input, whatever
+    /// `--dataset` says: MINC2 keeps its image at a fixed path.
+    pub fn input_dataset<'a>(&self, requested: &'a str) -> &'a str {
+        match self {
+            BlockFormat::Minc2 => minc::IMAGE,
+            _ => requested,
         }
     }
 }
@@ -68,7 +116,8 @@ impl FromStr for BlockFormat {
     fn from_str(text: &str) -> Result<BlockFormat> {
         BlockFormat::from_extension(text.trim()).ok_or_else(|| {
             Error::BadArgument(format!(
-                "'{text}' is not a block format rechunkfs knows; use h5 (or hdf5) or npy"
+                "'{text}' is not a block format rechunkfs knows; use h5 (or hdf5), npy, nii or \
+                 raw (mnc is read, not written)"
             ))
         })
     }
@@ -109,6 +158,23 @@ pub fn probe(path: &Path, format: BlockFormat, dataset: &str) -> Result<BlockInf
     match format {
         BlockFormat::Npy => npy::probe(path),
         BlockFormat::Hdf5 => self::hdf5::probe(path, dataset),
+        BlockFormat::Nifti => nifti::probe(path),
+        BlockFormat::Minc2 => minc::probe(path),
+        BlockFormat::Raw => Err(Error::bad_input(
+            path,
+            "raw blocks hold data only, with no header saying their shape and dtype, so \
+             rechunkfs cannot read them as input; convert them to .npy first",
+        )),
+    }
+}
+
+/// What `path` (probed as `info`) says of its world space: NIfTI and MINC2
+/// headers carry one, other formats none (`None`).
+pub fn probe_space(path: &Path, format: BlockFormat, info: &BlockInfo) -> Result<Option<Space>> {
+    match format {
+        BlockFormat::Nifti => Ok(Some(nifti::read_header(path)?.space)),
+        BlockFormat::Minc2 => minc::probe_space(path, info.shape.len(), info.dtype).map(Some),
+        BlockFormat::Hdf5 | BlockFormat::Npy | BlockFormat::Raw => Ok(None),
     }
 }
 
@@ -220,6 +286,27 @@ pub fn template_aligned(
     dataset: &str,
     alignment: u64,
 ) -> Result<BlockTemplate> {
+    template_in_space(
+        format,
+        shape,
+        dtype,
+        dataset,
+        alignment,
+        &Space::identity(shape.len()),
+    )
+}
+
+/// As [`template_aligned`], for blocks of an array placed in the world by
+/// `space` (which only NIfTI headers record). The template is that of a
+/// block at the array's origin; [`place`] moves it to another block.
+pub fn template_in_space(
+    format: BlockFormat,
+    shape: &[u64],
+    dtype: DType,
+    dataset: &str,
+    alignment: u64,
+    space: &Space,
+) -> Result<BlockTemplate> {
     let data_len = shape_problem(shape, dtype).map_err(|problem| {
         Error::BadArgument(format!(
             "cannot lay out a {} block: {problem}",
@@ -237,7 +324,40 @@ pub fn template_aligned(
             })
         }
         BlockFormat::Hdf5 => self::hdf5::template(shape, dtype, dataset, data_len, alignment),
+        BlockFormat::Nifti => nifti::template(shape, dtype, space, data_len, alignment),
+        BlockFormat::Raw => Ok(BlockTemplate {
+            prefix: Vec::new(),
+            data_offset: 0,
+            data_len,
+            suffix: Vec::new(),
+        }),
+        BlockFormat::Minc2 => Err(Error::BadArgument(
+            "rechunkfs reads MINC2 but does not write it; choose --format nii (NIfTI-1, with \
+             the MINC2 affine), h5, npy or raw"
+                .into(),
+        )),
     }
+}
+
+/// `template` (made by [`template_in_space`] for this block's shape) as the
+/// block whose first voxel is at `origin` (internal C order) needs it: the
+/// same bytes for formats whose header says nothing of where a block lies,
+/// and for NIfTI-1 a header whose affine is translated to that voxel.
+pub fn place<'a>(
+    template: &'a BlockTemplate,
+    format: BlockFormat,
+    shape: &[u64],
+    dtype: DType,
+    space: &Space,
+    origin: &[u64],
+) -> Cow<'a, BlockTemplate> {
+    if format != BlockFormat::Nifti || origin.iter().all(|&o| o == 0) {
+        return Cow::Borrowed(template);
+    }
+    let header = nifti::encode_header(shape, dtype, space, origin, template.data_offset);
+    let mut placed = template.clone();
+    placed.prefix[..header.len()].copy_from_slice(&header);
+    Cow::Owned(placed)
 }
 
 /// Checks against the reference readers (numpy, h5py) the files are for.
@@ -296,7 +416,14 @@ mod tests {
             assert_eq!(BlockFormat::from_extension(text), Some(format), "{text}");
             assert_eq!(text.parse::<BlockFormat>().unwrap(), format, "{text}");
         }
-        assert_eq!(BlockFormat::from_extension("nii"), None);
+        assert_eq!(BlockFormat::from_extension("nii"), Some(BlockFormat::Nifti));
+        assert_eq!(BlockFormat::from_extension("MNC"), Some(BlockFormat::Minc2));
+        assert_eq!(BlockFormat::from_extension("raw"), Some(BlockFormat::Raw));
+        assert_eq!(BlockFormat::from_extension("gz"), None);
+        assert_eq!(
+            serde_json::to_string(&BlockFormat::Nifti).unwrap(),
+            "\"nii\""
+        );
         let err = "zarr".parse::<BlockFormat>().unwrap_err().to_string();
         assert!(
             err.contains("zarr") && err.contains("h5") && err.contains("npy"),

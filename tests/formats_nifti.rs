@@ -1,0 +1,628 @@
+//! NIfTI-1, MINC2 and raw blocks checked by the readers people use:
+//! nibabel loads every `.nii` block (of `rechunk` outputs and of a real FUSE
+//! view) and finds its voxels and its place in the world right; h5py reads
+//! the `.h5` blocks made from MINC2; numpy reads raw blocks with the
+//! metadata file. Inputs are made by nibabel (NIfTI) and h5py (MINC2, laid
+//! out so nibabel's MINC2 reader, the ground truth, loads them) through
+//! `scripts/make_nifti.py` and `scripts/make_minc2.py`; `scripts/check_blocks.py`
+//! does the checking. Also: what NIfTI cannot hold is refused, with a
+//! message, before anything is written; and shapes follow the input's axis order.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use rechunkfs::format::BlockFormat;
+
+use common::{dtype, make_blocks};
+
+const BIN: &str = env!("CARGO_BIN_EXE_rechunkfs");
+
+fn rechunkfs(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("run rechunkfs")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// The Python interpreter with numpy, h5py and nibabel that scripts/setup prepares.
+fn python() -> String {
+    std::env::var("RECHUNKFS_PYTHON").unwrap_or_else(|_| {
+        let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/target/pyenv/bin/python");
+        assert!(
+            Path::new(venv).exists(),
+            "no Python with nibabel: run ./scripts/test (or source scripts/setup) first"
+        );
+        venv.to_string()
+    })
+}
+
+/// Runs `scripts/{script}` with `args`, failing the test with its output if it fails.
+fn run_script(script: &str, args: &[&str]) -> String {
+    let output = Command::new(python())
+        .arg(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("scripts")
+                .join(script),
+        )
+        .args(args)
+        .output()
+        .expect("run python");
+    assert!(
+        output.status.success(),
+        "{script} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        stderr(&output)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn text(path: &Path) -> &str {
+    path.to_str().expect("UTF-8 path")
+}
+
+/// A NIfTI image made by nibabel: `DIR/whole.nii` and `DIR/blocks/{i}_{j}_{k}.nii`.
+fn make_nifti(dir: &Path, shape: &str, descr: &str, blocks: &str, scale: Option<&str>) {
+    let mut args = vec![
+        text(dir),
+        "--shape",
+        shape,
+        "--dtype",
+        descr,
+        "--blocks",
+        blocks,
+    ];
+    if let Some(scale) = scale {
+        args.extend(["--scale", scale]);
+    }
+    run_script("make_nifti.py", &args);
+}
+
+/// A MINC2 image made by h5py: `DIR/whole.mnc` and `DIR/blocks/{i}_{j}_{k}.mnc`.
+fn make_minc2(dir: &Path, shape: &str, descr: &str, blocks: &str, scaling: &str) {
+    run_script(
+        "make_minc2.py",
+        &[
+            text(dir),
+            "--shape",
+            shape,
+            "--dtype",
+            descr,
+            "--blocks",
+            blocks,
+            "--scaling",
+            scaling,
+        ],
+    );
+}
+
+/// `rechunk IN OUT --shape SHAPE [--format FORMAT]`, which must succeed,
+/// with seeks as planned.
+fn rechunk_ok(input: &Path, out: &Path, shape: &str, format: Option<&str>) {
+    let mut args = vec![
+        "rechunk",
+        text(input),
+        text(out),
+        "--shape",
+        shape,
+        "--json",
+        "--mem",
+        "4K",
+    ];
+    if let Some(format) = format {
+        args.extend(["--format", format]);
+    }
+    let output = rechunkfs(&args);
+    assert!(
+        output.status.success(),
+        "rechunk {args:?}: {}",
+        stderr(&output)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON report");
+    assert_eq!(report["seeks"]["made"], report["seeks"]["planned"]);
+}
+
+/// `check_blocks.py`: every block of `out` against the whole image `reference`.
+fn check(out: &Path, reference: &Path, block: Option<&str>, format: &str, extra: &[&str]) {
+    let mut args = vec![
+        text(out),
+        "--reference",
+        text(reference),
+        "--format",
+        format,
+    ];
+    if let Some(block) = block {
+        args.extend(["--block", block]);
+    }
+    args.extend_from_slice(extra);
+    let said = run_script("check_blocks.py", &args);
+    assert!(said.contains("voxels exact, placed right"), "{said}");
+}
+
+#[test]
+fn nifti_input_rechunks_to_nifti_h5_and_raw_that_readers_place_right() {
+    let root = tempfile::tempdir().unwrap();
+    // Shapes are nibabel's (x, y, z); 11, 9, 7 divide by neither 4 nor 5.
+    for (descr, scale) in [("|u1", None), (">i2", Some("2,-3")), ("<f4", None)] {
+        let base = root.path().join(descr.replace(['|', '<', '>'], "_"));
+        make_nifti(&base, "11,9,7", descr, "4,4,4", scale);
+        let whole = base.join("whole.nii");
+        let blocks = base.join("blocks");
+        for (index, (shape, format)) in [
+            ("5,5,5", "nii"),
+            ("11,3,7", "nii"),
+            ("5,5,5", "h5"),
+            ("4,9,2", "raw"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let out = base.join(format!("out{index}"));
+            rechunk_ok(&blocks, &out, shape, Some(format));
+            let block = (format != "raw").then_some(shape);
+            check(&out, &whole, block, format, &[]);
+        }
+        // Splitting the single file follows the same rule (and the default
+        // output format is the input's).
+        let split = base.join("split");
+        rechunk_ok(&whole, &split, "6,4,7", None);
+        check(&split, &whole, Some("6,4,7"), "nii", &[]);
+        // Real files put the data right after the header.
+        let first = fs::read(split.join("0_0_0.nii")).unwrap();
+        let vox_offset: [u8; 4] = first[108..112].try_into().unwrap();
+        let value = if descr == ">i2" {
+            f32::from_be_bytes(vox_offset)
+        } else {
+            f32::from_le_bytes(vox_offset)
+        };
+        assert_eq!(value, 352.0);
+        if descr == ">i2" {
+            // A big-endian input makes big-endian outputs: bytes moved, never swapped.
+            assert_eq!(&first[0..4], &348i32.to_be_bytes());
+        }
+    }
+}
+
+#[test]
+fn minc2_input_rechunks_to_nifti_and_h5_that_nibabel_and_h5py_read() {
+    let root = tempfile::tempdir().unwrap();
+    // Shapes are C order, as the image's dimorder zspace,yspace,xspace lists them.
+    for (descr, scaling) in [
+        ("<u2", "global"),
+        (">i2", "none"),
+        ("<f4", "global"),
+        ("|u1", "global"),
+    ] {
+        let base = root.path().join(descr.replace(['|', '<', '>'], "_"));
+        make_minc2(&base, "7,9,11", descr, "4,4,4", scaling);
+        let whole = base.join("whole.mnc");
+        let blocks = base.join("blocks");
+        for (index, (input, shape, format)) in [
+            (&blocks, "5,5,5", Some("nii")),
+            (&blocks, "7,3,11", Some("nii")),
+            (&whole, "3,4,5", Some("nii")),
+            (&blocks, "5,5,5", None),
+            (&whole, "2,9,4", Some("h5")),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let out = base.join(format!("out{index}"));
+            rechunk_ok(input, &out, shape, format);
+            // MINC2 input is written as plain HDF5 unless told otherwise.
+            check(&out, &whole, Some(shape), format.unwrap_or("h5"), &[]);
+        }
+    }
+}
+
+#[test]
+fn per_slice_minc2_scaling_refuses_nifti_output_but_not_h5() {
+    let root = tempfile::tempdir().unwrap();
+    make_minc2(root.path(), "6,5,4", "<u2", "3,5,4", "per-slice");
+    let blocks = root.path().join("blocks");
+    let out = root.path().join("out");
+    let output = rechunkfs(&[
+        "rechunk",
+        text(&blocks),
+        text(&out),
+        "--shape",
+        "4,4,4",
+        "--format",
+        "nii",
+    ]);
+    assert!(!output.status.success());
+    let message = stderr(&output);
+    assert!(
+        message.contains("varies per slice") && message.contains("h5"),
+        "{message}"
+    );
+    assert!(!out.exists(), "nothing may be written when refused");
+    // A view is refused the same way, before anything is mounted.
+    let view = root.path().join("view");
+    fs::create_dir(&view).unwrap();
+    let mount = rechunkfs(&[
+        "mount",
+        text(&blocks),
+        text(&view),
+        "--shape",
+        "4,4,4",
+        "--format",
+        "nii",
+        "--staging",
+        text(&root.path().join("staging")),
+    ]);
+    assert!(!mount.status.success());
+    assert!(
+        stderr(&mount).contains("varies per slice"),
+        "{}",
+        stderr(&mount)
+    );
+    assert!(!rechunkfs::mount::is_mounted(&view));
+    assert!(
+        !root.path().join("staging").exists(),
+        "no staging area for a refused view"
+    );
+    rechunk_ok(&blocks, &out, "4,4,4", Some("h5"));
+    check(
+        &out,
+        &root.path().join("whole.mnc"),
+        Some("4,4,4"),
+        "h5",
+        &[],
+    );
+}
+
+#[test]
+fn hdf5_input_makes_nifti_blocks_placed_by_their_voxel_offset() {
+    let root = tempfile::tempdir().unwrap();
+    // C order for HDF5 input: names and --shape are (z, y, x) here.
+    let array = [9u64, 10, 11];
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &[4, 4, 4],
+        dtype(">i2"),
+        BlockFormat::Hdf5,
+    );
+    let reference = make_blocks(
+        root.path(),
+        "whole",
+        &array,
+        &array,
+        dtype(">i2"),
+        BlockFormat::Hdf5,
+    );
+    let out = root.path().join("out");
+    rechunk_ok(&input, &out, "5,3,11", Some("nii"));
+    check(
+        &out,
+        &reference.join("0_0_0.h5"),
+        Some("5,3,11"),
+        "nii",
+        &[],
+    );
+    // nibabel's shape of C-order block (5, 3, 11) is (11, 3, 5).
+    let probe = Command::new(python())
+        .args([
+            "-c",
+            "import nibabel, sys; print(nibabel.load(sys.argv[1]).shape)",
+            text(&out.join("1_3_0.nii")),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "(11, 1, 4)");
+}
+
+/// `rechunk` must fail naming `expected`, and write nothing.
+fn assert_refused(args: &[&str], out: &Path, expected: &[&str]) {
+    let output = rechunkfs(args);
+    assert!(!output.status.success(), "should refuse {args:?}");
+    let message = stderr(&output);
+    for part in expected {
+        assert!(message.contains(part), "message lacks '{part}': {message}");
+    }
+    assert!(!out.exists(), "nothing may be written when refused");
+}
+
+#[test]
+fn what_nifti_cannot_hold_is_refused_with_a_message() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("out");
+
+    // .nii.gz, as a file and in a directory of blocks.
+    make_nifti(&root.path().join("img"), "6,5,4", "<i2", "3,5,4", None);
+    let gz = root.path().join("img").join("whole.nii.gz");
+    fs::copy(root.path().join("img").join("whole.nii"), &gz).unwrap();
+    assert_refused(
+        &["rechunk", text(&gz), text(&out), "--shape", "2,2,2"],
+        &out,
+        &["whole.nii.gz", "not supported", "gunzip"],
+    );
+    let gz_dir = root.path().join("gzdir");
+    fs::create_dir(&gz_dir).unwrap();
+    fs::copy(&gz, gz_dir.join("0_0_0.nii.gz")).unwrap();
+    assert_refused(
+        &["rechunk", text(&gz_dir), text(&out), "--shape", "2,2,2"],
+        &out,
+        &["0_0_0.nii.gz", "gunzip"],
+    );
+
+    // More than 7 dimensions.
+    let eight = make_blocks(
+        root.path(),
+        "eight",
+        &[2, 1, 1, 1, 1, 1, 1, 2],
+        &[1, 1, 1, 1, 1, 1, 1, 2],
+        dtype("u1"),
+        BlockFormat::Npy,
+    );
+    assert_refused(
+        &[
+            "rechunk",
+            text(&eight),
+            text(&out),
+            "--shape",
+            "2,1,1,1,1,1,1,1",
+            "--format",
+            "nii",
+        ],
+        &out,
+        &["NIfTI-1 holds at most 7 dimensions", "8"],
+    );
+
+    // A side over 32767.
+    let long = make_blocks(
+        root.path(),
+        "long",
+        &[2, 40_000],
+        &[1, 40_000],
+        dtype("u1"),
+        BlockFormat::Npy,
+    );
+    assert_refused(
+        &[
+            "rechunk",
+            text(&long),
+            text(&out),
+            "--shape",
+            "2,40000",
+            "--format",
+            "nii",
+        ],
+        &out,
+        &["32767", "40000", "smaller --shape"],
+    );
+    // ...while a block within the limit is fine.
+    rechunk_ok(&long, &out, "2,20000", Some("nii"));
+    fs::remove_dir_all(&out).unwrap();
+
+    // float16, which NIfTI-1 has no datatype for.
+    let half = make_blocks(
+        root.path(),
+        "half",
+        &[4, 4, 4],
+        &[2, 2, 2],
+        dtype("<f2"),
+        BlockFormat::Hdf5,
+    );
+    assert_refused(
+        &[
+            "rechunk",
+            text(&half),
+            text(&out),
+            "--shape",
+            "4,4,4",
+            "--format",
+            "nii",
+        ],
+        &out,
+        &["NIfTI-1 has no datatype", "f2", "float16"],
+    );
+
+    // MINC2 is read, not written.
+    assert_refused(
+        &[
+            "rechunk",
+            text(&half),
+            text(&out),
+            "--shape",
+            "4,4,4",
+            "--format",
+            "mnc",
+        ],
+        &out,
+        &["does not write"],
+    );
+}
+
+#[test]
+fn shapes_and_names_follow_the_input_formats_axis_order() {
+    let root = tempfile::tempdir().unwrap();
+    make_nifti(root.path(), "11,9,7", "<i2", "4,4,4", None);
+    let blocks = root.path().join("blocks");
+    // nibabel says (11, 9, 7): so does plan, and --shape is (x, y, z).
+    let output = rechunkfs(&["plan", text(&blocks), "--shape", "11,3,7", "--json"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["array"], serde_json::json!([11, 9, 7]));
+    assert_eq!(report["input_block"], serde_json::json!([4, 4, 4]));
+    assert_eq!(report["output_block"], serde_json::json!([11, 3, 7]));
+    assert_eq!(report["output_grid"], serde_json::json!([1, 3, 1]));
+    assert_eq!(report["axis_order"], "nifti");
+    let human = rechunkfs(&["plan", text(&blocks), "--shape", "11,3,7"]);
+    let said = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        said.contains("11×9×7") && said.contains("(x, y, z)"),
+        "{said}"
+    );
+
+    // Written as HDF5, the blocks keep the NIfTI names: 0_2_0 is the third
+    // along y, and h5py sees its C-order shape (7, 3, 11).
+    let out = root.path().join("out");
+    rechunk_ok(&blocks, &out, "11,3,7", Some("h5"));
+    let mut names: Vec<String> = fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["0_0_0.h5", "0_1_0.h5", "0_2_0.h5"]);
+    let probe = Command::new(python())
+        .args([
+            "-c",
+            "import h5py, sys; print(h5py.File(sys.argv[1])['/data'].shape)",
+            text(&out.join("0_2_0.h5")),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "(7, 3, 11)");
+
+    // `rechunkfs sample --format nii` follows the rule too: --array is (x, y, z).
+    let sample = root.path().join("sample");
+    let whole = root.path().join("sample-whole");
+    for (dir, blocks) in [(&sample, "4,5,3"), (&whole, "10,5,3")] {
+        let made = rechunkfs(&[
+            "sample",
+            text(dir),
+            "--array",
+            "10,5,3",
+            "--blocks",
+            blocks,
+            "--dtype",
+            "<u2",
+            "--format",
+            "nii",
+        ]);
+        assert!(made.status.success(), "{}", stderr(&made));
+    }
+    assert!(sample.join("2_0_0.nii").exists());
+    let resplit = root.path().join("resplit");
+    rechunk_ok(&sample, &resplit, "3,2,3", None);
+    check(
+        &resplit,
+        &whole.join("0_0_0.nii"),
+        Some("3,2,3"),
+        "nii",
+        &[],
+    );
+
+    // The rule is in --help.
+    for command in ["mount", "rechunk", "plan"] {
+        let help = rechunkfs(&[command, "--help"]);
+        let said = String::from_utf8_lossy(&help.stdout);
+        assert!(
+            said.contains("the input's format decides it") && said.contains("(x, y, z)"),
+            "{command} --help: {said}"
+        );
+    }
+}
+
+/// A mounted view, unmounted when dropped whatever the test did.
+struct Mounted {
+    view: PathBuf,
+}
+
+impl Mounted {
+    fn new(input: &Path, base: &Path, shape: &str, format: &str) -> Mounted {
+        let view = base.join("view");
+        fs::create_dir_all(&view).unwrap();
+        let output = rechunkfs(&[
+            "mount",
+            text(input),
+            text(&view),
+            "--shape",
+            shape,
+            "--format",
+            format,
+            "--staging",
+            text(&base.join("staging")),
+        ]);
+        assert!(output.status.success(), "mount failed: {}", stderr(&output));
+        Mounted { view }
+    }
+
+    fn wait_complete(&self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let output = rechunkfs(&["status", "--json", text(&self.view)]);
+            assert!(output.status.success(), "status: {}", stderr(&output));
+            let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+            if status["state"] == "complete" {
+                assert_eq!(status["seeks_made"], status["seeks_planned"]);
+                return;
+            }
+            assert!(Instant::now() < deadline, "did not finish: {status}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if rechunkfs::mount::is_mounted(&self.view) {
+            let _ = rechunkfs(&["umount", text(&self.view)]);
+        }
+        if rechunkfs::mount::is_mounted(&self.view) {
+            let _ = rechunkfs::mount::detach(&self.view);
+        }
+    }
+}
+
+#[test]
+fn nibabel_and_numpy_read_every_block_of_a_mounted_view() {
+    let root = tempfile::tempdir().unwrap();
+    let nifti = root.path().join("nifti");
+    make_nifti(&nifti, "11,9,7", ">i2", "4,4,4", Some("0.5,10"));
+    let minc = root.path().join("minc");
+    make_minc2(&minc, "7,9,11", "<u2", "4,4,4", "global");
+    for (name, input, whole, shape, format) in [
+        (
+            "nii-nii",
+            nifti.join("blocks"),
+            nifti.join("whole.nii"),
+            "5,5,5",
+            "nii",
+        ),
+        (
+            "mnc-nii",
+            minc.join("blocks"),
+            minc.join("whole.mnc"),
+            "5,4,11",
+            "nii",
+        ),
+        (
+            "mnc-h5",
+            minc.join("blocks"),
+            minc.join("whole.mnc"),
+            "5,4,11",
+            "h5",
+        ),
+        (
+            "nii-raw",
+            nifti.join("blocks"),
+            nifti.join("whole.nii"),
+            "5,5,5",
+            "raw",
+        ),
+    ] {
+        let base = root.path().join(name);
+        let mounted = Mounted::new(&input, &base, shape, format);
+        // Read while it fills: nibabel's reads wait for pending blocks.
+        let extra: &[&str] = if format == "nii" {
+            &["--vox-offset", "4096"]
+        } else {
+            &[]
+        };
+        check(&mounted.view, &whole, Some(shape), format, extra);
+        mounted.wait_complete();
+        let umount = rechunkfs(&["umount", text(&mounted.view)]);
+        assert!(umount.status.success(), "{}", stderr(&umount));
+    }
+}
