@@ -30,7 +30,8 @@ report them: the last number is the fastest-moving dimension in the file.";
     version,
     about = "Rechunk arrays stored as grids of block files, with the fewest seeks in the memory allowed",
     long_about = "rechunkfs reads an array stored as a grid of block files ({i}_{j}_{k}.h5 or .npy, \
-one file per block, edge blocks may be smaller) and writes it as blocks of another shape, \
+one file per block, edge blocks may be smaller; or an uncompressed Zarr v2/v3 array) and writes it \
+as blocks of another shape (block files, or a Zarr array's chunks), \
 following the keep plan: the read and write order with the fewest disk seeks that fits in \
 --mem.\n\nExamples:\n  rechunkfs plan blocks/ --shape 256,256,256 --mem 4G\n  \
 rechunkfs plan --array 8000,8000,8000 --blocks 200,200,200 --dtype f16 --shape 160,160,160 --mem 4G\n  \
@@ -83,7 +84,7 @@ pub struct MountArgs {
     /// Where to write the blocks (default: under ~/.cache/rechunkfs, keyed by input, shape and format).
     #[arg(long, value_name = "DIR")]
     pub staging: Option<PathBuf>,
-    /// Block file format: h5 or npy (default: the input's).
+    /// Block file format: h5, npy, zarr (the view is a Zarr v2 array) or zarr3 (Zarr v3) (default: the input's).
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
     #[command(flatten)]
@@ -169,7 +170,7 @@ pub struct RechunkArgs {
     pub output: PathBuf,
     #[command(flatten)]
     pub planning: PlanningArgs,
-    /// Output format: h5 or npy (default: the input's).
+    /// Output format: h5, npy, zarr (OUT becomes a Zarr v2 array) or zarr3 (Zarr v3) (default: the input's).
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
     #[command(flatten)]
@@ -352,7 +353,9 @@ fn status_command(args: StatusArgs) -> anyhow::Result<()> {
 }
 
 /// The problem and dtype from IN or from --array/--blocks/--dtype.
-fn problem_of(input: &InputArray, shape: &str) -> anyhow::Result<Problem> {
+/// The problem of rechunking `input` into blocks of `shape` written as
+/// `format` (which says how its files are shaped: Zarr pads edge chunks).
+fn problem_of(input: &InputArray, shape: &str, format: BlockFormat) -> anyhow::Result<Problem> {
     let output = parse_shape(shape)?;
     if output.len() != input.ndim() {
         bail!(
@@ -363,12 +366,14 @@ fn problem_of(input: &InputArray, shape: &str) -> anyhow::Result<Problem> {
             input.ndim()
         );
     }
-    Ok(Problem::new(
+    let problem = Problem::new(
         input.shape.clone(),
         input.block_shape.clone(),
         output,
         input.dtype.size as u64,
-    )?)
+    )?;
+    let output_files = crate::filetree::output_file_shape(format, &problem.output());
+    Ok(problem.with_files(input.files.clone(), output_files))
 }
 
 fn mem_of(planning: &PlanningArgs) -> anyhow::Result<Option<u64>> {
@@ -385,7 +390,8 @@ fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
     let (problem, dtype) = match (&args.input, &args.array) {
         (Some(input), _) => {
             let input = InputArray::scan(input, Some(&args.input_args.dataset))?;
-            (problem_of(&input, &args.planning.shape)?, input.dtype)
+            let problem = problem_of(&input, &args.planning.shape, input.format)?;
+            (problem, input.dtype)
         }
         (None, Some(array)) => {
             let dtype: DType = args.dtype.as_deref().unwrap_or("u1").parse()?;
@@ -600,14 +606,14 @@ pub fn progress_bar(total_bytes: u64, quiet: bool) -> indicatif::ProgressBar {
 fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let input = InputArray::scan(&args.input, Some(&args.input_args.dataset))?;
-    let problem = problem_of(&input, &args.planning.shape)?;
-    let strategy: Strategy = args.planning.strategy.parse()?;
-    let mem = mem_of(&args.planning)?;
-    let plan = plan::plan(&problem, strategy, mem)?;
     let format = match &args.format {
         Some(text) => text.parse::<BlockFormat>()?,
         None => input.format,
     };
+    let problem = problem_of(&input, &args.planning.shape, format)?;
+    let strategy: Strategy = args.planning.strategy.parse()?;
+    let mem = mem_of(&args.planning)?;
+    let plan = plan::plan(&problem, strategy, mem)?;
     if same_directory(&args.input, &args.output) {
         bail!(
             "{}: OUT is the input directory; write the new blocks somewhere else",

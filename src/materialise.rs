@@ -28,6 +28,7 @@ struct OpenOutput {
     file: File,
     path: PathBuf,
     data_offset: u64,
+    file_shape: Vec<u64>,
 }
 
 /// A [`BlockSink`] writing the view's block files into its staging area.
@@ -54,7 +55,7 @@ impl BlockSink for StagingSink {
 
     fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
         if !self.open.contains(&rank) {
-            let path = self.core.staging().block_path(&self.core.block_name(rank));
+            let path = self.core.staged_path(rank);
             let template = self.core.template(rank);
             let file = if self.created.contains(&rank) {
                 File::options()
@@ -75,6 +76,7 @@ impl BlockSink for StagingSink {
                     file,
                     path,
                     data_offset,
+                    file_shape: self.core.files().file_shape(rank),
                 },
             );
         }
@@ -86,6 +88,7 @@ impl BlockSink for StagingSink {
             file: &open.file,
             path: &open.path,
             data_offset: open.data_offset,
+            file_shape: &open.file_shape,
         })
     }
 
@@ -94,7 +97,7 @@ impl BlockSink for StagingSink {
         let open = match self.open.pop(&rank) {
             Some(open) => open,
             None => {
-                let path = self.core.staging().block_path(&self.core.block_name(rank));
+                let path = self.core.staged_path(rank);
                 let file = File::options()
                     .write(true)
                     .open(&path)
@@ -103,6 +106,7 @@ impl BlockSink for StagingSink {
                     file,
                     path,
                     data_offset: 0,
+                    file_shape: Vec::new(),
                 }
             }
         };

@@ -181,14 +181,16 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
             input.ndim()
         )));
     }
+    let format = request.format.unwrap_or(input.format);
     let problem = Problem::new(
         input.shape.clone(),
         input.block_shape.clone(),
         request.output_block.clone(),
         input.dtype.size as u64,
     )?;
+    let output_files = crate::filetree::output_file_shape(format, &problem.output());
+    let problem = problem.with_files(input.files.clone(), output_files);
     let plan = plan::plan(&problem, request.strategy, request.mem)?;
-    let format = request.format.unwrap_or(input.format);
     let staging_dir = match &request.staging {
         Some(dir) => dir.clone(),
         None => Staging::default_dir(&input.source, &input.dataset, &problem.output_block, format)?,

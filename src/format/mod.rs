@@ -12,6 +12,7 @@
 
 pub mod hdf5;
 pub mod npy;
+pub mod zarr;
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -31,6 +32,10 @@ pub const MAX_DIMS: usize = 8;
 pub enum BlockFormat {
     Hdf5,
     Npy,
+    /// A Zarr v2 array: `.zarray` and uncompressed chunks named `i.j.k`.
+    Zarr,
+    /// A Zarr v3 array: `zarr.json` and uncompressed chunks named `c/i/j/k`.
+    Zarr3,
 }
 
 impl BlockFormat {
@@ -50,6 +55,10 @@ impl BlockFormat {
         match self {
             BlockFormat::Hdf5 => "h5",
             BlockFormat::Npy => "npy",
+            // A Zarr array is a directory, not files with an extension;
+            // these only tell staging copies of its chunks apart.
+            BlockFormat::Zarr => "zarr",
+            BlockFormat::Zarr3 => "zarr3",
         }
     }
 
@@ -58,7 +67,15 @@ impl BlockFormat {
         match self {
             BlockFormat::Hdf5 => "HDF5",
             BlockFormat::Npy => "npy",
+            BlockFormat::Zarr => "Zarr v2",
+            BlockFormat::Zarr3 => "Zarr v3",
         }
+    }
+
+    /// Whether the format stores edge blocks padded to the full block
+    /// shape (Zarr chunks are always whole).
+    pub fn pads_edge_blocks(&self) -> bool {
+        matches!(self, BlockFormat::Zarr | BlockFormat::Zarr3)
     }
 }
 
@@ -66,11 +83,18 @@ impl FromStr for BlockFormat {
     type Err = Error;
 
     fn from_str(text: &str) -> Result<BlockFormat> {
-        BlockFormat::from_extension(text.trim()).ok_or_else(|| {
-            Error::BadArgument(format!(
-                "'{text}' is not a block format rechunkfs knows; use h5 (or hdf5) or npy"
-            ))
-        })
+        let zarr = match text.trim().to_ascii_lowercase().as_str() {
+            "zarr" | "zarr2" => Some(BlockFormat::Zarr),
+            "zarr3" => Some(BlockFormat::Zarr3),
+            _ => None,
+        };
+        zarr.or_else(|| BlockFormat::from_extension(text.trim()))
+            .ok_or_else(|| {
+                Error::BadArgument(format!(
+                    "'{text}' is not a block format rechunkfs knows; use h5 (or hdf5), npy, \
+                     zarr (Zarr v2) or zarr3 (Zarr v3)"
+                ))
+            })
     }
 }
 
@@ -81,6 +105,9 @@ pub enum Storage {
     Contiguous { data_offset: u64 },
     /// Chunked, compressed, or not yet allocated HDF5 storage: read through libhdf5.
     Hdf5Dataset { dataset: String },
+    /// No file at all: a Zarr chunk never written holds the fill value
+    /// everywhere. `fill` is one element's bytes, in the array's byte order.
+    Absent { fill: Vec<u8> },
 }
 
 /// What probing one block file learns.
@@ -109,6 +136,10 @@ pub fn probe(path: &Path, format: BlockFormat, dataset: &str) -> Result<BlockInf
     match format {
         BlockFormat::Npy => npy::probe(path),
         BlockFormat::Hdf5 => self::hdf5::probe(path, dataset),
+        BlockFormat::Zarr | BlockFormat::Zarr3 => Err(Error::bad_input(
+            path,
+            "a Zarr chunk has no header to probe: open the array's directory instead",
+        )),
     }
 }
 
@@ -237,6 +268,13 @@ pub fn template_aligned(
             })
         }
         BlockFormat::Hdf5 => self::hdf5::template(shape, dtype, dataset, data_len, alignment),
+        // Zarr chunks are pure data; the dtype is in the array's metadata.
+        BlockFormat::Zarr | BlockFormat::Zarr3 => Ok(BlockTemplate {
+            prefix: Vec::new(),
+            data_offset: 0,
+            data_len,
+            suffix: Vec::new(),
+        }),
     }
 }
 
@@ -297,9 +335,13 @@ mod tests {
             assert_eq!(text.parse::<BlockFormat>().unwrap(), format, "{text}");
         }
         assert_eq!(BlockFormat::from_extension("nii"), None);
-        let err = "zarr".parse::<BlockFormat>().unwrap_err().to_string();
+        assert_eq!(BlockFormat::from_extension("zarr"), None);
+        assert_eq!("zarr".parse::<BlockFormat>().unwrap(), BlockFormat::Zarr);
+        assert_eq!("Zarr2".parse::<BlockFormat>().unwrap(), BlockFormat::Zarr);
+        assert_eq!("zarr3".parse::<BlockFormat>().unwrap(), BlockFormat::Zarr3);
+        let err = "tiff".parse::<BlockFormat>().unwrap_err().to_string();
         assert!(
-            err.contains("zarr") && err.contains("h5") && err.contains("npy"),
+            err.contains("tiff") && err.contains("h5") && err.contains("zarr3"),
             "{err}"
         );
         assert_eq!(BlockFormat::Hdf5.extension(), "h5");

@@ -40,7 +40,7 @@ pub fn block_bytes(path: &Path, format: BlockFormat) -> (Vec<u64>, DType, Vec<u8
             let all = std::fs::read(path).expect("read block");
             all[*data_offset as usize..*data_offset as usize + nbytes].to_vec()
         }
-        Storage::Hdf5Dataset { .. } => Vec::new(),
+        Storage::Hdf5Dataset { .. } | Storage::Absent { .. } => Vec::new(),
     };
     if format == BlockFormat::Hdf5 {
         let reader = Hdf5BlockReader::open(path, "/data").expect("open with libhdf5");
