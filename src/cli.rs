@@ -155,6 +155,10 @@ pub struct PlanArgs {
     pub dtype: Option<String>,
     #[command(flatten)]
     pub input_args: InputArgs,
+    /// The output format to plan for (default: the input's). Zarr pads edge chunks, so writing
+    /// them costs more seeks.
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
     /// Print one JSON object instead of the human report.
     #[arg(long)]
     pub json: bool,
@@ -387,10 +391,15 @@ fn mem_of(planning: &PlanningArgs) -> anyhow::Result<Option<u64>> {
 
 fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    let format = args
+        .format
+        .as_deref()
+        .map(str::parse::<BlockFormat>)
+        .transpose()?;
     let (problem, dtype) = match (&args.input, &args.array) {
         (Some(input), _) => {
             let input = InputArray::scan(input, Some(&args.input_args.dataset))?;
-            let problem = problem_of(&input, &args.planning.shape, input.format)?;
+            let problem = problem_of(&input, &args.planning.shape, format.unwrap_or(input.format))?;
             (problem, input.dtype)
         }
         (None, Some(array)) => {
@@ -398,10 +407,13 @@ fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
             let array = parse_shape(array).context("--array")?;
             let blocks = parse_shape(args.blocks.as_deref().unwrap_or("")).context("--blocks")?;
             let output = parse_shape(&args.planning.shape).context("--shape")?;
-            (
-                Problem::new(array, blocks, output, dtype.size as u64)?,
-                dtype,
-            )
+            let problem = Problem::new(array, blocks, output, dtype.size as u64)?;
+            let output_files = crate::filetree::output_file_shape(
+                format.unwrap_or(BlockFormat::Hdf5),
+                &problem.output(),
+            );
+            let input_files = crate::geometry::FileShape::Exact;
+            (problem.with_files(input_files, output_files), dtype)
         }
         (None, None) => bail!("give IN (block files) or --array, --blocks and --dtype"),
     };

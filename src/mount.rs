@@ -204,7 +204,9 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         input_block: input.block_shape.clone(),
         output_block: problem.output_block.clone(),
         format,
-        dataset: input.dataset.clone(),
+        // The dataset asked for: also what an HDF5 view of a Zarr input
+        // (which has no dataset of its own) names its dataset.
+        dataset: request.dataset.clone(),
     };
     let core = Arc::new(ViewCore::new(layout, &plan, Arc::new(staging), &done)?);
     Ok(PreparedView {

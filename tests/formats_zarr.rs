@@ -158,10 +158,12 @@ impl Drop for MountedView {
 /// A view or rechunk case: the dtype, the array, input blocks, output chunks.
 type Case = (&'static str, [u64; 3], [u64; 3], [u64; 3]);
 
-const CASES: [Case; 3] = [
+const CASES: [Case; 5] = [
     ("<u2", [37, 29, 23], [10, 8, 7], [16, 9, 11]),
     (">f4", [30, 30, 30], [10, 10, 10], [15, 10, 6]),
     (">i8", [17, 13, 11], [5, 6, 4], [6, 5, 7]),
+    ("|u1", [20, 21, 22], [20, 21, 22], [7, 21, 8]),
+    ("<f2", [9, 10, 11], [3, 4, 5], [9, 10, 11]),
 ];
 
 #[test]
@@ -499,4 +501,97 @@ fn compressed_arrays_and_groups_are_refused_naming_the_path() {
     let chunk = damaged.join("c").join("1").join("1");
     fs::write(&chunk, [0u8; 7]).unwrap();
     assert_refused(&damaged, &["c/1/1", "is 32 bytes, but this file has 7"]);
+}
+
+#[test]
+fn overwrite_replaces_a_zarr_array_and_nothing_else() {
+    let root = tempfile::tempdir().unwrap();
+    let array = [23u64, 19, 17];
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &[6, 5, 7],
+        dtype("<u2"),
+        BlockFormat::Npy,
+    );
+    for format in [BlockFormat::Zarr3, BlockFormat::Zarr] {
+        let out = root.path().join(format!("out.{}", format.extension()));
+        fs::create_dir_all(&out).unwrap();
+        fs::write(out.join("notes.txt"), "mine").unwrap();
+        for (shape, overwrite) in [("8,7,5", true), ("5,19,4", true), ("30,2,9", false)] {
+            let mut args = vec![
+                "rechunk",
+                input.to_str().unwrap(),
+                out.to_str().unwrap(),
+                "--shape",
+                shape,
+                "--format",
+                format.extension(),
+                "--quiet",
+            ];
+            if overwrite {
+                args.push("--overwrite");
+            }
+            let output = rechunkfs(&args, 0);
+            if !overwrite {
+                assert!(!output.status.success(), "a full OUT needs --overwrite");
+                assert!(
+                    stderr(&output).contains("--overwrite"),
+                    "{}",
+                    stderr(&output)
+                );
+                continue;
+            }
+            assert!(output.status.success(), "{}", stderr(&output));
+            fs::rename(out.join("notes.txt"), root.path().join("notes.txt")).unwrap();
+            let outb: Vec<u64> = shape.split(',').map(|n| n.parse().unwrap()).collect();
+            // Exactly the new array's files: the old chunks are gone.
+            verify_zarr_output(&out, &array, &outb, dtype("<u2"), format);
+            fs::rename(root.path().join("notes.txt"), out.join("notes.txt")).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_zarr_array_mounts_as_a_view_of_hdf5_blocks() {
+    let root = tempfile::tempdir().unwrap();
+    let array = [37u64, 29, 23];
+    let input = root.path().join("in.zarr");
+    zarr_python_writes(
+        &input,
+        &array,
+        &[10, 8, 7],
+        "<i4",
+        "3",
+        &["--drop", "1,1,1"],
+    );
+    // The absent chunk is zeros; compare with a copy rechunked to npy.
+    let reference = root.path().join("reference");
+    let output = rechunkfs(
+        &[
+            "rechunk",
+            input.to_str().unwrap(),
+            reference.to_str().unwrap(),
+            "--shape",
+            "16,9,11",
+            "--format",
+            "npy",
+            "--quiet",
+        ],
+        0,
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let mounted = MountedView::new(&input, root.path(), "16,9,11", "h5", 0);
+    let status = mounted.wait_complete();
+    assert_eq!(status["seeks_made"], status["seeks_planned"], "{status}");
+    for entry in fs::read_dir(&reference).unwrap() {
+        let npy = entry.unwrap().path();
+        let stem = npy.file_stem().unwrap().to_str().unwrap().to_string();
+        let (shape, found, bytes) = common::block_bytes(&npy, BlockFormat::Npy);
+        let h5 = mounted.view.join(format!("{stem}.h5"));
+        let (view_shape, view_dtype, view_bytes) = common::block_bytes(&h5, BlockFormat::Hdf5);
+        assert_eq!((view_shape, view_dtype), (shape, found), "{stem}");
+        assert!(view_bytes == bytes, "{stem}: the view differs from rechunk");
+    }
 }
