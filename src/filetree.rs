@@ -178,6 +178,13 @@ impl FileTree {
         self.grid.count()
     }
 
+    /// The shape of every block but the edge ones (a Zarr array's chunk shape).
+    pub fn block_shape(&self) -> Vec<u64> {
+        (0..self.grid.ndim())
+            .map(|d| self.grid.axis(d).extent(0))
+            .collect()
+    }
+
     /// Path of block `rank` relative to the tree's root.
     pub fn path(&self, rank: u64) -> String {
         self.key.path(&self.grid.unravel(rank))

@@ -322,21 +322,20 @@ pub fn rechunk(
     }
     let stats = executor.run(&mut sink, progress)?;
     sink.commit()?;
-    write_array_metadata(out, &plan.output, &sink.spec)?;
+    write_array_metadata(out, &sink.tree, &sink.spec)?;
     Ok(stats)
 }
 
-/// Writes the metadata that makes `out` a Zarr array (nothing for block
-/// files), each file atomically: written, synced, renamed into place.
-pub fn write_array_metadata(out: &Path, output: &Partition, spec: &OutputSpec) -> Result<()> {
-    if !matches!(spec.format, BlockFormat::Zarr | BlockFormat::Zarr3) {
+/// Writes the files that describe the whole array (a Zarr array's
+/// metadata; nothing for block files), each atomically: written, synced,
+/// renamed into place.
+fn write_array_metadata(out: &Path, tree: &FileTree, spec: &OutputSpec) -> Result<()> {
+    let shape = tree.grid().array_shape();
+    let files = format::array_metadata_files(spec.format, &shape, &tree.block_shape(), spec.dtype);
+    if files.is_empty() {
         return Ok(());
     }
-    let shape = output.array_shape();
-    let chunks: Vec<u64> = (0..output.ndim())
-        .map(|d| output.axis(d).extent(0))
-        .collect();
-    for (name, bytes) in format::zarr::array_metadata(spec.format, &shape, &chunks, spec.dtype) {
+    for (name, bytes) in files {
         let path = out.join(name);
         let partial = out.join(format!(".{name}.partial"));
         let mut file = File::create(&partial).map_err(|e| Error::io(&partial, "creating", e))?;

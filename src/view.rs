@@ -247,23 +247,18 @@ impl ViewCore {
             name: METADATA_NAME.into(),
             bytes: core.metadata_json(),
         });
-        if matches!(core.layout.format, BlockFormat::Zarr | BlockFormat::Zarr3) {
-            let chunks: Vec<u64> = (0..core.output.ndim())
-                .map(|d| core.output.axis(d).extent(0))
-                .collect();
-            let zarr = format::zarr::array_metadata(
-                core.layout.format,
-                &core.layout.array,
-                &chunks,
-                core.layout.dtype,
-            );
-            for (i, (name, bytes)) in zarr.into_iter().enumerate() {
-                core.statics.push(StaticFile {
-                    ino: FIRST_EXTRA_STATIC_INO + i as u64,
-                    name: name.into(),
-                    bytes,
-                });
-            }
+        let format_files = format::array_metadata_files(
+            core.layout.format,
+            &core.layout.array,
+            &core.files.block_shape(),
+            core.layout.dtype,
+        );
+        for (i, (name, bytes)) in format_files.into_iter().enumerate() {
+            core.statics.push(StaticFile {
+                ino: FIRST_EXTRA_STATIC_INO + i as u64,
+                name: name.into(),
+                bytes,
+            });
         }
         {
             let mut state = core.state.lock();

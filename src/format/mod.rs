@@ -236,6 +236,24 @@ pub fn template(
     template_aligned(format, shape, dtype, dataset, 1)
 }
 
+/// The files `format` keeps beside its blocks to describe the whole array
+/// of `shape` in blocks of `block_shape`, as `(name, bytes)`: a Zarr
+/// array's `.zarray` or `zarr.json`; none for block-file formats, whose
+/// every file describes itself.
+pub fn array_metadata_files(
+    format: BlockFormat,
+    shape: &[u64],
+    block_shape: &[u64],
+    dtype: DType,
+) -> Vec<(&'static str, Vec<u8>)> {
+    match format {
+        BlockFormat::Zarr | BlockFormat::Zarr3 => {
+            zarr::array_metadata(format, shape, block_shape, dtype)
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// Page size the view aligns block data to: the kernel reads a FUSE file
 /// in pages, so with the data starting on a page of its own, a read of the
 /// header never asks for data bytes, and is answered while the block is
