@@ -677,6 +677,7 @@ fn report_run(
                 "planned": plan.prediction.seeks(),
             },
             "bytes_read": stats.bytes_read,
+            "fill_bytes": stats.fill_bytes,
             "bytes_written": stats.bytes_written,
             "peak_memory_bytes": stats.peak_held_bytes,
             "planned_peak_memory_bytes": plan.prediction.peak_bytes,
@@ -700,6 +701,13 @@ fn report_run(
             thousands(stats.write_seeks),
             thousands(plan.prediction.seeks())
         );
+        if stats.fill_bytes > 0 {
+            println!(
+                "{} came from absent Zarr chunks' fill value, read without I/O \
+                 (counted in the seeks as if read)",
+                show_bytes(stats.fill_bytes)
+            );
+        }
         println!(
             "peak memory held {} (planned {}); peak RSS {}",
             show_bytes(stats.peak_held_bytes),

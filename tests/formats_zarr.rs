@@ -414,6 +414,7 @@ fn absent_chunks_are_the_fill_value() {
         report["seeks"]["made"], report["seeks"]["planned"],
         "{report}"
     );
+    assert_eq!(report["fill_bytes"], (8 * 6 + 8 * 3) * 2, "{report}");
     let (_, _, bytes) = common::block_bytes(&out.join("0_0.npy"), BlockFormat::Npy);
     let source =
         rechunkfs::sample::region_bytes(&array, &rechunkfs::geometry::Region::whole(&array), 2);
