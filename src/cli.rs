@@ -28,7 +28,8 @@ use crate::units::{parse_bytes, parse_shape, show_bytes};
     version,
     about = "Rechunk arrays stored as grids of block files, with the fewest seeks in the memory allowed",
     long_about = "rechunkfs reads an array stored as a grid of block files ({i}_{j}_{k}.h5, .npy, \
-.nii or .mnc, one file per block, edge blocks may be smaller) and writes it as blocks of another shape, \
+.nii or .mnc, one file per block, edge blocks may be smaller; or an uncompressed Zarr v2/v3 array) \
+and writes it as blocks of another shape (block files, or a Zarr array's chunks), \
 following the keep plan: the read and write order with the fewest disk seeks that fits in \
 --mem.\n\nExamples:\n  rechunkfs plan blocks/ --shape 256,256,256 --mem 4G\n  \
 rechunkfs plan --array 8000,8000,8000 --blocks 200,200,200 --dtype f16 --shape 160,160,160 --mem 4G\n  \
@@ -83,7 +84,7 @@ pub struct MountArgs {
     /// Where to write the blocks (default: under ~/.cache/rechunkfs, keyed by input, shape and format).
     #[arg(long, value_name = "DIR")]
     pub staging: Option<PathBuf>,
-    /// Block file format: h5, npy, nii (NIfTI-1) or raw (default: the input's; h5 for MINC2 input).
+    /// Block file format: h5, npy, nii (NIfTI-1), raw, zarr (the view is a Zarr v2 array) or zarr3 (Zarr v3) (default: the input's; h5 for MINC2 input).
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
     #[command(flatten)]
@@ -97,6 +98,11 @@ pub struct MountArgs {
     /// Let other users read the view (needs user_allow_other in /etc/fuse.conf unless root).
     #[arg(long)]
     pub allow_other: bool,
+    /// Fill blocks strictly in the plan's order. By default a block a reader
+    /// waits for is extracted ahead of the plan (reading just its part of the
+    /// input, within --mem; the extra seeks are counted apart in status).
+    #[arg(long)]
+    pub in_order: bool,
 }
 
 #[derive(Args, Debug)]
@@ -155,6 +161,10 @@ pub struct PlanArgs {
     pub dtype: Option<String>,
     #[command(flatten)]
     pub input_args: InputArgs,
+    /// The output format to plan for (default: the input's). Zarr pads edge chunks, so writing
+    /// them costs more seeks.
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
     /// Print one JSON object instead of the human report.
     #[arg(long)]
     pub json: bool,
@@ -176,7 +186,7 @@ pub struct RechunkArgs {
     pub output: PathBuf,
     #[command(flatten)]
     pub planning: PlanningArgs,
-    /// Output format: h5, npy, nii (NIfTI-1) or raw (default: the input's; h5 for MINC2 input).
+    /// Output format: h5, npy, nii (NIfTI-1), raw, zarr (OUT becomes a Zarr v2 array) or zarr3 (Zarr v3) (default: the input's; h5 for MINC2 input).
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
     #[command(flatten)]
@@ -251,6 +261,7 @@ fn mount_command(args: MountArgs) -> anyhow::Result<()> {
         dataset: args.input_args.dataset.clone(),
         rebuild: args.rebuild,
         allow_other: args.allow_other,
+        in_order: args.in_order,
     };
     let prepared = mount::prepare(&request)?;
     let status = prepared.core.status();
@@ -364,9 +375,10 @@ fn status_command(args: StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The problem and dtype from IN or from --array/--blocks/--dtype; `shape`
-/// is in the input's user-facing order.
-fn problem_of(input: &InputArray, shape: &str) -> anyhow::Result<Problem> {
+/// The problem of rechunking `input` into blocks of `shape` (in the
+/// input's user-facing order) written as `format` (which says how its files
+/// are shaped: Zarr pads edge chunks).
+fn problem_of(input: &InputArray, shape: &str, format: BlockFormat) -> anyhow::Result<Problem> {
     let order = input.axis_order();
     let output = order.to_internal(&parse_shape(shape)?);
     if output.len() != input.ndim() {
@@ -378,12 +390,14 @@ fn problem_of(input: &InputArray, shape: &str) -> anyhow::Result<Problem> {
             input.ndim()
         );
     }
-    Ok(Problem::new(
+    let problem = Problem::new(
         input.shape.clone(),
         input.block_shape.clone(),
         output,
         input.dtype.size as u64,
-    )?)
+    )?;
+    let output_files = crate::filetree::output_file_shape(format, &problem.output());
+    Ok(problem.with_files(input.files.clone(), output_files))
 }
 
 fn mem_of(planning: &PlanningArgs) -> anyhow::Result<Option<u64>> {
@@ -397,22 +411,31 @@ fn mem_of(planning: &PlanningArgs) -> anyhow::Result<Option<u64>> {
 
 fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    let format = args
+        .format
+        .as_deref()
+        .map(str::parse::<BlockFormat>)
+        .transpose()?;
     let (problem, dtype, order) = match (&args.input, &args.array) {
         (Some(input), _) => {
             let input = InputArray::scan(input, Some(&args.input_args.dataset))?;
-            (
-                problem_of(&input, &args.planning.shape)?,
-                input.dtype,
-                input.axis_order(),
-            )
+            let format = format.unwrap_or_else(|| input.format.default_output());
+            let problem = problem_of(&input, &args.planning.shape, format)?;
+            (problem, input.dtype, input.axis_order())
         }
         (None, Some(array)) => {
             let dtype: DType = args.dtype.as_deref().unwrap_or("u1").parse()?;
             let array = parse_shape(array).context("--array")?;
             let blocks = parse_shape(args.blocks.as_deref().unwrap_or("")).context("--blocks")?;
             let output = parse_shape(&args.planning.shape).context("--shape")?;
+            let problem = Problem::new(array, blocks, output, dtype.size as u64)?;
+            let output_files = crate::filetree::output_file_shape(
+                format.unwrap_or(BlockFormat::Hdf5),
+                &problem.output(),
+            );
+            let input_files = crate::geometry::FileShape::Exact;
             (
-                Problem::new(array, blocks, output, dtype.size as u64)?,
+                problem.with_files(input_files, output_files),
                 dtype,
                 AxisOrder::C,
             )
@@ -638,14 +661,14 @@ pub fn progress_bar(total_bytes: u64, quiet: bool) -> indicatif::ProgressBar {
 fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let input = InputArray::scan(&args.input, Some(&args.input_args.dataset))?;
-    let problem = problem_of(&input, &args.planning.shape)?;
-    let strategy: Strategy = args.planning.strategy.parse()?;
-    let mem = mem_of(&args.planning)?;
-    let plan = plan::plan(&problem, strategy, mem)?;
     let format = match &args.format {
         Some(text) => text.parse::<BlockFormat>()?,
         None => input.format.default_output(),
     };
+    let problem = problem_of(&input, &args.planning.shape, format)?;
+    let strategy: Strategy = args.planning.strategy.parse()?;
+    let mem = mem_of(&args.planning)?;
+    let plan = plan::plan(&problem, strategy, mem)?;
     if same_directory(&args.input, &args.output) {
         bail!(
             "{}: OUT is the input directory; write the new blocks somewhere else",
@@ -717,6 +740,7 @@ fn report_run(
                 "planned": plan.prediction.seeks(),
             },
             "bytes_read": stats.bytes_read,
+            "fill_bytes": stats.fill_bytes,
             "bytes_written": stats.bytes_written,
             "peak_memory_bytes": stats.peak_held_bytes,
             "planned_peak_memory_bytes": plan.prediction.peak_bytes,
@@ -740,6 +764,13 @@ fn report_run(
             thousands(stats.write_seeks),
             thousands(plan.prediction.seeks())
         );
+        if stats.fill_bytes > 0 {
+            println!(
+                "{} came from absent Zarr chunks' fill value, read without I/O \
+                 (counted in the seeks as if read)",
+                show_bytes(stats.fill_bytes)
+            );
+        }
         println!(
             "peak memory held {} (planned {}); peak RSS {}",
             show_bytes(stats.peak_held_bytes),

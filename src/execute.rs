@@ -37,6 +37,11 @@ pub struct OutputTarget<'a> {
     pub path: &'a Path,
     /// Byte offset of the block's data (after its header).
     pub data_offset: u64,
+    /// Shape of the C-order array the file's data region holds: the
+    /// block's shape, or larger when the format pads edge blocks (Zarr).
+    /// The padding is never written: creating the file at its full length
+    /// leaves it a hole that reads as zeros.
+    pub file_shape: &'a [u64],
 }
 
 /// Where output blocks are written.
@@ -60,11 +65,19 @@ pub trait BlockSink {
 }
 
 /// What a run did: counted, not estimated.
+///
+/// Reads that libhdf5 makes, and reads of absent Zarr chunks (which make
+/// no I/O at all: they are the fill value), are counted as the segments
+/// and bytes a contiguous file would cost, so counts stay comparable with
+/// the plan; `fill_bytes` says how many bytes came from fill values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct RunStats {
     pub read_seeks: u64,
     pub write_seeks: u64,
     pub bytes_read: u64,
+    /// Bytes of absent chunks produced from the fill value, without I/O
+    /// (included in `bytes_read`).
+    pub fill_bytes: u64,
     pub bytes_written: u64,
     /// Most array bytes held in memory at once.
     pub peak_held_bytes: u64,
@@ -197,8 +210,9 @@ impl<'a> Executor<'a> {
             let Storage::Contiguous { data_offset } = block.storage else {
                 continue;
             };
-            let file_box = plan.input.block(&input_index);
-            let Some(region) = file_box.intersect(&read_box) else {
+            let block_box = plan.input.block(&input_index);
+            let file_box = self.input.files.file_box(&block_box);
+            let Some(region) = block_box.intersect(&read_box) else {
                 continue;
             };
             let file_strides = crate::geometry::strides(&file_box.shape);
@@ -246,10 +260,11 @@ impl<'a> Executor<'a> {
         self.hold(read_box.volume() * self.elem);
 
         for input_index in IndexBox::new(plan.input.overlapping(&read_box)) {
-            let file_box = plan.input.block(&input_index);
-            let Some(region) = file_box.intersect(&read_box) else {
+            let block = plan.input.block(&input_index);
+            let Some(region) = block.intersect(&read_box) else {
                 continue;
             };
+            let file_box = self.input.files.file_box(&block);
             let rank = plan.input.linear(&input_index);
             self.read_input(rank, &file_box, &region, &grid, &mut buffers)?;
         }
@@ -286,6 +301,24 @@ impl<'a> Executor<'a> {
         buffers: &mut [Vec<u8>],
     ) -> Result<()> {
         let block = &self.input.blocks[rank as usize];
+        if let Storage::Absent { fill } = &block.storage {
+            // Nothing to read: count what a present chunk would cost, and
+            // lay the fill value into the pieces.
+            let counter = &mut self.counter;
+            let key = FileKey::Input(rank);
+            return walk_segments(
+                region,
+                file_box,
+                self.elem,
+                grid,
+                |offset, len, fragments| {
+                    counter.read(key, offset, len);
+                    self.stats.fill_bytes += len;
+                    fill_fragments(buffers, fragments, fill);
+                    Ok(())
+                },
+            );
+        }
         if !self.inputs.contains(&rank) {
             let handle = match &block.storage {
                 Storage::Contiguous { .. } => InputHandle::File(
@@ -293,6 +326,9 @@ impl<'a> Executor<'a> {
                 ),
                 Storage::Hdf5Dataset { dataset } => {
                     InputHandle::Hdf5(Hdf5BlockReader::open(&block.path, dataset)?)
+                }
+                Storage::Absent { .. } => {
+                    return Err(Error::bad_input(&block.path, "an absent chunk has no file"))
                 }
             };
             self.inputs.put(rank, handle);
@@ -341,7 +377,7 @@ impl<'a> Executor<'a> {
                 }
                 Ok(())
             }
-            (InputHandle::File(_), Storage::Hdf5Dataset { .. }) => Err(Error::bad_input(
+            (InputHandle::File(_), _) => Err(Error::bad_input(
                 &block.path,
                 "opened as a plain file but needs libhdf5",
             )),
@@ -372,8 +408,8 @@ impl<'a> Executor<'a> {
             .collect::<Result<_>>()?;
 
         for output_index in IndexBox::new(plan.output.overlapping(&write_box)) {
-            let file_box = plan.output.block(&output_index);
-            let Some(region) = file_box.intersect(&write_box) else {
+            let block = plan.output.block(&output_index);
+            let Some(region) = block.intersect(&write_box) else {
                 continue;
             };
             let rank = plan.output.linear(&output_index);
@@ -381,6 +417,23 @@ impl<'a> Executor<'a> {
                 continue;
             }
             let target = sink.target(rank)?;
+            if target.file_shape.len() != block.ndim()
+                || target
+                    .file_shape
+                    .iter()
+                    .zip(&block.shape)
+                    .any(|(f, b)| f < b)
+            {
+                return Err(Error::BadOutput {
+                    path: target.path.to_path_buf(),
+                    problem: format!(
+                        "its file holds a {} array, too small for its block of {}",
+                        crate::geometry::show_shape(target.file_shape),
+                        crate::geometry::show_shape(&block.shape)
+                    ),
+                });
+            }
+            let file_box = Region::new(block.origin.clone(), target.file_shape.to_vec());
             let counter = &mut self.counter;
             let scratch = &mut self.scratch;
             let key = FileKey::Output(rank);
@@ -397,7 +450,7 @@ impl<'a> Executor<'a> {
                     Ok(())
                 },
             )?;
-            let remaining = self.remaining.entry(rank).or_insert(file_box.volume());
+            let remaining = self.remaining.entry(rank).or_insert(block.volume());
             *remaining -= region.volume();
             if *remaining == 0 {
                 self.remaining.remove(&rank);
@@ -438,14 +491,22 @@ pub fn read_region(
     let grid = PieceGrid::new(&cut, region);
     let buffers = std::slice::from_mut(dest);
     for input_index in IndexBox::new(grid_of_inputs.overlapping(region)) {
-        let file_box = grid_of_inputs.block(&input_index);
-        let Some(part) = file_box.intersect(region) else {
+        let block_box = grid_of_inputs.block(&input_index);
+        let file_box = input.files.file_box(&block_box);
+        let Some(part) = block_box.intersect(region) else {
             continue;
         };
         let rank = grid_of_inputs.linear(&input_index);
         let block = &input.blocks[rank as usize];
         let key = FileKey::Input(rank);
         match &block.storage {
+            Storage::Absent { fill } => {
+                walk_segments(&part, &file_box, elem, &grid, |offset, len, fragments| {
+                    counter.read(key, offset, len);
+                    fill_fragments(buffers, fragments, fill);
+                    Ok(())
+                })?;
+            }
             Storage::Contiguous { data_offset } => {
                 let file =
                     File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?;
@@ -665,6 +726,21 @@ fn scatter_targets<'b>(buffers: &'b mut [Vec<u8>], fragments: &[Fragment]) -> Ve
         targets.push(IoSliceMut::new(slice));
     }
     targets
+}
+
+/// Writes the element `fill` (its bytes) over every fragment: fragments
+/// start and end on element boundaries.
+fn fill_fragments(buffers: &mut [Vec<u8>], fragments: &[Fragment], fill: &[u8]) {
+    if fill.iter().all(|&b| b == 0) {
+        // Piece buffers start zeroed.
+        return;
+    }
+    for fragment in fragments {
+        let bytes = &mut buffers[fragment.piece][fragment.offset..fragment.offset + fragment.len];
+        for element in bytes.chunks_exact_mut(fill.len()) {
+            element.copy_from_slice(fill);
+        }
+    }
 }
 
 fn gather_sources<'b>(pieces: &'b [Vec<u8>], fragments: &[Fragment]) -> Vec<&'b [u8]> {

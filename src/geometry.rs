@@ -98,6 +98,52 @@ impl Region {
     }
 }
 
+/// How the file of a block is shaped around the block's part of the array.
+///
+/// Most formats store exactly the block, so an edge block's file is
+/// smaller. Zarr stores every chunk at the full chunk shape: an edge chunk's
+/// file is padded past the array's end, and its rows are as long as a whole
+/// chunk's. Offsets inside a file, and so which pieces of it are contiguous,
+/// follow the file's shape, not the block's.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileShape {
+    /// Each file holds exactly its block.
+    #[default]
+    Exact,
+    /// Every file holds a full chunk of this shape, edge chunks padded.
+    Padded(Vec<u64>),
+}
+
+impl FileShape {
+    /// The file's box for `block`: same origin, the file's shape.
+    pub fn file_box(&self, block: &Region) -> Region {
+        match self {
+            FileShape::Exact => block.clone(),
+            FileShape::Padded(chunk) => Region::new(
+                block.origin.clone(),
+                chunk
+                    .iter()
+                    .zip(&block.shape)
+                    .map(|(&c, &b)| c.max(b))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Along dimension `d`, the file's extent for a block `extent` long.
+    pub fn file_extent(&self, d: usize, extent: u64) -> u64 {
+        match self {
+            FileShape::Exact => extent,
+            FileShape::Padded(chunk) => chunk[d].max(extent),
+        }
+    }
+
+    pub fn is_padded(&self) -> bool {
+        matches!(self, FileShape::Padded(_))
+    }
+}
+
 /// Number of contiguous segments the box `region` occupies in a C-order file
 /// holding a block of shape `block` (region relative to the block's origin):
 /// `prod(extent[d] for d < q)`, where `q` is the smallest dimension such that

@@ -22,7 +22,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::format::space::Space;
 use crate::format::{self, BlockFormat, Storage};
-use crate::geometry::{self, Partition};
+use crate::geometry::{self, FileShape, Partition};
 
 /// The HDF5 dataset read when none is named.
 pub const DEFAULT_DATASET: &str = "/data";
@@ -70,6 +70,8 @@ pub struct InputArray {
     pub shape: Vec<u64>,
     /// Shape of every block but the edge ones (which may be smaller).
     pub block_shape: Vec<u64>,
+    /// How block files are shaped around their blocks (Zarr pads edge chunks).
+    pub files: FileShape,
     /// Blocks in C order of their grid index.
     pub blocks: Vec<InputBlock>,
 }
@@ -88,6 +90,9 @@ impl InputArray {
                 path,
                 "is neither a block file nor a directory of block files",
             ));
+        }
+        if let Some(zarr) = format::zarr::read_metadata(path)? {
+            return format::zarr::scan_array(path, zarr);
         }
         let named = list_block_files(path)?;
         assemble_grid(path, named, dataset)
@@ -184,6 +189,7 @@ fn scan_single_file(path: &Path, dataset: String) -> Result<InputArray> {
         dtype: info.dtype,
         shape: info.shape.clone(),
         block_shape: info.shape,
+        files: FileShape::Exact,
         blocks: vec![InputBlock {
             path: path.to_path_buf(),
             storage: info.storage,
@@ -492,6 +498,7 @@ fn assemble_grid(
         dtype,
         shape,
         block_shape: origin_shape,
+        files: FileShape::Exact,
         blocks,
     })
 }

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod dtype;
 pub mod error;
 pub mod execute;
+pub mod filetree;
 pub mod format;
 pub mod fuse;
 pub mod geometry;

@@ -31,6 +31,7 @@ struct OpenOutput {
     file: File,
     path: PathBuf,
     data_offset: u64,
+    file_shape: Vec<u64>,
 }
 
 /// A [`BlockSink`] writing the view's block files into its staging area.
@@ -100,14 +101,18 @@ impl StagingSink {
     /// and serves it; the plan then skips it. Returns the seeks it took.
     pub fn extract(&mut self, rank: u64, input: &InputArray) -> Result<u64> {
         let region = self.core.output().block(&self.core.output().unravel(rank));
-        let template = self.core.template(rank).clone();
-        let mut data = vec![0u8; template.data_len as usize];
+        let template = self.core.template(rank).into_owned();
+        let file_shape = self.core.files().file_shape(rank);
+        let mut data = vec![0u8; region.volume() as usize * input.dtype.size];
         let mut counter = SeekCounter::default();
         read_region(input, &region, &mut data, &mut counter)?;
+        if file_shape != region.shape {
+            data = pad(&data, &region.shape, &file_shape, input.dtype.size);
+        }
         // Whatever the plan wrote of it so far is rewritten whole.
         self.open.pop(&rank);
         self.created.remove(&rank);
-        let path = self.core.staging().block_path(&self.core.block_name(rank));
+        let path = self.core.staged_path(rank);
         let file = template.create_file(&path)?;
         seekio::write_all_at(
             &file,
@@ -128,6 +133,7 @@ impl StagingSink {
                 file,
                 path,
                 data_offset: template.data_offset,
+                file_shape,
             },
         ));
         // Counted before waiting readers are woken, so the status they see
@@ -194,7 +200,7 @@ impl BlockSink for StagingSink {
 
     fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
         if !self.open.contains(&rank) {
-            let path = self.core.staging().block_path(&self.core.block_name(rank));
+            let path = self.core.staged_path(rank);
             let template = self.core.template(rank);
             let file = if self.created.contains(&rank) {
                 File::options()
@@ -215,6 +221,7 @@ impl BlockSink for StagingSink {
                     file,
                     path,
                     data_offset,
+                    file_shape: self.core.files().file_shape(rank),
                 },
             );
         }
@@ -226,6 +233,7 @@ impl BlockSink for StagingSink {
             file: &open.file,
             path: &open.path,
             data_offset: open.data_offset,
+            file_shape: &open.file_shape,
         })
     }
 
@@ -234,7 +242,7 @@ impl BlockSink for StagingSink {
         let open = match self.open.pop(&rank) {
             Some(open) => open,
             None => {
-                let path = self.core.staging().block_path(&self.core.block_name(rank));
+                let path = self.core.staged_path(rank);
                 let file = File::options()
                     .write(true)
                     .open(&path)
@@ -243,6 +251,7 @@ impl BlockSink for StagingSink {
                     file,
                     path,
                     data_offset: 0,
+                    file_shape: Vec::new(),
                 }
             }
         };
@@ -258,6 +267,26 @@ impl BlockSink for StagingSink {
         }
         Ok(())
     }
+}
+
+/// The C-order bytes of a `shape` array placed at the origin of a zero
+/// `padded` array (a Zarr edge chunk): rows copied into place.
+fn pad(data: &[u8], shape: &[u64], padded: &[u64], elem: usize) -> Vec<u8> {
+    let mut out = vec![0u8; padded.iter().product::<u64>() as usize * elem];
+    let last = shape.len() - 1;
+    let row = shape[last] as usize * elem;
+    let out_strides = crate::geometry::strides(padded);
+    let rows: Vec<usize> = shape[..last].iter().map(|&n| n as usize).collect();
+    for (k, index) in crate::geometry::IndexBox::grid(&rows).enumerate() {
+        let at: u64 = index
+            .iter()
+            .zip(&out_strides)
+            .map(|(&i, &s)| i as u64 * s)
+            .sum();
+        let at = at as usize * elem;
+        out[at..at + row].copy_from_slice(&data[k * row..(k + 1) * row]);
+    }
+    out
 }
 
 /// `RECHUNKFS_STEP_DELAY_MS`: a pause after every read block, to watch a
@@ -277,21 +306,25 @@ pub struct Materialiser {
 }
 
 impl Materialiser {
-    /// Starts running `plan` over `input` into `core`'s staging area; blocks
-    /// readers wait for are extracted ahead of the plan within `mem`.
+    /// Starts running `plan` over `input` into `core`'s staging area; with
+    /// `on_demand`, blocks readers wait for are extracted ahead of the plan
+    /// within `mem`.
     pub fn start(
         core: Arc<ViewCore>,
         input: InputArray,
         plan: Plan,
         mem: Option<u64>,
+        on_demand: bool,
     ) -> Result<Materialiser> {
         let cancel = Arc::new(AtomicBool::new(false));
         let stop = cancel.clone();
         let thread = std::thread::Builder::new()
             .name("materialiser".into())
             .spawn(move || {
-                let mut sink =
-                    StagingSink::new(core.clone()).with_on_demand(input.clone(), plan.clone(), mem);
+                let mut sink = StagingSink::new(core.clone());
+                if on_demand {
+                    sink = sink.with_on_demand(input.clone(), plan.clone(), mem);
+                }
                 let progress_core = core.clone();
                 let step_delay = step_delay();
                 let result = Executor::new(&plan, &input).with_cancel(&stop).run(

@@ -34,6 +34,8 @@ pub struct MountRequest {
     pub dataset: String,
     pub rebuild: bool,
     pub allow_other: bool,
+    /// Never extract blocks ahead of the plan for waiting readers.
+    pub in_order: bool,
 }
 
 /// A view ready to mount: everything checked, nothing running yet.
@@ -45,6 +47,8 @@ pub struct PreparedView {
     pub allow_other: bool,
     /// The memory limit, also for blocks extracted ahead of the plan.
     pub mem: Option<u64>,
+    /// Whether blocks readers wait for may be extracted ahead of the plan.
+    pub on_demand: bool,
 }
 
 fn bad_view(path: &Path, problem: impl Into<String>) -> Error {
@@ -185,16 +189,18 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
             input.ndim()
         )));
     }
+    let format = request
+        .format
+        .unwrap_or_else(|| input.format.default_output());
     let problem = Problem::new(
         input.shape.clone(),
         input.block_shape.clone(),
         output_block,
         input.dtype.size as u64,
     )?;
+    let output_files = crate::filetree::output_file_shape(format, &problem.output());
+    let problem = problem.with_files(input.files.clone(), output_files);
     let plan = plan::plan(&problem, request.strategy, request.mem)?;
-    let format = request
-        .format
-        .unwrap_or_else(|| input.format.default_output());
     let staging_dir = match &request.staging {
         Some(dir) => dir.clone(),
         None => Staging::default_dir(&input.source, &input.dataset, &problem.output_block, format)?,
@@ -206,7 +212,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         format,
         &plan.output.block(&vec![0; plan.output.ndim()]).shape,
         input.dtype,
-        &input.dataset,
+        &request.dataset,
         crate::format::VIEW_DATA_ALIGNMENT,
         &space,
     )?;
@@ -219,7 +225,9 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         input_block: input.block_shape.clone(),
         output_block: problem.output_block.clone(),
         format,
-        dataset: input.dataset.clone(),
+        // The dataset asked for: also what an HDF5 view of a Zarr or MINC2
+        // input (whose image has no /data of its own) names its dataset.
+        dataset: request.dataset.clone(),
         space,
         axis_order: input.axis_order(),
     };
@@ -231,6 +239,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         view: request.view.clone(),
         allow_other: request.allow_other,
         mem: request.mem,
+        on_demand: !request.in_order,
     })
 }
 
@@ -282,6 +291,7 @@ pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<(
         view,
         allow_other,
         mem,
+        on_demand,
     } = prepared;
     let options = vec![
         fuser::MountOption::FSName(format!("rechunkfs:{}", input.source.display())),
@@ -308,7 +318,7 @@ pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<(
             return Err(bad_view(&view, message));
         }
     };
-    let materialiser = Materialiser::start(core.clone(), input, plan, mem)?;
+    let materialiser = Materialiser::start(core.clone(), input, plan, mem, on_demand)?;
 
     let shutdown_core = core.clone();
     let shutdown_view = view.clone();

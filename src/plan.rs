@@ -26,7 +26,7 @@
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::geometry::{self, Axis, IndexBox, Partition};
+use crate::geometry::{self, Axis, FileShape, IndexBox, Partition};
 
 /// Which plan to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -70,6 +70,10 @@ pub struct Problem {
     pub output_block: Vec<u64>,
     /// Bytes per element.
     pub elem_size: u64,
+    /// How input files are shaped around their blocks (Zarr pads edge chunks).
+    pub input_files: FileShape,
+    /// How output files are shaped around their blocks.
+    pub output_files: FileShape,
 }
 
 impl Problem {
@@ -114,7 +118,49 @@ impl Problem {
             output_block: clip(output_block),
             array,
             elem_size,
+            input_files: FileShape::Exact,
+            output_files: FileShape::Exact,
         })
+    }
+
+    /// The same problem with input and output files shaped as given: a
+    /// padded file's rows are longer than its block's, which changes which
+    /// pieces are contiguous, so the seek predictions depend on it.
+    pub fn with_files(mut self, input_files: FileShape, output_files: FileShape) -> Problem {
+        self.input_files = input_files;
+        self.output_files = output_files;
+        self
+    }
+
+    /// The options for dimension `d`: read intervals of `read_step`, writes following them in `mode`.
+    fn dim_option(
+        &self,
+        d: usize,
+        input: &Partition,
+        output: &Partition,
+        read_step: u64,
+        mode: WriteMode,
+    ) -> DimOption {
+        DimOption::new(
+            self.array[d],
+            (input.axis(d), &self.input_files),
+            (output.axis(d), &self.output_files),
+            d,
+            read_step,
+            mode,
+        )
+    }
+
+    /// Per dimension: whether one input file spans it exactly (a single
+    /// block, not padded), so C-order neighbours across it are neighbours
+    /// in that file too.
+    fn input_spans_exactly(&self, input: &Partition) -> Vec<bool> {
+        (0..self.ndim())
+            .map(|d| {
+                input.axis(d).count() == 1
+                    && self.input_files.file_extent(d, self.array[d]) == self.array[d]
+            })
+            .collect()
     }
 
     pub fn ndim(&self) -> usize {
@@ -141,7 +187,8 @@ impl Problem {
     }
 
     /// `n_I + n_O`: every input block read whole and every output block
-    /// written whole, once.
+    /// written whole, once. (With padded files an edge block cannot be
+    /// one segment, so no plan reaches it then.)
     pub fn lower_bound_seeks(&self) -> u64 {
         self.input().count() + self.output().count()
     }
@@ -244,7 +291,10 @@ struct Overlap {
 }
 
 impl Overlap {
-    fn of(moving: &Axis, file: &Axis) -> Overlap {
+    /// `file_extent(f)`: the length of file interval `f`'s file along this
+    /// dimension; a piece spans its file whole only when it covers the
+    /// interval and the file is no longer than it (not padded).
+    fn of(moving: &Axis, file: &Axis, file_extent: impl Fn(usize) -> u64) -> Overlap {
         let mut overlap = Overlap {
             extent_sum: file.len(),
             ..Overlap::default()
@@ -253,7 +303,8 @@ impl Overlap {
             let (start, end) = (file.start(f), file.end(f));
             for m in moving.overlapping(start, end) {
                 overlap.pieces += 1;
-                if moving.start(m) <= start && moving.end(m) >= end {
+                if moving.start(m) <= start && moving.end(m) >= end && file_extent(f) == end - start
+                {
                     overlap.whole += 1;
                 }
             }
@@ -285,10 +336,13 @@ fn segments(overlaps: &[Overlap]) -> u128 {
 }
 
 impl DimOption {
+    /// `input` and `output`: the file axes along dimension `d`, with how
+    /// their files are shaped.
     fn new(
         array_len: u64,
-        input: &Axis,
-        output: &Axis,
+        (input, input_files): (&Axis, &FileShape),
+        (output, output_files): (&Axis, &FileShape),
+        d: usize,
         read_step: u64,
         mode: WriteMode,
     ) -> DimOption {
@@ -326,8 +380,12 @@ impl DimOption {
         let mut option = DimOption {
             read_step,
             mode,
-            reads: Overlap::of(&read, input),
-            writes: Overlap::of(&write, output),
+            reads: Overlap::of(&read, input, |f| {
+                input_files.file_extent(d, input.extent(f))
+            }),
+            writes: Overlap::of(&write, output, |f| {
+                output_files.file_extent(d, output.extent(f))
+            }),
             unit_reads: 0,
             unit_reads_completing: 0,
             inner_reads: 0,
@@ -361,15 +419,16 @@ impl DimOption {
 /// previous one only when (a) no write block completed in between, and
 /// (b) the last element of the previous read block and the first of this
 /// one are neighbours in one input file. With `j` the dimension where the
-/// C-order step carries, (b) holds when the dimensions after `j` have one
-/// input block each, the boundary crossed in `j` is inside an input block,
-/// and the read intervals before `j` are one element thick.
-fn read_seeks(dims: &[&DimOption], input_counts: &[usize]) -> u128 {
+/// C-order step carries, (b) holds when the dimensions after `j` are each
+/// spanned exactly by one input file (one block, not padded), the boundary
+/// crossed in `j` is inside an input block, and the read intervals before
+/// `j` are one element thick.
+fn read_seeks(dims: &[&DimOption], input_spans_exactly: &[bool]) -> u128 {
     let overlaps: Vec<Overlap> = dims.iter().map(|o| o.reads).collect();
     let mut continued: u128 = 0;
     let n = dims.len();
     for j in 0..n {
-        if (j + 1..n).any(|d| input_counts[d] != 1) {
+        if (j + 1..n).any(|d| !input_spans_exactly[d]) {
             continue;
         }
         let steps: u128 = dims[..j]
@@ -436,9 +495,8 @@ const MAX_CANDIDATES: usize = 400_000;
 
 fn assemble(problem: &Problem, strategy: Strategy, dims: &[&DimOption]) -> Plan {
     let input = problem.input();
-    let input_counts: Vec<usize> = input.grid_shape();
     let prediction = Prediction {
-        read_seeks: clamp(read_seeks(dims, &input_counts)),
+        read_seeks: clamp(read_seeks(dims, &problem.input_spans_exactly(&input))),
         write_seeks: clamp(write_seeks(dims)),
         peak_bytes: clamp(simulate_peak(dims, problem.elem_size)),
     };
@@ -465,10 +523,10 @@ pub fn baseline(problem: &Problem) -> Plan {
     let (input, output) = (problem.input(), problem.output());
     let dims: Vec<DimOption> = (0..problem.ndim())
         .map(|d| {
-            DimOption::new(
-                problem.array[d],
-                input.axis(d),
-                output.axis(d),
+            problem.dim_option(
+                d,
+                &input,
+                &output,
                 problem.input_block[d],
                 WriteMode::Immediate,
             )
@@ -482,20 +540,12 @@ pub fn baseline(problem: &Problem) -> Plan {
 }
 
 /// keep(r̂): read blocks of shape `r̂`, keep mode in every dimension; costs
-/// exactly `n_I + n_O` seeks, whatever its memory.
+/// exactly `n_I + n_O` seeks, whatever its memory, when no file is padded.
 pub fn keep_rhat(problem: &Problem) -> Plan {
     let (input, output) = (problem.input(), problem.output());
     let rhat = problem.rhat();
     let dims: Vec<DimOption> = (0..problem.ndim())
-        .map(|d| {
-            DimOption::new(
-                problem.array[d],
-                input.axis(d),
-                output.axis(d),
-                rhat[d],
-                WriteMode::Keep,
-            )
-        })
+        .map(|d| problem.dim_option(d, &input, &output, rhat[d], WriteMode::Keep))
         .collect();
     assemble(problem, Strategy::Keep, &dims.iter().collect::<Vec<_>>())
 }
@@ -562,28 +612,16 @@ pub fn plan(problem: &Problem, strategy: Strategy, mem: Option<u64>) -> Result<P
 /// simulate memory in order of increasing seeks until one fits.
 fn search(problem: &Problem, mem: u64) -> Result<Plan> {
     let (input, output) = (problem.input(), problem.output());
-    let input_counts = input.grid_shape();
+    let input_spans_exactly = problem.input_spans_exactly(&input);
     let mut options: Vec<Vec<DimOption>> = (0..problem.ndim())
         .map(|d| {
             let mut list = Vec::new();
             for step in read_steps(problem, d) {
-                let keep = DimOption::new(
-                    problem.array[d],
-                    input.axis(d),
-                    output.axis(d),
-                    step,
-                    WriteMode::Keep,
-                );
+                let keep = problem.dim_option(d, &input, &output, step, WriteMode::Keep);
                 let keeps_differ = keep.write != keep.read;
                 list.push(keep);
                 if keeps_differ {
-                    list.push(DimOption::new(
-                        problem.array[d],
-                        input.axis(d),
-                        output.axis(d),
-                        step,
-                        WriteMode::Immediate,
-                    ));
+                    list.push(problem.dim_option(d, &input, &output, step, WriteMode::Immediate));
                 }
             }
             list
@@ -610,7 +648,7 @@ fn search(problem: &Problem, mem: u64) -> Result<Plan> {
                 .map(|(d, &c)| &options[d][c])
                 .collect();
             Candidate {
-                seeks: read_seeks(&dims, &input_counts) + write_seeks(&dims),
+                seeks: read_seeks(&dims, &input_spans_exactly) + write_seeks(&dims),
                 read_blocks: dims.iter().map(|o| o.read.count() as u128).product(),
                 min_bytes: dims
                     .iter()

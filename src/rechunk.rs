@@ -1,16 +1,20 @@
 //! `rechunk`: the executor writing real block files into a directory.
 //!
-//! A block is written under a hidden temporary name and renamed to
-//! `{i}_{j}_{k}.{ext}` only when complete and on disk, so an interrupted run
-//! never leaves a torn block that looks finished. Durability is batched: one
-//! `syncfs` covers many completed blocks before their renames, instead of an
-//! `fsync` per block.
+//! A block is written under a hidden temporary name and renamed to its
+//! final name (`{i}_{j}_{k}.{ext}`, or a Zarr chunk key like `i.j.k` or
+//! `c/i/j/k`, as [`FileTree`] says) only when complete and on disk, so an
+//! interrupted run never leaves a torn block that looks finished.
+//! Durability is batched: one `syncfs` covers many completed blocks before
+//! their renames, instead of an `fsync` per block. A Zarr array's metadata
+//! is written last, atomically, once every chunk is in place: until then
+//! the directory is no Zarr array a reader could take for complete.
 //!
 //! Raw blocks carry no header, so a `rechunkfs.json` beside them says their
 //! shape, dtype and axis order ([`write_metadata`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File};
+use std::io::Write;
 use std::num::NonZeroUsize;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -21,6 +25,7 @@ use lru::LruCache;
 use crate::axes::AxisOrder;
 use crate::error::{Error, Result};
 use crate::execute::{BlockSink, Executor, OutputTarget, RunStats};
+use crate::filetree::FileTree;
 use crate::format::space::Space;
 use crate::format::{self, BlockFormat, BlockTemplate};
 use crate::geometry::Partition;
@@ -69,9 +74,9 @@ pub fn block_file_name(index: &[usize], format: BlockFormat) -> String {
 }
 
 /// Checks `out` can receive blocks: created if missing; if it holds files,
-/// refused unless `overwrite`, in which case old block files (and leftover
-/// partial files, and an old `rechunkfs.json`) are removed and nothing else
-/// is touched.
+/// refused unless `overwrite`, in which case old block files, Zarr chunks
+/// and array metadata, an old `rechunkfs.json` (and leftover partial files)
+/// are removed and nothing else is touched.
 pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<()> {
     match fs::metadata(out) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -119,10 +124,41 @@ pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<()> {
                 .and_then(|e| e.to_str())
                 .and_then(BlockFormat::from_extension)
                 .is_some();
-        if (is_partial || is_block || is_metadata) && path.is_file() {
+        let is_zarr = is_zarr_chunk_name(name)
+            || name == format::zarr::ZARRAY
+            || name == format::zarr::ZARR_JSON;
+        if (is_partial || is_block || is_metadata || is_zarr) && path.is_file() {
             fs::remove_file(&path).map_err(|e| Error::io(&path, "removing an old block", e))?;
+        } else if name == "c" && path.is_dir() {
+            remove_chunk_tree(&path)?;
         }
     }
+    Ok(())
+}
+
+/// A Zarr v2 chunk name (`3.0.12`, `5`): whole numbers joined by dots.
+fn is_zarr_chunk_name(name: &str) -> bool {
+    name.split('.')
+        .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Removes a Zarr v3 chunk tree (`c/i/j/k`): numbered files and
+/// directories and partial files, then each directory left empty.
+/// Anything else in it is left alone, with the directories holding it.
+fn remove_chunk_tree(dir: &Path) -> Result<()> {
+    for entry in fs::read_dir(dir).map_err(|e| Error::io(dir, "listing", e))? {
+        let path = entry.map_err(|e| Error::io(dir, "listing", e))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let numbered = !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit());
+        let partial = name.starts_with('.') && name.ends_with(".partial");
+        if path.is_dir() && numbered {
+            remove_chunk_tree(&path)?;
+        } else if path.is_file() && (numbered || partial) {
+            fs::remove_file(&path).map_err(|e| Error::io(&path, "removing an old chunk", e))?;
+        }
+    }
+    // Not empty: something that is no chunk lives there; keep it.
+    let _ = fs::remove_dir(dir);
     Ok(())
 }
 
@@ -130,13 +166,16 @@ struct OpenOutput {
     file: File,
     path: PathBuf,
     data_offset: u64,
+    file_shape: Vec<u64>,
 }
 
 /// A [`BlockSink`] that writes block files into a directory.
 pub struct DirectorySink {
     dir: PathBuf,
-    output: Partition,
+    tree: FileTree,
     spec: OutputSpec,
+    /// Directories of nested chunk paths made so far.
+    made_dirs: HashSet<PathBuf>,
     templates: HashMap<Vec<u64>, BlockTemplate>,
     open: LruCache<u64, OpenOutput>,
     created: HashSet<u64>,
@@ -149,8 +188,9 @@ impl DirectorySink {
     pub fn new(dir: &Path, output: Partition, spec: OutputSpec) -> DirectorySink {
         DirectorySink {
             dir: dir.to_path_buf(),
-            output,
+            tree: FileTree::for_output(spec.format, output, spec.axis_order),
             spec,
+            made_dirs: HashSet::new(),
             templates: HashMap::new(),
             open: LruCache::new(NonZeroUsize::new(OPEN_OUTPUTS).unwrap_or(NonZeroUsize::MIN)),
             created: HashSet::new(),
@@ -159,13 +199,29 @@ impl DirectorySink {
         }
     }
 
+    /// (temporary, final) paths of block `rank`: the temporary one is a
+    /// hidden name in the same directory, so the rename is atomic.
     fn paths(&self, rank: u64) -> (PathBuf, PathBuf) {
-        let index = self.spec.axis_order.to_user(&self.output.unravel(rank));
-        let name = block_file_name(&index, self.spec.format);
-        (
-            self.dir.join(format!(".{name}.partial")),
-            self.dir.join(name),
-        )
+        let done = self.dir.join(self.tree.path(rank));
+        let leaf = done
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let partial = done.with_file_name(format!(".{leaf}.partial"));
+        (partial, done)
+    }
+
+    /// Makes the directory a nested chunk path needs, once.
+    fn make_parent(&mut self, path: &Path) -> Result<()> {
+        let Some(parent) = path.parent() else {
+            return Ok(());
+        };
+        if parent != self.dir && !self.made_dirs.contains(parent) {
+            fs::create_dir_all(parent)
+                .map_err(|e| Error::io(parent, "creating a chunk directory", e))?;
+            self.made_dirs.insert(parent.to_path_buf());
+        }
+        Ok(())
     }
 
     fn template(&mut self, shape: &[u64]) -> Result<&BlockTemplate> {
@@ -193,9 +249,18 @@ impl DirectorySink {
                 std::io::Error::last_os_error(),
             ));
         }
+        let mut parents = BTreeSet::new();
         for (partial, done) in self.completed.drain(..) {
             fs::rename(&partial, &done)
                 .map_err(|e| Error::io(&partial, "renaming to its final name", e))?;
+            if let Some(parent) = done.parent() {
+                parents.insert(parent.to_path_buf());
+            }
+        }
+        for parent in parents {
+            File::open(&parent)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| Error::io(&parent, "syncing the directory", e))?;
         }
         dir.sync_all()
             .map_err(|e| Error::io(&self.dir, "syncing the directory", e))?;
@@ -208,10 +273,10 @@ impl BlockSink for DirectorySink {
     fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
         if !self.open.contains(&rank) {
             let (partial, _) = self.paths(rank);
-            let region = self.output.block(&self.output.unravel(rank));
-            let shape = region.shape;
+            let region = self.tree.grid().block(&self.tree.grid().unravel(rank));
+            let file_shape = self.tree.file_shape(rank);
             let opened = if self.created.contains(&rank) {
-                let data_offset = self.template(&shape)?.data_offset;
+                let data_offset = self.template(&file_shape)?.data_offset;
                 let file = File::options()
                     .read(true)
                     .write(true)
@@ -221,12 +286,18 @@ impl BlockSink for DirectorySink {
                     file,
                     path: partial,
                     data_offset,
+                    file_shape,
                 }
             } else {
+                self.make_parent(&partial)?;
+                // The template sets the file's full length: a padded edge
+                // chunk's padding is a hole of zeros, Zarr's fill value.
+                // NIfTI headers also say where the block lies: placed.
                 let (format, dtype) = (self.spec.format, self.spec.dtype);
                 let space = self.spec.space.clone();
-                let template = self.template(&shape)?;
-                let placed = format::place(template, format, &shape, dtype, &space, &region.origin);
+                let template = self.template(&file_shape)?;
+                let placed =
+                    format::place(template, format, &file_shape, dtype, &space, &region.origin);
                 let data_offset = placed.data_offset;
                 let file = placed.create_file(&partial)?;
                 self.created.insert(rank);
@@ -234,6 +305,7 @@ impl BlockSink for DirectorySink {
                     file,
                     path: partial,
                     data_offset,
+                    file_shape,
                 }
             };
             self.open.put(rank, opened);
@@ -246,6 +318,7 @@ impl BlockSink for DirectorySink {
             file: &open.file,
             path: &open.path,
             data_offset: open.data_offset,
+            file_shape: &open.file_shape,
         })
     }
 
@@ -255,8 +328,8 @@ impl BlockSink for DirectorySink {
         }
         self.created.remove(&rank);
         let (partial, done) = self.paths(rank);
-        let shape = self.output.block(&self.output.unravel(rank)).shape;
-        self.completed_bytes += self.template(&shape)?.file_len();
+        let file_shape = self.tree.file_shape(rank);
+        self.completed_bytes += self.template(&file_shape)?.file_len();
         self.completed.push((partial, done));
         if self.completed_bytes >= COMMIT_BATCH_BYTES {
             self.commit()?;
@@ -292,6 +365,7 @@ pub fn rechunk(
     }
     let stats = executor.run(&mut sink, progress)?;
     sink.commit()?;
+    write_array_metadata(out, &sink.tree, &sink.spec)?;
     Ok(stats)
 }
 
@@ -342,4 +416,27 @@ pub fn write_metadata(out: &Path, metadata: &serde_json::Value) -> Result<()> {
         .map_err(|e| Error::BadArgument(format!("encoding {METADATA_NAME}: {e}")))?;
     bytes.push(b'\n');
     fs::write(&path, bytes).map_err(|e| Error::io(&path, "write", e))
+}
+
+/// Writes the files that describe the whole array (a Zarr array's
+/// metadata; nothing for block files), each atomically: written, synced,
+/// renamed into place.
+fn write_array_metadata(out: &Path, tree: &FileTree, spec: &OutputSpec) -> Result<()> {
+    let shape = tree.grid().array_shape();
+    let files = format::array_metadata_files(spec.format, &shape, &tree.block_shape(), spec.dtype);
+    if files.is_empty() {
+        return Ok(());
+    }
+    for (name, bytes) in files {
+        let path = out.join(name);
+        let partial = out.join(format!(".{name}.partial"));
+        let mut file = File::create(&partial).map_err(|e| Error::io(&partial, "creating", e))?;
+        file.write_all(&bytes)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| Error::io(&partial, "writing", e))?;
+        fs::rename(&partial, &path).map_err(|e| Error::io(&path, "renaming into place", e))?;
+    }
+    File::open(out)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(out, "syncing the directory", e))
 }

@@ -61,6 +61,14 @@ pub fn write_sample(
             geometry::show_shape(block)
         )));
     }
+    if format.pads_edge_blocks() {
+        return Err(Error::BadArgument(format!(
+            "sample writes block files (h5 or npy); for a {} sample, rechunk one: \
+             rechunkfs rechunk SAMPLE OUT --shape ... --format {}",
+            format.name(),
+            format.extension()
+        )));
+    }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "creating", e))?;
     let grid = Partition::regular(array, block);
     for index in IndexBox::grid(&grid.grid_shape()) {

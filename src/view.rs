@@ -1,6 +1,12 @@
-//! The view's filesystem, as plain methods: the directory of output blocks,
-//! their exact sizes, and reads that are answered at once (done blocks,
-//! header bytes) or parked until the block completes (pending data).
+//! The view's filesystem, as plain methods: the tree of output block files
+//! (flat `{i}_{j}_{k}.h5`, Zarr v2 `i.j.k`, or Zarr v3 nested `c/i/j/k`, as
+//! [`FileTree`] lays them out) beside static metadata files, their exact
+//! sizes, and reads that are answered at once (done blocks, header bytes,
+//! metadata) or parked until the block completes (pending data).
+//!
+//! Inode numbers are computed, not stored: the root, then the static files,
+//! then one per output block (`FIRST_BLOCK_INO + rank`), then one per
+//! nested directory, so a grid of millions of blocks costs no table.
 //!
 //! Nothing here knows about FUSE: `fuse.rs` is a thin adapter that calls
 //! these methods, and tests drive them directly. Replies are callbacks, so a
@@ -26,10 +32,10 @@ use crate::axes::AxisOrder;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::execute::RunStats;
+use crate::filetree::{Dir, FileTree, Node};
 use crate::format::space::Space;
 use crate::format::{self, BlockFormat, BlockTemplate};
 use crate::geometry::{IndexBox, Partition};
-use crate::input::{grid_name, parse_grid_index};
 use crate::plan::Plan;
 use crate::rechunk::{block_file_name, metadata_json};
 use crate::staging::Staging;
@@ -37,6 +43,8 @@ use crate::staging::Staging;
 pub const ROOT_INO: u64 = 1;
 pub const METADATA_INO: u64 = 2;
 pub const STATUS_INO: u64 = 3;
+/// Further static files (a Zarr array's metadata) take inodes from here.
+const FIRST_EXTRA_STATIC_INO: u64 = 4;
 const FIRST_BLOCK_INO: u64 = 16;
 /// The metadata file: the whole array and its new grid, as JSON.
 pub const METADATA_NAME: &str = crate::rechunk::METADATA_NAME;
@@ -156,14 +164,24 @@ pub struct Status {
     pub pid: u32,
 }
 
+/// A file whose bytes are fixed at mount (metadata).
+struct StaticFile {
+    ino: u64,
+    name: String,
+    bytes: Vec<u8>,
+}
+
 /// The state of a mounted view, shared by the filesystem adapter, the
 /// materialiser and status readers.
 pub struct ViewCore {
     layout: ViewLayout,
     output: Partition,
+    files: FileTree,
+    /// Templates by file shape (interior and edge files may differ).
     templates: HashMap<Vec<u64>, BlockTemplate>,
     staging: Arc<Staging>,
-    metadata: Vec<u8>,
+    /// `rechunkfs.json` first, then the format's own metadata files.
+    statics: Vec<StaticFile>,
     planned_seeks: u64,
     state: Mutex<ViewState>,
     staged_files: Mutex<LruCache<u64, Arc<File>>>,
@@ -186,28 +204,41 @@ impl ViewCore {
         done: &[u64],
     ) -> Result<ViewCore> {
         let output = plan.output.clone();
+        let files = FileTree::for_output(layout.format, output.clone(), layout.axis_order);
+        // Distinct file shapes: per dimension the interior and the edge
+        // extent, so at most 2^N, found without walking a huge grid.
+        let extents: Vec<Vec<u64>> = (0..output.ndim())
+            .map(|d| {
+                let axis = output.axis(d);
+                let mut list: Vec<u64> = [axis.extent(0), axis.extent(axis.count() - 1)]
+                    .iter()
+                    .map(|&e| files.files().file_extent(d, e))
+                    .collect();
+                list.dedup();
+                list
+            })
+            .collect();
         let mut templates = HashMap::new();
-        for index in IndexBox::grid(&output.grid_shape()) {
-            let shape = output.block(&index).shape;
-            if let std::collections::hash_map::Entry::Vacant(slot) = templates.entry(shape) {
-                let template = format::template_in_space(
-                    layout.format,
-                    slot.key(),
-                    layout.dtype,
-                    &layout.dataset,
-                    format::VIEW_DATA_ALIGNMENT,
-                    &layout.space,
-                )?;
-                slot.insert(template);
-            }
-            // Distinct shapes: interior plus edges, at most 2^N; stop early
-            // once every edge combination is seen rather than walk a huge grid.
-            if templates.len() >= 1 << output.ndim() {
-                break;
-            }
+        let counts: Vec<usize> = extents.iter().map(Vec::len).collect();
+        for choice in IndexBox::grid(&counts) {
+            let shape: Vec<u64> = choice
+                .iter()
+                .enumerate()
+                .map(|(d, &i)| extents[d][i])
+                .collect();
+            let template = format::template_in_space(
+                layout.format,
+                &shape,
+                layout.dtype,
+                &layout.dataset,
+                format::VIEW_DATA_ALIGNMENT,
+                &layout.space,
+            )?;
+            templates.insert(shape, template);
         }
         let mut core = ViewCore {
-            metadata: Vec::new(),
+            statics: Vec::new(),
+            files,
             planned_seeks: plan.prediction.seeks(),
             state: Mutex::new(ViewState {
                 done: vec![false; output.count() as usize],
@@ -234,7 +265,24 @@ impl ViewCore {
             staging,
             layout,
         };
-        core.metadata = core.metadata_json();
+        core.statics.push(StaticFile {
+            ino: METADATA_INO,
+            name: METADATA_NAME.into(),
+            bytes: core.metadata_json(),
+        });
+        let format_files = format::array_metadata_files(
+            core.layout.format,
+            &core.layout.array,
+            &core.files.block_shape(),
+            core.layout.dtype,
+        );
+        for (i, (name, bytes)) in format_files.into_iter().enumerate() {
+            core.statics.push(StaticFile {
+                ino: FIRST_EXTRA_STATIC_INO + i as u64,
+                name: name.into(),
+                bytes,
+            });
+        }
         {
             let mut state = core.state.lock();
             for &rank in done {
@@ -271,34 +319,51 @@ impl ViewCore {
         &self.staging
     }
 
-    /// The template of output block `rank` (its header bytes and layout):
-    /// its shape's, placed at its origin for formats whose header records it.
+    /// The files the view serves for the output blocks.
+    pub fn files(&self) -> &FileTree {
+        &self.files
+    }
+
+    /// The template of output block `rank`'s file (its header bytes and
+    /// layout): its file shape's, placed at the block's origin for formats
+    /// whose header records it (NIfTI).
     pub fn template(&self, rank: u64) -> Cow<'_, BlockTemplate> {
         let region = self.output.block(&self.output.unravel(rank));
-        // Every block shape was templated at construction.
-        let template = &self.templates[&region.shape];
+        let file_shape = self.files.file_shape(rank);
+        // Every file shape was templated at construction.
+        let template = &self.templates[&file_shape];
         format::place(
             template,
             self.layout.format,
-            &region.shape,
+            &file_shape,
             self.layout.dtype,
             &self.layout.space,
             &region.origin,
         )
     }
 
+    /// Bytes of the array in output block `rank` (not its file's padding).
     fn data_len(&self, rank: u64) -> u64 {
-        self.template(rank).data_len
+        self.output.block(&self.output.unravel(rank)).volume() * self.layout.dtype.size as u64
     }
 
-    /// The file name of output block `rank`.
+    /// The path of output block `rank`'s file in the view (`2_0_1.h5`,
+    /// `2.0.1`, `c/2/0/1`).
     pub fn block_name(&self, rank: u64) -> String {
-        let index = self.layout.axis_order.to_user(&self.output.unravel(rank));
-        block_file_name(&index, self.layout.format)
+        self.files.path(rank)
+    }
+
+    /// Where the staging area keeps output block `rank`'s file: flat
+    /// names by grid index, whatever the view's naming.
+    pub fn staged_path(&self, rank: u64) -> std::path::PathBuf {
+        self.staging.block_path(&block_file_name(
+            &self.output.unravel(rank),
+            self.layout.format,
+        ))
     }
 
     fn metadata_json(&self) -> Vec<u8> {
-        let value = metadata_json(
+        let mut value = metadata_json(
             &self.layout.array,
             self.layout.dtype,
             &self.layout.input_block,
@@ -308,6 +373,19 @@ impl ViewCore {
             self.layout.axis_order,
             &self.layout.source,
         );
+        // The view's own naming (Zarr chunk keys, nested or not) and edges.
+        let letters = ["{i}", "{j}", "{k}", "{l}", "{m}", "{n}", "{o}", "{p}"];
+        let key = self.files.key();
+        let mut pattern = letters[..self.output.ndim()].join(&key.separator.to_string());
+        if let Some(prefix) = &key.prefix {
+            pattern = format!("{prefix}{}{pattern}", key.separator);
+        }
+        value["file_name_pattern"] = serde_json::json!(format!("{pattern}{}", key.suffix));
+        value["edge_blocks"] = serde_json::json!(if self.files.files().is_padded() {
+            "edge chunks are padded to the full block shape, as Zarr stores them"
+        } else {
+            "edge blocks are smaller"
+        });
         let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or_default();
         bytes.push(b'\n');
         bytes
@@ -318,15 +396,47 @@ impl ViewCore {
         (rank < self.output.count()).then_some(rank)
     }
 
-    fn node_attr(&self, ino: u64) -> std::result::Result<NodeAttr, Errno> {
-        let (kind, size) = match ino {
-            ROOT_INO => (NodeKind::Directory, 0),
-            METADATA_INO => (NodeKind::File, self.metadata.len() as u64),
-            STATUS_INO => (NodeKind::File, self.status_bytes().len() as u64),
-            _ => {
-                let rank = self.block_rank(ino).ok_or(libc::ENOENT)?;
-                (NodeKind::File, self.template(rank).file_len())
+    fn static_file(&self, ino: u64) -> Option<&StaticFile> {
+        self.statics.iter().find(|file| file.ino == ino)
+    }
+
+    /// The directory an inode is, if it is one.
+    fn dir_of(&self, ino: u64) -> Option<Dir> {
+        if ino == ROOT_INO {
+            return Some(Dir::Root);
+        }
+        let ordinal = ino.checked_sub(FIRST_BLOCK_INO + self.output.count())?;
+        self.files.dir_of_ordinal(ordinal)
+    }
+
+    fn node_ino(&self, node: Node) -> u64 {
+        match node {
+            Node::Block(rank) => FIRST_BLOCK_INO + rank,
+            Node::Dir(Dir::Root) => ROOT_INO,
+            Node::Dir(dir) => {
+                FIRST_BLOCK_INO + self.output.count() + self.files.dir_ordinal(dir).unwrap_or(0)
             }
+        }
+    }
+
+    fn node_kind(node: Node) -> NodeKind {
+        match node {
+            Node::Block(_) => NodeKind::File,
+            Node::Dir(_) => NodeKind::Directory,
+        }
+    }
+
+    fn node_attr(&self, ino: u64) -> std::result::Result<NodeAttr, Errno> {
+        let (kind, size) = if ino == STATUS_INO {
+            (NodeKind::File, self.status_bytes().len() as u64)
+        } else if let Some(file) = self.static_file(ino) {
+            (NodeKind::File, file.bytes.len() as u64)
+        } else if let Some(rank) = self.block_rank(ino) {
+            (NodeKind::File, self.template(rank).file_len())
+        } else if self.dir_of(ino).is_some() {
+            (NodeKind::Directory, 0)
+        } else {
+            return Err(libc::ENOENT);
         };
         Ok(NodeAttr {
             ino,
@@ -341,60 +451,66 @@ impl ViewCore {
     }
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> std::result::Result<NodeAttr, Errno> {
-        if parent != ROOT_INO {
-            return Err(libc::ENOTDIR);
-        }
+        let Some(dir) = self.dir_of(parent) else {
+            return Err(if self.node_attr(parent).is_ok() {
+                libc::ENOTDIR
+            } else {
+                libc::ENOENT
+            });
+        };
         let name = name.to_str().ok_or(libc::ENOENT)?;
-        match name {
-            METADATA_NAME => return self.node_attr(METADATA_INO),
-            STATUS_NAME => return self.node_attr(STATUS_INO),
-            _ => {}
+        if dir == Dir::Root {
+            if name == STATUS_NAME {
+                return self.node_attr(STATUS_INO);
+            }
+            if let Some(file) = self.statics.iter().find(|file| file.name == name) {
+                return self.node_attr(file.ino);
+            }
         }
-        let stem = name
-            .strip_suffix(self.layout.format.extension())
-            .and_then(|s| s.strip_suffix('.'))
-            .ok_or(libc::ENOENT)?;
-        let named = parse_grid_index(stem).ok_or(libc::ENOENT)?;
-        let index = self.layout.axis_order.to_internal(&named);
-        let grid = self.output.grid_shape();
-        if index.len() != grid.len()
-            || index.iter().zip(&grid).any(|(i, n)| i >= n)
-            || grid_name(&named) != stem
-        {
-            return Err(libc::ENOENT);
-        }
-        self.node_attr(FIRST_BLOCK_INO + self.output.linear(&index))
+        let node = self.files.lookup(dir, name).ok_or(libc::ENOENT)?;
+        self.node_attr(self.node_ino(node))
     }
 
-    /// Directory entries from position `offset` on (`.`, `..`, the metadata
-    /// and status files, then the blocks in C order), with each entry's
-    /// position for resuming.
+    /// Directory entries from position `offset` on (`.`, `..`; in the root
+    /// the metadata and status files; then the tree's entries, blocks in
+    /// C order), with each entry's position for resuming.
     pub fn readdir(
         &self,
         ino: u64,
         offset: u64,
     ) -> std::result::Result<impl Iterator<Item = (u64, DirEntry)> + '_, Errno> {
-        if ino != ROOT_INO {
-            return Err(libc::ENOTDIR);
-        }
-        let fixed = [
-            (ROOT_INO, NodeKind::Directory, ".".to_string()),
-            (ROOT_INO, NodeKind::Directory, "..".to_string()),
-            (METADATA_INO, NodeKind::File, METADATA_NAME.to_string()),
-            (STATUS_INO, NodeKind::File, STATUS_NAME.to_string()),
+        let Some(dir) = self.dir_of(ino) else {
+            return Err(if self.node_attr(ino).is_ok() {
+                libc::ENOTDIR
+            } else {
+                libc::ENOENT
+            });
+        };
+        let parent = self.node_ino(Node::Dir(self.files.parent(dir)));
+        let mut fixed = vec![
+            (ino, NodeKind::Directory, ".".to_string()),
+            (parent, NodeKind::Directory, "..".to_string()),
         ];
+        if dir == Dir::Root {
+            fixed.extend(
+                self.statics
+                    .iter()
+                    .map(|file| (file.ino, NodeKind::File, file.name.clone())),
+            );
+            fixed.push((STATUS_INO, NodeKind::File, STATUS_NAME.to_string()));
+        }
         let fixed_len = fixed.len() as u64;
-        let total = fixed_len + self.output.count();
+        let total = fixed_len + self.files.child_count(dir);
         Ok((offset..total).map(move |position| {
             let entry = if position < fixed_len {
                 let (ino, kind, name) = fixed[position as usize].clone();
                 DirEntry { ino, kind, name }
             } else {
-                let rank = position - fixed_len;
+                let (name, node) = self.files.child(dir, position - fixed_len);
                 DirEntry {
-                    ino: FIRST_BLOCK_INO + rank,
-                    kind: NodeKind::File,
-                    name: self.block_name(rank),
+                    ino: self.node_ino(node),
+                    kind: Self::node_kind(node),
+                    name,
                 }
             };
             (position + 1, entry)
@@ -433,14 +549,15 @@ impl ViewCore {
                 .min(bytes.len());
             bytes[start..end].to_vec()
         };
-        match ino {
-            METADATA_INO => return reply(Ok(fixed(&self.metadata))),
-            STATUS_INO => {
-                let snapshot = self.status_snapshots.lock().get(&handle).cloned();
-                return reply(Ok(fixed(&snapshot.unwrap_or_else(|| self.status_bytes()))));
-            }
-            ROOT_INO => return reply(Err(libc::EISDIR)),
-            _ => {}
+        if ino == STATUS_INO {
+            let snapshot = self.status_snapshots.lock().get(&handle).cloned();
+            return reply(Ok(fixed(&snapshot.unwrap_or_else(|| self.status_bytes()))));
+        }
+        if let Some(file) = self.static_file(ino) {
+            return reply(Ok(fixed(&file.bytes)));
+        }
+        if self.dir_of(ino).is_some() {
+            return reply(Err(libc::EISDIR));
         }
         let Some(rank) = self.block_rank(ino) else {
             return reply(Err(libc::ENOENT));
@@ -504,7 +621,7 @@ impl ViewCore {
         if let Some(file) = self.staged_files.lock().get(&rank) {
             return Ok(file.clone());
         }
-        let path = self.staging.block_path(&self.block_name(rank));
+        let path = self.staged_path(rank);
         let file = Arc::new(File::open(&path).map_err(|e| crate::Error::io(&path, "opening", e))?);
         self.staged_files.lock().put(rank, file.clone());
         Ok(file)

@@ -13,7 +13,7 @@ use rechunkfs::plan::{self, Problem, Strategy as PlanStrategy};
 use rechunkfs::rechunk::{self, OutputSpec};
 use rechunkfs::DType;
 
-use common::{dtype, make_blocks, verify_output};
+use common::{dtype, is_zarr, make_blocks, make_zarr, verify_output, verify_zarr_output};
 
 struct Case<'a> {
     array: &'a [u64],
@@ -30,15 +30,26 @@ struct Case<'a> {
 /// Rechunks the sample array as the case says and checks everything.
 fn run_case(root: &Path, case: &Case) -> (u64, u64) {
     let dtype: DType = dtype(case.dtype);
-    let input_dir = make_blocks(
-        root,
-        "in",
-        case.array,
-        case.input_block,
-        dtype,
-        case.input_format,
-    );
-    let single = case.input_block == case.array;
+    let input_dir = if is_zarr(case.input_format) {
+        make_zarr(
+            root,
+            "in",
+            case.array,
+            case.input_block,
+            dtype,
+            case.input_format,
+        )
+    } else {
+        make_blocks(
+            root,
+            "in",
+            case.array,
+            case.input_block,
+            dtype,
+            case.input_format,
+        )
+    };
+    let single = case.input_block == case.array && !is_zarr(case.input_format);
     let input_path = if single {
         input_dir.join(format!(
             "{}.{}",
@@ -57,6 +68,9 @@ fn run_case(root: &Path, case: &Case) -> (u64, u64) {
         dtype.size as u64,
     )
     .expect("problem");
+    let output_files =
+        rechunkfs::filetree::output_file_shape(case.output_format, &problem.output());
+    let problem = problem.with_files(input.files.clone(), output_files);
     let mem = case.mem_fraction.map(|f| {
         ((plan::keep_rhat(&problem).prediction.peak_bytes as f64 * f) as u64).max(dtype.size as u64)
     });
@@ -96,13 +110,23 @@ fn run_case(root: &Path, case: &Case) -> (u64, u64) {
     let nbytes = case.array.iter().product::<u64>() * dtype.size as u64;
     assert_eq!(stats.bytes_read, nbytes, "every byte read once");
     assert_eq!(stats.bytes_written, nbytes, "every byte written once");
-    verify_output(
-        &out,
-        case.array,
-        &problem.output_block,
-        dtype,
-        case.output_format,
-    );
+    if is_zarr(case.output_format) {
+        verify_zarr_output(
+            &out,
+            case.array,
+            &problem.output_block,
+            dtype,
+            case.output_format,
+        );
+    } else {
+        verify_output(
+            &out,
+            case.array,
+            &problem.output_block,
+            dtype,
+            case.output_format,
+        );
+    }
     (stats.seeks(), plan.problem.lower_bound_seeks())
 }
 
@@ -230,6 +254,60 @@ fn keep_md_known_numbers_executed() {
     }
 }
 
+#[test]
+fn zarr_output_pads_edge_chunks_and_counts_the_planned_seeks() {
+    for format in [BlockFormat::Zarr, BlockFormat::Zarr3] {
+        let root = tempfile::tempdir().unwrap();
+        let mut c = case(&[23, 19, 17], &[6, 5, 7], &[8, 7, 5], ">u2");
+        c.output_format = format;
+        run_case(root.path(), &c);
+    }
+}
+
+#[test]
+fn zarr_input_with_padded_edge_chunks() {
+    for (format, out) in [
+        (BlockFormat::Zarr, BlockFormat::Hdf5),
+        (BlockFormat::Zarr3, BlockFormat::Npy),
+        (BlockFormat::Zarr3, BlockFormat::Zarr),
+    ] {
+        let root = tempfile::tempdir().unwrap();
+        let mut c = case(&[23, 19, 17], &[6, 5, 7], &[8, 7, 5], "<f4");
+        c.input_format = format;
+        c.output_format = out;
+        run_case(root.path(), &c);
+    }
+}
+
+#[test]
+fn zarr_chunks_past_the_array_hold_one_padded_chunk() {
+    // A chunk shape past the array: one chunk, padded in every dimension,
+    // on both sides of the rechunk.
+    let root = tempfile::tempdir().unwrap();
+    let mut c = case(&[9, 8], &[9, 8], &[4, 3], "u8");
+    c.input_format = BlockFormat::Zarr;
+    c.output_format = BlockFormat::Zarr3;
+    run_case(root.path(), &c);
+    let root = tempfile::tempdir().unwrap();
+    let mut c = case(&[9, 8], &[4, 3], &[1000, 1000], "f8");
+    c.output_format = BlockFormat::Zarr;
+    run_case(root.path(), &c);
+}
+
+#[test]
+fn zarr_under_a_tight_memory_limit_and_baseline() {
+    let root = tempfile::tempdir().unwrap();
+    let mut c = case(&[30, 28, 26], &[10, 7, 13], &[12, 9, 8], "u16");
+    c.input_format = BlockFormat::Zarr3;
+    c.output_format = BlockFormat::Zarr;
+    c.mem_fraction = Some(0.3);
+    run_case(root.path(), &c);
+    let root = tempfile::tempdir().unwrap();
+    c.mem_fraction = None;
+    c.strategy = PlanStrategy::Baseline;
+    run_case(root.path(), &c);
+}
+
 fn shapes() -> impl Strategy<Value = (Vec<u64>, Vec<u64>, Vec<u64>)> {
     (1usize..=4).prop_flat_map(|n| {
         proptest::collection::vec(1u64..=14, n).prop_flat_map(|array| {
@@ -252,7 +330,17 @@ proptest! {
         (array, input_block, output_block) in shapes(),
         mem_fraction in prop_oneof![Just(None), (0.05f64..1.0).prop_map(Some)],
         baseline in proptest::bool::weighted(0.2),
-        npy_out in any::<bool>(),
+        output_format in prop_oneof![
+            Just(BlockFormat::Npy),
+            Just(BlockFormat::Hdf5),
+            Just(BlockFormat::Zarr),
+            Just(BlockFormat::Zarr3),
+        ],
+        input_format in prop_oneof![
+            3 => Just(BlockFormat::Npy),
+            1 => Just(BlockFormat::Zarr),
+            1 => Just(BlockFormat::Zarr3),
+        ],
     ) {
         let input_block: Vec<u64> = input_block.iter().zip(&array).map(|(b, a)| *b.min(a)).collect();
         let root = tempfile::tempdir().unwrap();
@@ -261,8 +349,8 @@ proptest! {
             input_block: &input_block,
             output_block: &output_block,
             dtype: "u16",
-            input_format: BlockFormat::Npy,
-            output_format: if npy_out { BlockFormat::Npy } else { BlockFormat::Hdf5 },
+            input_format,
+            output_format,
             mem_fraction: if baseline { None } else { mem_fraction },
             strategy: if baseline { PlanStrategy::Baseline } else { PlanStrategy::Keep },
         };

@@ -50,8 +50,41 @@ impl Mounted {
         format: &str,
         step_delay_ms: u64,
     ) -> Mounted {
+        Mounted::with_args(input, view, staging, shape, format, step_delay_ms, &[])
+    }
+
+    /// Strictly in plan order: a waited-for block stays pending until the
+    /// plan reaches it (no extraction ahead of the plan).
+    fn in_order(
+        input: &Path,
+        view: &Path,
+        staging: &Path,
+        shape: &str,
+        format: &str,
+        step_delay_ms: u64,
+    ) -> Mounted {
+        Mounted::with_args(
+            input,
+            view,
+            staging,
+            shape,
+            format,
+            step_delay_ms,
+            &["--in-order"],
+        )
+    }
+
+    fn with_args(
+        input: &Path,
+        view: &Path,
+        staging: &Path,
+        shape: &str,
+        format: &str,
+        step_delay_ms: u64,
+        extra: &[&str],
+    ) -> Mounted {
         fs::create_dir_all(view).unwrap();
-        let args: Vec<String> = [
+        let mut args: Vec<String> = [
             "mount",
             input.to_str().unwrap(),
             view.to_str().unwrap(),
@@ -65,6 +98,7 @@ impl Mounted {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
         let output = run(
             &args.iter().map(String::as_str).collect::<Vec<_>>(),
             step_delay_ms,
@@ -262,7 +296,7 @@ fn a_read_of_a_pending_block_waits_and_others_are_served_meanwhile() {
         dtype("u1"),
         BlockFormat::Hdf5,
     );
-    let mounted = Mounted::new(
+    let mounted = Mounted::in_order(
         &input,
         &root.path().join("view"),
         &root.path().join("staging"),
@@ -496,7 +530,7 @@ fn unmount_with_parked_readers_errors_them_promptly_and_frees_the_mount_point() 
         dtype("u1"),
         BlockFormat::Npy,
     );
-    let mounted = Mounted::new(
+    let mounted = Mounted::in_order(
         &input,
         &root.path().join("view"),
         &root.path().join("staging"),
@@ -513,7 +547,13 @@ fn unmount_with_parked_readers_errors_them_promptly_and_frees_the_mount_point() 
             tx.send(result.map(|b| b.len())).unwrap();
         });
     }
+    let deadline = Instant::now() + Duration::from_secs(60);
     while mounted.status()["waiting_reads"].as_u64().unwrap() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "readers did not park: {}",
+            mounted.status()
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     let umount = mounted.umount();
@@ -753,4 +793,55 @@ fn opening_a_pending_block_to_learn_its_shape_never_waits() {
             "learning the shape of {format:?} waited for the data"
         );
     }
+}
+
+#[test]
+fn a_reader_of_a_far_block_is_served_ahead_of_the_plan() {
+    let root = tempfile::tempdir().unwrap();
+    let array = [48u64, 40, 36];
+    let block = [12u64, 10, 9];
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &[8, 20, 12],
+        dtype("<u2"),
+        BlockFormat::Hdf5,
+    );
+    // Slow enough that the plan cannot reach the last block for seconds.
+    let mounted = Mounted::new(
+        &input,
+        &root.path().join("view"),
+        &root.path().join("staging"),
+        "12,10,9",
+        "h5",
+        300,
+    );
+    let grid = Partition::regular(&array, &block);
+    let last_index: Vec<usize> = grid.grid_shape().iter().map(|n| n - 1).collect();
+    let last = mounted.view.join(format!("{}.h5", grid_name(&last_index)));
+    assert_eq!(xattr_state(&last), "pending");
+    let bytes = fs::read(&last).unwrap();
+    assert_eq!(
+        bytes,
+        expected_view_file(
+            &array,
+            &grid.block(&last_index),
+            dtype("<u2"),
+            BlockFormat::Hdf5
+        )
+    );
+    let status = mounted.status();
+    assert_eq!(status["on_demand_blocks"], 1, "{status}");
+    assert_eq!(
+        status["state"], "materialising",
+        "served while the plan still runs: {status}"
+    );
+    mounted.wait_complete();
+    check_every_file(&mounted.view, &array, &block, BlockFormat::Hdf5, "<u2");
+    let status = mounted.status();
+    assert!(
+        status["seeks_made"].as_u64() < status["seeks_planned"].as_u64(),
+        "the plan skipped the extracted block"
+    );
 }

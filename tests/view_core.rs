@@ -58,6 +58,8 @@ fn fixture(
         2,
     )
     .unwrap();
+    let output_files = rechunkfs::filetree::output_file_shape(format, &problem.output());
+    let problem = problem.with_files(input.files.clone(), output_files);
     let plan = plan::plan(&problem, Strategy::Keep, None).unwrap();
     let manifest = Manifest::new(&input, output_block, format);
     Fixture {
@@ -399,7 +401,7 @@ fn resume_keeps_completed_blocks_and_redoes_only_the_rest() {
     let times_before: Vec<_> = done_before
         .iter()
         .map(|&r| {
-            std::fs::metadata(core.staging().block_path(&core.block_name(r)))
+            std::fs::metadata(core.staged_path(r))
                 .unwrap()
                 .modified()
                 .unwrap()
@@ -420,7 +422,7 @@ fn resume_keeps_completed_blocks_and_redoes_only_the_rest() {
     assert_eq!(unique.len(), journal.len(), "no block was completed twice");
     assert_eq!(unique.len() as u64, core.output().count());
     for (rank, before) in done_before.iter().zip(times_before) {
-        let now = std::fs::metadata(core.staging().block_path(&core.block_name(*rank)))
+        let now = std::fs::metadata(core.staged_path(*rank))
             .unwrap()
             .modified()
             .unwrap();
@@ -465,7 +467,7 @@ fn a_waited_for_block_is_extracted_ahead_of_the_plan_and_not_written_twice() {
         status.blocks_done < core.output().count(),
         "the plan is still running"
     );
-    let path = core.staging().block_path(&core.block_name(last));
+    let path = core.staged_path(last);
     let extracted_at = std::fs::metadata(&path).unwrap().modified().unwrap();
     drop(go);
     runner.join().unwrap();
@@ -525,4 +527,162 @@ fn extraction_that_would_break_the_memory_cap_waits_for_the_plan() {
     );
     assert_eq!(core.status().on_demand_blocks, 0);
     assert_eq!(core.status().seeks_made, core.status().seeks_planned);
+}
+
+/// The node `path` (components joined by `/`) resolves to from the root.
+fn resolve(core: &ViewCore, path: &str) -> Result<rechunkfs::view::NodeAttr, i32> {
+    let mut node = core.getattr(ROOT_INO)?;
+    for component in path.split('/') {
+        node = core.lookup(node.ino, OsStr::new(component))?;
+    }
+    Ok(node)
+}
+
+fn names_in(core: &ViewCore, ino: u64, offset: u64) -> Vec<String> {
+    core.readdir(ino, offset)
+        .unwrap()
+        .map(|(_, e)| e.name)
+        .collect()
+}
+
+fn read_all(core: &ViewCore, ino: u64) -> Vec<u8> {
+    read_into(core, ino, 0, 1 << 20).recv().unwrap().unwrap()
+}
+
+fn expected_chunk(f: &Fixture, core: &ViewCore, rank: u64) -> Vec<u8> {
+    let region = core.output().block(&core.output().unravel(rank));
+    common::expected_chunk_file(&f.array, &region, &f.plan.problem.output_block, f.dtype)
+}
+
+#[test]
+fn zarr3_view_nests_chunks_under_c_with_padded_headerless_files() {
+    let f = fixture(&[23, 19, 17], &[6, 5, 7], &[8, 7, 5], BlockFormat::Zarr3);
+    let (core, _) = open_core(&f);
+    assert_eq!(
+        names_in(&core, ROOT_INO, 0),
+        [
+            ".",
+            "..",
+            "rechunkfs.json",
+            "zarr.json",
+            ".rechunkfs-status.json",
+            "c"
+        ]
+    );
+    let meta = resolve(&core, "zarr.json").unwrap();
+    let meta: serde_json::Value = serde_json::from_slice(&read_all(&core, meta.ino)).unwrap();
+    assert_eq!(meta["shape"], serde_json::json!([23, 19, 17]));
+    assert_eq!(
+        meta["chunk_grid"]["configuration"]["chunk_shape"],
+        serde_json::json!([8, 7, 5])
+    );
+    assert_eq!(meta["codecs"][0]["configuration"]["endian"], "little");
+
+    let c = resolve(&core, "c").unwrap();
+    assert_eq!(c.kind, rechunkfs::view::NodeKind::Directory);
+    assert_eq!(names_in(&core, c.ino, 0), [".", "..", "0", "1", "2"]);
+    assert_eq!(names_in(&core, c.ino, 3), ["1", "2"], "a listing resumes");
+    let leaf = resolve(&core, "c/2/1").unwrap();
+    assert_eq!(leaf.kind, rechunkfs::view::NodeKind::Directory);
+    assert_eq!(names_in(&core, leaf.ino, 2), ["0", "1", "2", "3"]);
+    let chunk_bytes = 8 * 7 * 5 * 2;
+    for rank in 0..core.output().count() {
+        let name = core.block_name(rank);
+        let node = resolve(&core, &name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(node.kind, rechunkfs::view::NodeKind::File);
+        // Edge chunks too: every chunk file is a whole padded chunk.
+        assert_eq!(node.size, chunk_bytes, "{name}");
+    }
+    for bad in [
+        "c/3",
+        "c/00",
+        "c/0/3",
+        "c/0/0/4",
+        "c/0/0/0/0",
+        "0.0.0",
+        "c.0.0.0",
+        "d",
+    ] {
+        assert!(resolve(&core, bad).is_err(), "{bad}");
+    }
+    let file = resolve(&core, "c/0/0/0").unwrap();
+    assert_eq!(core.lookup(file.ino, OsStr::new("x")), Err(libc::ENOTDIR));
+    assert_eq!(core.readdir(file.ino, 0).err(), Some(libc::ENOTDIR));
+
+    // No header: even the first bytes of a pending chunk wait for it.
+    let last = core.output().count() - 1;
+    let last_ino = resolve(&core, &core.block_name(last)).unwrap().ino;
+    let parked = read_into(&core, last_ino, 0, 16);
+    assert!(parked.try_recv().is_err(), "a pending chunk's bytes wait");
+    let (go, runner) = stepped_run(&f, core.clone());
+    drop(go);
+    runner.join().unwrap();
+    assert_eq!(
+        parked
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap()
+            .unwrap(),
+        expected_chunk(&f, &core, last)[..16]
+    );
+    let mut rng = TestRng(3);
+    for rank in 0..core.output().count() {
+        let whole = expected_chunk(&f, &core, rank);
+        let ino = resolve(&core, &core.block_name(rank)).unwrap().ino;
+        assert_eq!(read_all(&core, ino), whole, "{}", core.block_name(rank));
+        let offset = rng.below(whole.len() as u64);
+        let size = rng.below(900) as u32 + 1;
+        let end = (offset as usize + size as usize).min(whole.len());
+        assert_eq!(
+            read_into(&core, ino, offset, size).recv().unwrap().unwrap(),
+            whole[offset as usize..end]
+        );
+    }
+    // Progress counts array bytes, not padding.
+    let status = core.status();
+    assert_eq!(status.bytes_done, status.bytes_total);
+    assert_eq!(status.bytes_total, 23 * 19 * 17 * 2);
+}
+
+#[test]
+fn zarr2_view_lists_flat_chunk_names_beside_its_metadata() {
+    let f = fixture(&[30, 25, 20], &[7, 9, 6], &[8, 10, 20], BlockFormat::Zarr);
+    let (core, _) = open_core(&f);
+    let names = names_in(&core, ROOT_INO, 0);
+    assert_eq!(
+        &names[..5],
+        &[
+            ".",
+            "..",
+            "rechunkfs.json",
+            ".zarray",
+            ".rechunkfs-status.json"
+        ]
+    );
+    assert_eq!(&names[5..9], ["0.0.0", "0.1.0", "0.2.0", "1.0.0"]);
+    assert_eq!(names.len() as u64, 5 + core.output().count());
+    let zarray = resolve(&core, ".zarray").unwrap();
+    let meta: serde_json::Value = serde_json::from_slice(&read_all(&core, zarray.ino)).unwrap();
+    assert_eq!(meta["dtype"], "<u2");
+    assert_eq!(meta["chunks"], serde_json::json!([8, 10, 20]));
+    assert_eq!(meta["compressor"], serde_json::Value::Null);
+    let ours = resolve(&core, "rechunkfs.json").unwrap();
+    let ours: serde_json::Value = serde_json::from_slice(&read_all(&core, ours.ino)).unwrap();
+    assert_eq!(ours["file_name_pattern"], "{i}.{j}.{k}");
+    assert_eq!(ours["format"], "zarr");
+    for bad in ["4.0.0", "0.0", "00.0.0", "0_0_0.h5", "0.0.0.0"] {
+        assert_eq!(
+            core.lookup(ROOT_INO, OsStr::new(bad)),
+            Err(libc::ENOENT),
+            "{bad}"
+        );
+    }
+    let (go, runner) = stepped_run(&f, core.clone());
+    drop(go);
+    runner.join().unwrap();
+    for rank in 0..core.output().count() {
+        let node = resolve(&core, &core.block_name(rank)).unwrap();
+        let whole = expected_chunk(&f, &core, rank);
+        assert_eq!(node.size, whole.len() as u64);
+        assert_eq!(read_all(&core, node.ino), whole);
+    }
 }

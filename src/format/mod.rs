@@ -20,6 +20,7 @@ pub mod minc;
 pub mod nifti;
 pub mod npy;
 pub mod space;
+pub mod zarr;
 
 use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
@@ -49,6 +50,10 @@ pub enum BlockFormat {
     Minc2,
     /// Data only (`.raw`), written only; a metadata file describes them.
     Raw,
+    /// A Zarr v2 array: `.zarray` and uncompressed chunks named `i.j.k`.
+    Zarr,
+    /// A Zarr v3 array: `zarr.json` and uncompressed chunks named `c/i/j/k`.
+    Zarr3,
 }
 
 impl BlockFormat {
@@ -77,6 +82,10 @@ impl BlockFormat {
             BlockFormat::Nifti => "nii",
             BlockFormat::Minc2 => "mnc",
             BlockFormat::Raw => "raw",
+            // A Zarr array is a directory, not files with an extension;
+            // these only tell staging copies of its chunks apart.
+            BlockFormat::Zarr => "zarr",
+            BlockFormat::Zarr3 => "zarr3",
         }
     }
 
@@ -85,6 +94,8 @@ impl BlockFormat {
         match self {
             BlockFormat::Hdf5 => "HDF5",
             BlockFormat::Npy => "npy",
+            BlockFormat::Zarr => "Zarr v2",
+            BlockFormat::Zarr3 => "Zarr v3",
             BlockFormat::Nifti => "NIfTI-1",
             BlockFormat::Minc2 => "MINC2",
             BlockFormat::Raw => "raw",
@@ -108,18 +119,30 @@ impl BlockFormat {
             _ => requested,
         }
     }
+
+    /// Whether the format stores edge blocks padded to the full block
+    /// shape (Zarr chunks are always whole).
+    pub fn pads_edge_blocks(&self) -> bool {
+        matches!(self, BlockFormat::Zarr | BlockFormat::Zarr3)
+    }
 }
 
 impl FromStr for BlockFormat {
     type Err = Error;
 
     fn from_str(text: &str) -> Result<BlockFormat> {
-        BlockFormat::from_extension(text.trim()).ok_or_else(|| {
-            Error::BadArgument(format!(
-                "'{text}' is not a block format rechunkfs knows; use h5 (or hdf5), npy, nii or \
-                 raw (mnc is read, not written)"
-            ))
-        })
+        let zarr = match text.trim().to_ascii_lowercase().as_str() {
+            "zarr" | "zarr2" => Some(BlockFormat::Zarr),
+            "zarr3" => Some(BlockFormat::Zarr3),
+            _ => None,
+        };
+        zarr.or_else(|| BlockFormat::from_extension(text.trim()))
+            .ok_or_else(|| {
+                Error::BadArgument(format!(
+                    "'{text}' is not a block format rechunkfs knows; use h5 (or hdf5), npy, nii, \
+                     raw, zarr (Zarr v2) or zarr3 (Zarr v3); mnc is read, not written"
+                ))
+            })
     }
 }
 
@@ -130,6 +153,9 @@ pub enum Storage {
     Contiguous { data_offset: u64 },
     /// Chunked, compressed, or not yet allocated HDF5 storage: read through libhdf5.
     Hdf5Dataset { dataset: String },
+    /// No file at all: a Zarr chunk never written holds the fill value
+    /// everywhere. `fill` is one element's bytes, in the array's byte order.
+    Absent { fill: Vec<u8> },
 }
 
 /// What probing one block file learns.
@@ -165,6 +191,10 @@ pub fn probe(path: &Path, format: BlockFormat, dataset: &str) -> Result<BlockInf
             "raw blocks hold data only, with no header saying their shape and dtype, so \
              rechunkfs cannot read them as input; convert them to .npy first",
         )),
+        BlockFormat::Zarr | BlockFormat::Zarr3 => Err(Error::bad_input(
+            path,
+            "a Zarr chunk has no header to probe: open the array's directory instead",
+        )),
     }
 }
 
@@ -174,7 +204,11 @@ pub fn probe_space(path: &Path, format: BlockFormat, info: &BlockInfo) -> Result
     match format {
         BlockFormat::Nifti => Ok(Some(nifti::read_header(path)?.space)),
         BlockFormat::Minc2 => minc::probe_space(path, info.shape.len(), info.dtype).map(Some),
-        BlockFormat::Hdf5 | BlockFormat::Npy | BlockFormat::Raw => Ok(None),
+        BlockFormat::Hdf5
+        | BlockFormat::Npy
+        | BlockFormat::Raw
+        | BlockFormat::Zarr
+        | BlockFormat::Zarr3 => Ok(None),
     }
 }
 
@@ -271,6 +305,24 @@ pub fn template(
     template_aligned(format, shape, dtype, dataset, 1)
 }
 
+/// The files `format` keeps beside its blocks to describe the whole array
+/// of `shape` in blocks of `block_shape`, as `(name, bytes)`: a Zarr
+/// array's `.zarray` or `zarr.json`; none for block-file formats, whose
+/// every file describes itself.
+pub fn array_metadata_files(
+    format: BlockFormat,
+    shape: &[u64],
+    block_shape: &[u64],
+    dtype: DType,
+) -> Vec<(&'static str, Vec<u8>)> {
+    match format {
+        BlockFormat::Zarr | BlockFormat::Zarr3 => {
+            zarr::array_metadata(format, shape, block_shape, dtype)
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// Page size the view aligns block data to: the kernel reads a FUSE file
 /// in pages, so with the data starting on a page of its own, a read of the
 /// header never asks for data bytes, and is answered while the block is
@@ -325,7 +377,9 @@ pub fn template_in_space(
         }
         BlockFormat::Hdf5 => self::hdf5::template(shape, dtype, dataset, data_len, alignment),
         BlockFormat::Nifti => nifti::template(shape, dtype, space, data_len, alignment),
-        BlockFormat::Raw => Ok(BlockTemplate {
+        // Raw blocks and Zarr chunks are pure data; their metadata file
+        // (rechunkfs.json, .zarray or zarr.json) says shape and dtype.
+        BlockFormat::Raw | BlockFormat::Zarr | BlockFormat::Zarr3 => Ok(BlockTemplate {
             prefix: Vec::new(),
             data_offset: 0,
             data_len,
@@ -424,9 +478,13 @@ mod tests {
             serde_json::to_string(&BlockFormat::Nifti).unwrap(),
             "\"nii\""
         );
-        let err = "zarr".parse::<BlockFormat>().unwrap_err().to_string();
+        assert_eq!(BlockFormat::from_extension("zarr"), None);
+        assert_eq!("zarr".parse::<BlockFormat>().unwrap(), BlockFormat::Zarr);
+        assert_eq!("Zarr2".parse::<BlockFormat>().unwrap(), BlockFormat::Zarr);
+        assert_eq!("zarr3".parse::<BlockFormat>().unwrap(), BlockFormat::Zarr3);
+        let err = "tiff".parse::<BlockFormat>().unwrap_err().to_string();
         assert!(
-            err.contains("zarr") && err.contains("h5") && err.contains("npy"),
+            err.contains("tiff") && err.contains("h5") && err.contains("zarr3"),
             "{err}"
         );
         assert_eq!(BlockFormat::Hdf5.extension(), "h5");

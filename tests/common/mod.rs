@@ -40,7 +40,7 @@ pub fn block_bytes(path: &Path, format: BlockFormat) -> (Vec<u64>, DType, Vec<u8
             let all = std::fs::read(path).expect("read block");
             all[*data_offset as usize..*data_offset as usize + nbytes].to_vec()
         }
-        Storage::Hdf5Dataset { .. } => Vec::new(),
+        Storage::Hdf5Dataset { .. } | Storage::Absent { .. } => Vec::new(),
     };
     if format == BlockFormat::Hdf5 {
         let reader = Hdf5BlockReader::open(path, "/data").expect("open with libhdf5");
@@ -129,4 +129,150 @@ impl TestRng {
         self.0 = self.0.wrapping_add(1);
         sample::splitmix64(self.0) % n.max(1)
     }
+}
+
+/// Whether `format` is one of the Zarr formats (a directory with metadata
+/// and chunk files, not block files).
+pub fn is_zarr(format: BlockFormat) -> bool {
+    matches!(format, BlockFormat::Zarr | BlockFormat::Zarr3)
+}
+
+/// The exact bytes of the chunk file for output block `region` in chunks
+/// of `chunk`: the sample data, C order, padded with zeros to the whole
+/// chunk (Zarr's edge chunks; the fill value is 0).
+pub fn expected_chunk_file(
+    array: &[u64],
+    region: &rechunkfs::geometry::Region,
+    chunk: &[u64],
+    dtype: DType,
+) -> Vec<u8> {
+    let data = sample::region_bytes(array, region, dtype.size);
+    let elem = dtype.size;
+    let chunk_strides = rechunkfs::geometry::strides(chunk);
+    let mut bytes = vec![0u8; chunk.iter().product::<u64>() as usize * elem];
+    let last = region.ndim() - 1;
+    let row_len = region.shape[last] as usize * elem;
+    let rows: Vec<usize> = region.shape[..last].iter().map(|&n| n as usize).collect();
+    for (i, row) in IndexBox::grid(&rows).enumerate() {
+        let at: u64 = row
+            .iter()
+            .zip(&chunk_strides)
+            .map(|(&r, &s)| r as u64 * s)
+            .sum();
+        let at = at as usize * elem;
+        bytes[at..at + row_len].copy_from_slice(&data[i * row_len..(i + 1) * row_len]);
+    }
+    bytes
+}
+
+/// Checks that `out` is exactly the Zarr array of the sample array in
+/// chunks of `out_block`: its metadata, and every chunk file byte-exact
+/// (padded edge chunks included), and nothing else but the metadata (and
+/// in a view, rechunkfs's own two files).
+pub fn verify_zarr_output(
+    out: &Path,
+    array: &[u64],
+    out_block: &[u64],
+    dtype: DType,
+    format: BlockFormat,
+) {
+    let chunk: Vec<u64> = out_block
+        .iter()
+        .zip(array)
+        .map(|(&b, &n)| b.min(n))
+        .collect();
+    let meta = format::zarr::read_metadata(out)
+        .expect("readable metadata")
+        .expect("a Zarr array");
+    assert_eq!(meta.format, format);
+    assert_eq!(meta.shape, array);
+    assert_eq!(meta.chunks, chunk);
+    assert_eq!(meta.dtype, dtype);
+    let tree = rechunkfs::filetree::FileTree::for_output(
+        format,
+        Partition::regular(array, &chunk),
+        rechunkfs::axes::AxisOrder::C,
+    );
+    let mut expected_files = vec![meta
+        .path
+        .file_name()
+        .expect("metadata name")
+        .to_string_lossy()
+        .into_owned()];
+    for rank in 0..tree.block_count() {
+        let region = tree.grid().block(&tree.grid().unravel(rank));
+        let name = tree.path(rank);
+        let bytes = std::fs::read(out.join(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            bytes == expected_chunk_file(array, &region, &chunk, dtype),
+            "{name}: bytes differ from the source array"
+        );
+        expected_files.push(name);
+    }
+    let mut present = Vec::new();
+    list_files(out, out, &mut present);
+    present.retain(|name| name != "rechunkfs.json" && name != ".rechunkfs-status.json");
+    present.sort();
+    expected_files.sort();
+    assert_eq!(
+        present, expected_files,
+        "exactly the metadata and the chunks, no partial files"
+    );
+}
+
+fn list_files(root: &Path, dir: &Path, found: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir).expect("list") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            list_files(root, &path, found);
+        } else {
+            let relative = path.strip_prefix(root).expect("inside root");
+            found.push(relative.to_string_lossy().into_owned());
+        }
+    }
+}
+
+/// Writes the sample array as a Zarr array (`format`) in chunks of
+/// `chunk`, by rechunking block files with rechunkfs itself; returns its
+/// directory.
+pub fn make_zarr(
+    root: &Path,
+    name: &str,
+    array: &[u64],
+    chunk: &[u64],
+    dtype: DType,
+    format: BlockFormat,
+) -> PathBuf {
+    let blocks = make_blocks(
+        root,
+        &format!("{name}-blocks"),
+        array,
+        array,
+        dtype,
+        BlockFormat::Npy,
+    );
+    let single = blocks.join(format!("{}.npy", vec!["0"; array.len()].join("_")));
+    let input = rechunkfs::input::InputArray::scan(&single, None).expect("scan");
+    let problem = rechunkfs::plan::Problem::new(
+        array.to_vec(),
+        array.to_vec(),
+        chunk.to_vec(),
+        dtype.size as u64,
+    )
+    .expect("problem");
+    let files = rechunkfs::filetree::output_file_shape(format, &problem.output());
+    let problem = problem.with_files(input.files.clone(), files);
+    let plan =
+        rechunkfs::plan::plan(&problem, rechunkfs::plan::Strategy::Keep, None).expect("plan");
+    let out = root.join(name);
+    rechunkfs::rechunk::prepare_output_dir(&out, false).expect("out dir");
+    let spec = rechunkfs::rechunk::OutputSpec {
+        format,
+        dataset: "/data".into(),
+        dtype,
+        space: rechunkfs::format::space::Space::identity(array.len()),
+        axis_order: rechunkfs::axes::AxisOrder::C,
+    };
+    rechunkfs::rechunk::rechunk(&input, &plan, &out, spec, None, |_| {}).expect("rechunk");
+    out
 }

@@ -1,0 +1,471 @@
+//! The files an output array is made of: where each output block's file
+//! goes (a flat name like `2_0_1.h5` or `2.0.1`, or a nested path like
+//! `c/2/0/1`), the directories nested paths need, and the shape of each
+//! file's array (edge chunks padded for Zarr).
+//!
+//! One description serves `rechunk` (which creates these paths) and the
+//! view (which serves them), so block files, Zarr v2 chunks and Zarr v3
+//! nested chunks are one mechanism. Everything is computed from the grid:
+//! nothing here holds a per-file table, so a grid of millions of blocks
+//! costs nothing until a name is asked for. Pure naming; no I/O.
+
+use crate::axes::AxisOrder;
+use crate::format::BlockFormat;
+use crate::geometry::{FileShape, Partition};
+use crate::input::grid_name;
+
+/// How an output block's grid index becomes a path: `prefix`, then the
+/// indices joined by `separator`, then `suffix`. With `/` as separator each
+/// index but the last names a directory (Zarr's nested keys).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkKey {
+    /// A first path component (`c` for Zarr v3 default keys), if any.
+    pub prefix: Option<String>,
+    pub separator: char,
+    /// Appended to the last component (`.h5`), often empty.
+    pub suffix: String,
+    /// The order indices are written in: the user's for block files (see
+    /// [`crate::axes`]); Zarr keys are always in the array's C order.
+    pub order: AxisOrder,
+}
+
+impl ChunkKey {
+    /// Block files: `{i}_{j}_{k}.{ext}`.
+    pub fn block_files(extension: &str) -> ChunkKey {
+        ChunkKey {
+            prefix: None,
+            separator: '_',
+            suffix: format!(".{extension}"),
+            order: AxisOrder::C,
+        }
+    }
+
+    /// Zarr v2's default: `{i}.{j}.{k}` (dimension_separator ".").
+    pub fn zarr_v2() -> ChunkKey {
+        ChunkKey {
+            prefix: None,
+            separator: '.',
+            suffix: String::new(),
+            order: AxisOrder::C,
+        }
+    }
+
+    /// Zarr v3's default chunk key encoding: `c/{i}/{j}/{k}`.
+    pub fn zarr_v3() -> ChunkKey {
+        ChunkKey {
+            prefix: Some("c".into()),
+            separator: '/',
+            suffix: String::new(),
+            order: AxisOrder::C,
+        }
+    }
+
+    /// How `format` names its output blocks.
+    pub fn for_format(format: BlockFormat) -> ChunkKey {
+        match format {
+            BlockFormat::Zarr => ChunkKey::zarr_v2(),
+            BlockFormat::Zarr3 => ChunkKey::zarr_v3(),
+            other => ChunkKey::block_files(other.extension()),
+        }
+    }
+
+    /// The same key, writing indices in `order`.
+    pub fn in_order(mut self, order: AxisOrder) -> ChunkKey {
+        self.order = order;
+        self
+    }
+
+    pub fn is_nested(&self) -> bool {
+        self.separator == '/'
+    }
+
+    /// The path of block `index`, components joined by `/`.
+    pub fn path(&self, index: &[usize]) -> String {
+        let index = &self.order.to_user(index);
+        let joined = if self.separator == '_' {
+            grid_name(index)
+        } else {
+            index
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(&self.separator.to_string())
+        };
+        match &self.prefix {
+            Some(prefix) => format!("{prefix}{}{joined}{}", self.separator, self.suffix),
+            None => format!("{joined}{}", self.suffix),
+        }
+    }
+
+    /// The grid index a flat name stands for, if it is one of `grid`'s
+    /// (no leading zeros, each index inside the grid).
+    pub fn parse_flat(&self, name: &str, grid: &[usize]) -> Option<Vec<usize>> {
+        let mut rest = name.strip_suffix(self.suffix.as_str())?;
+        if let Some(prefix) = &self.prefix {
+            rest = rest
+                .strip_prefix(prefix.as_str())?
+                .strip_prefix(self.separator)?;
+        }
+        let parts: Vec<&str> = rest.split(self.separator).collect();
+        if parts.len() != grid.len() {
+            return None;
+        }
+        let user_grid = self.order.to_user(grid);
+        let user_index: Option<Vec<usize>> = parts
+            .iter()
+            .zip(&user_grid)
+            .map(|(part, &n)| parse_component(part, n))
+            .collect();
+        Some(self.order.to_internal(&user_index?))
+    }
+}
+
+/// A decimal index below `n`, written without leading zeros.
+fn parse_component(text: &str, n: usize) -> Option<usize> {
+    if text.is_empty()
+        || !text.bytes().all(|b| b.is_ascii_digit())
+        || (text.len() > 1 && text.starts_with('0'))
+    {
+        return None;
+    }
+    text.parse().ok().filter(|&i| i < n)
+}
+
+/// A directory of the tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dir {
+    Root,
+    /// A nested directory with the first `depth` indices fixed, `rank`
+    /// being their C-order rank among the first `depth` grid dimensions
+    /// (for Zarr v3, depth 0 is `c/`, depth 1 is `c/i/`, ...).
+    Nested {
+        depth: usize,
+        rank: u64,
+    },
+}
+
+/// A node the tree holds below its root.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Node {
+    Dir(Dir),
+    /// The file of the output block of this C-order rank.
+    Block(u64),
+}
+
+/// The output blocks of a grid as a tree of files.
+#[derive(Clone, Debug)]
+pub struct FileTree {
+    key: ChunkKey,
+    grid: Partition,
+    files: FileShape,
+    dims: Vec<usize>,
+}
+
+impl FileTree {
+    pub fn new(key: ChunkKey, grid: Partition, files: FileShape) -> FileTree {
+        let dims = grid.grid_shape();
+        FileTree {
+            key,
+            grid,
+            files,
+            dims,
+        }
+    }
+
+    /// The files `format` writes for the output blocks `grid`, block files
+    /// named in `order` (the user's).
+    pub fn for_output(format: BlockFormat, grid: Partition, order: AxisOrder) -> FileTree {
+        let files = output_file_shape(format, &grid);
+        let key = ChunkKey::for_format(format);
+        let key = if format.pads_edge_blocks() {
+            key
+        } else {
+            key.in_order(order)
+        };
+        FileTree::new(key, grid, files)
+    }
+
+    pub fn key(&self) -> &ChunkKey {
+        &self.key
+    }
+
+    pub fn grid(&self) -> &Partition {
+        &self.grid
+    }
+
+    pub fn files(&self) -> &FileShape {
+        &self.files
+    }
+
+    pub fn block_count(&self) -> u64 {
+        self.grid.count()
+    }
+
+    /// The shape of every block but the edge ones (a Zarr array's chunk shape).
+    pub fn block_shape(&self) -> Vec<u64> {
+        (0..self.grid.ndim())
+            .map(|d| self.grid.axis(d).extent(0))
+            .collect()
+    }
+
+    /// Path of block `rank` relative to the tree's root.
+    pub fn path(&self, rank: u64) -> String {
+        self.key.path(&self.grid.unravel(rank))
+    }
+
+    /// Shape of the array block `rank`'s file holds.
+    pub fn file_shape(&self, rank: u64) -> Vec<u64> {
+        self.files
+            .file_box(&self.grid.block(&self.grid.unravel(rank)))
+            .shape
+    }
+
+    /// The nested directory the root stands for, if any (nested keys
+    /// without a prefix put the first index's directories in the root).
+    fn root_depth(&self) -> Option<usize> {
+        (self.key.is_nested() && self.key.prefix.is_none()).then_some(0)
+    }
+
+    /// `(depth, rank)` of a directory that holds indices, if it does.
+    fn level(&self, dir: Dir) -> Option<(usize, u64)> {
+        match dir {
+            Dir::Root => self.root_depth().map(|depth| (depth, 0)),
+            Dir::Nested { depth, rank } => Some((depth, rank)),
+        }
+    }
+
+    /// Depths of the nested directories below the root.
+    fn nested_depths(&self) -> std::ops::Range<usize> {
+        if !self.key.is_nested() {
+            return 0..0;
+        }
+        let first = if self.key.prefix.is_some() { 0 } else { 1 };
+        // The deepest directories hold files of the last index.
+        first..self.dims.len()
+    }
+
+    fn dirs_at(&self, depth: usize) -> u64 {
+        self.dims[..depth].iter().map(|&n| n as u64).product()
+    }
+
+    /// Number of nested directories (not counting the root).
+    pub fn dir_count(&self) -> u64 {
+        self.nested_depths().map(|d| self.dirs_at(d)).sum()
+    }
+
+    /// A dense numbering of the nested directories, `0..dir_count()`.
+    pub fn dir_ordinal(&self, dir: Dir) -> Option<u64> {
+        let Dir::Nested { depth, rank } = dir else {
+            return None;
+        };
+        let depths = self.nested_depths();
+        if !depths.contains(&depth) || rank >= self.dirs_at(depth) {
+            return None;
+        }
+        Some((depths.start..depth).map(|d| self.dirs_at(d)).sum::<u64>() + rank)
+    }
+
+    pub fn dir_of_ordinal(&self, mut ordinal: u64) -> Option<Dir> {
+        for depth in self.nested_depths() {
+            let count = self.dirs_at(depth);
+            if ordinal < count {
+                return Some(Dir::Nested {
+                    depth,
+                    rank: ordinal,
+                });
+            }
+            ordinal -= count;
+        }
+        None
+    }
+
+    /// The directory holding `dir`.
+    pub fn parent(&self, dir: Dir) -> Dir {
+        match dir {
+            Dir::Root => Dir::Root,
+            Dir::Nested { depth, rank } => {
+                let parent_depth = depth.checked_sub(1);
+                match parent_depth {
+                    Some(d) if self.nested_depths().contains(&d) => Dir::Nested {
+                        depth: d,
+                        rank: rank / self.dims[d] as u64,
+                    },
+                    _ => Dir::Root,
+                }
+            }
+        }
+    }
+
+    /// Number of entries of `dir` that belong to the tree.
+    pub fn child_count(&self, dir: Dir) -> u64 {
+        match self.level(dir) {
+            Some((depth, _)) => self.dims[depth] as u64,
+            None if self.key.is_nested() => 1, // the prefix directory
+            None => self.block_count(),
+        }
+    }
+
+    /// Entry `i` of `dir` (`i < child_count(dir)`): its name and node.
+    pub fn child(&self, dir: Dir, i: u64) -> (String, Node) {
+        match self.level(dir) {
+            Some((depth, rank)) => {
+                let child_rank = rank * self.dims[depth] as u64 + i;
+                if depth + 1 == self.dims.len() {
+                    (format!("{i}{}", self.key.suffix), Node::Block(child_rank))
+                } else {
+                    (
+                        i.to_string(),
+                        Node::Dir(Dir::Nested {
+                            depth: depth + 1,
+                            rank: child_rank,
+                        }),
+                    )
+                }
+            }
+            None => match &self.key.prefix {
+                Some(prefix) if self.key.is_nested() => {
+                    (prefix.clone(), Node::Dir(Dir::Nested { depth: 0, rank: 0 }))
+                }
+                _ => (self.path(i), Node::Block(i)),
+            },
+        }
+    }
+
+    /// The entry `name` of `dir`, if the tree has it.
+    pub fn lookup(&self, dir: Dir, name: &str) -> Option<Node> {
+        match self.level(dir) {
+            Some((depth, _)) => {
+                let leaf = depth + 1 == self.dims.len();
+                let component = if leaf {
+                    name.strip_suffix(self.key.suffix.as_str())?
+                } else {
+                    name
+                };
+                let i = parse_component(component, self.dims[depth])?;
+                Some(self.child(dir, i as u64).1)
+            }
+            None if self.key.is_nested() => (self.key.prefix.as_deref() == Some(name))
+                .then_some(Node::Dir(Dir::Nested { depth: 0, rank: 0 })),
+            None => {
+                let index = self.key.parse_flat(name, &self.dims)?;
+                Some(Node::Block(self.grid.linear(&index)))
+            }
+        }
+    }
+
+    /// The path of a nested directory relative to the root (`c/2/0`).
+    pub fn dir_path(&self, dir: Dir) -> String {
+        let Some((depth, rank)) = self.level(dir) else {
+            return String::new();
+        };
+        let mut indices = vec![0usize; depth];
+        let mut rest = rank;
+        for d in (0..depth).rev() {
+            indices[d] = (rest % self.dims[d] as u64) as usize;
+            rest /= self.dims[d] as u64;
+        }
+        let mut parts: Vec<String> = self.key.prefix.iter().cloned().collect();
+        parts.extend(indices.iter().map(usize::to_string));
+        parts.join("/")
+    }
+}
+
+/// How `format`'s files are shaped around the blocks of `grid`: Zarr
+/// stores every chunk at the full chunk shape.
+pub fn output_file_shape(format: BlockFormat, grid: &Partition) -> FileShape {
+    if format.pads_edge_blocks() {
+        let chunk = (0..grid.ndim()).map(|d| grid.axis(d).extent(0)).collect();
+        FileShape::Padded(chunk)
+    } else {
+        FileShape::Exact
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree(key: ChunkKey, array: &[u64], block: &[u64]) -> FileTree {
+        FileTree::new(
+            key,
+            Partition::regular(array, block),
+            FileShape::Padded(block.to_vec()),
+        )
+    }
+
+    #[test]
+    fn keys_name_blocks_as_each_format_does() {
+        assert_eq!(ChunkKey::block_files("h5").path(&[3, 0, 12]), "3_0_12.h5");
+        assert_eq!(ChunkKey::zarr_v2().path(&[3, 0, 12]), "3.0.12");
+        assert_eq!(ChunkKey::zarr_v3().path(&[3, 0, 12]), "c/3/0/12");
+        assert_eq!(ChunkKey::zarr_v3().path(&[5]), "c/5");
+        let grid = [4, 1, 13];
+        for key in [ChunkKey::block_files("npy"), ChunkKey::zarr_v2()] {
+            assert_eq!(
+                key.parse_flat(&key.path(&[3, 0, 12]), &grid),
+                Some(vec![3, 0, 12])
+            );
+        }
+        let v2 = ChunkKey::zarr_v2();
+        for bad in ["4.0.0", "3.0", "03.0.0", "3.0.0.0", "a.0.0", "3..0", ""] {
+            assert_eq!(v2.parse_flat(bad, &grid), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn nested_tree_walks_down_to_every_chunk_and_back() {
+        let t = tree(ChunkKey::zarr_v3(), &[10, 7, 5], &[4, 3, 5]);
+        assert_eq!(t.block_count(), 3 * 3);
+        assert_eq!(t.dir_count(), 1 + 3 + 9);
+        assert_eq!(t.child_count(Dir::Root), 1);
+        let c = t.lookup(Dir::Root, "c").unwrap();
+        let Node::Dir(c) = c else { panic!() };
+        assert_eq!(t.dir_path(c), "c");
+        assert_eq!(t.child_count(c), 3);
+        let Some(Node::Dir(c2)) = t.lookup(c, "2") else {
+            panic!()
+        };
+        assert_eq!(t.dir_path(c2), "c/2");
+        assert_eq!(t.parent(c2), c);
+        assert_eq!(t.parent(c), Dir::Root);
+        let Some(Node::Dir(c21)) = t.lookup(c2, "1") else {
+            panic!()
+        };
+        assert_eq!(t.child_count(c21), 1);
+        assert_eq!(t.lookup(c21, "0"), Some(Node::Block(2 * 3 + 1)));
+        assert_eq!(t.child(c21, 0), ("0".to_string(), Node::Block(7)));
+        assert_eq!(t.path(7), "c/2/1/0");
+        assert_eq!(t.lookup(c21, "1"), None);
+        assert_eq!(t.lookup(c, "3"), None);
+        assert_eq!(t.lookup(c, "02"), None);
+        assert_eq!(t.lookup(Dir::Root, "0"), None);
+        for ordinal in 0..t.dir_count() {
+            let dir = t.dir_of_ordinal(ordinal).unwrap();
+            assert_eq!(t.dir_ordinal(dir), Some(ordinal));
+        }
+        assert_eq!(t.dir_of_ordinal(t.dir_count()), None);
+        // The padded edge chunk's file is chunk-shaped.
+        assert_eq!(t.file_shape(8), vec![4, 3, 5]);
+    }
+
+    #[test]
+    fn flat_tree_lists_blocks_in_the_root() {
+        let t = FileTree::for_output(
+            BlockFormat::Zarr,
+            Partition::regular(&[10, 7], &[4, 3]),
+            AxisOrder::C,
+        );
+        assert_eq!(t.dir_count(), 0);
+        assert_eq!(t.child_count(Dir::Root), 9);
+        assert_eq!(t.child(Dir::Root, 5), ("1.2".to_string(), Node::Block(5)));
+        assert_eq!(t.lookup(Dir::Root, "2.2"), Some(Node::Block(8)));
+        assert_eq!(t.file_shape(8), vec![4, 3]);
+        let h5 = FileTree::for_output(
+            BlockFormat::Hdf5,
+            Partition::regular(&[10, 7], &[4, 3]),
+            AxisOrder::C,
+        );
+        assert_eq!(h5.file_shape(8), vec![2, 1]);
+        assert_eq!(h5.lookup(Dir::Root, "2_2.h5"), Some(Node::Block(8)));
+    }
+}

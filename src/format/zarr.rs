@@ -1,0 +1,804 @@
+//! Zarr arrays (v2 and v3), uncompressed: reading an array's metadata so
+//! its chunks can be input blocks, and writing the metadata that makes a
+//! directory of rechunked chunks a Zarr array.
+//!
+//! An uncompressed Zarr chunk is the raw C-order array of one full chunk,
+//! with no header: edge chunks are padded to the whole chunk shape. The
+//! dtype, with its byte order, lives in the metadata (v2 `dtype` like
+//! `">u2"`; v3 `data_type` plus the `bytes` codec's `endian`), so bytes are
+//! moved as they are and never swapped. Only what rechunkfs can move
+//! byte for byte is accepted: arrays with a compressor, filters, codecs
+//! other than `bytes`, Fortran order, or a chunk grid other than the
+//! regular one are refused, naming the metadata file and the problem, as
+//! are groups (which hold arrays but are not one).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+
+use super::BlockFormat;
+use crate::dtype::{DType, Endian, Kind};
+use crate::error::{Error, Result};
+use crate::filetree::ChunkKey;
+use crate::geometry::{self, FileShape, IndexBox, Partition};
+use crate::input::{FileIdentity, InputArray, InputBlock};
+
+/// Zarr v2's array metadata file.
+pub const ZARRAY: &str = ".zarray";
+/// Zarr v2's group metadata file.
+pub const ZGROUP: &str = ".zgroup";
+/// Zarr v3's metadata file (arrays and groups).
+pub const ZARR_JSON: &str = "zarr.json";
+
+const CARRIED: &str = "rechunkfs carries u1..u8, i1..i8, f2, f4 and f8 in either byte order";
+
+/// What an array's metadata says, as far as rechunkfs needs it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ZarrArrayMeta {
+    pub format: BlockFormat,
+    /// The metadata file it was read from.
+    pub path: PathBuf,
+    pub shape: Vec<u64>,
+    pub chunks: Vec<u64>,
+    pub dtype: DType,
+    /// One element of the fill value, in the array's byte order: what an
+    /// absent chunk holds.
+    pub fill: Vec<u8>,
+    pub key: ChunkKey,
+}
+
+/// Whether `dir` is a Zarr array or group: its metadata file, if any.
+pub fn metadata_file(dir: &Path) -> Option<PathBuf> {
+    [ZARR_JSON, ZARRAY, ZGROUP]
+        .iter()
+        .map(|name| dir.join(name))
+        .find(|path| path.is_file())
+}
+
+/// Reads the metadata of the Zarr array in `dir`; `None` when `dir` holds
+/// no Zarr metadata at all. A group, or an array rechunkfs cannot read
+/// byte for byte, is refused with the reason.
+pub fn read_metadata(dir: &Path) -> Result<Option<ZarrArrayMeta>> {
+    let Some(path) = metadata_file(dir) else {
+        return Ok(None);
+    };
+    let bytes = fs::read(&path).map_err(|e| Error::io(&path, "reading", e))?;
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::bad_input(&path, format!("is not valid JSON: {e}")))?;
+    let Value::Object(meta) = value else {
+        return Err(Error::bad_input(&path, "is not a JSON object"));
+    };
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let is_group = name == ZGROUP
+        || (name == ZARR_JSON && meta.get("node_type").and_then(Value::as_str) == Some("group"));
+    if is_group {
+        return Err(Error::bad_input(dir, group_refusal(dir)));
+    }
+    let parsed = if name == ZARR_JSON {
+        parse_v3(&path, &meta)?
+    } else {
+        parse_v2(&path, &meta)?
+    };
+    Ok(Some(parsed))
+}
+
+/// Why a group cannot be rechunked, listing the arrays it holds.
+fn group_refusal(dir: &Path) -> String {
+    let mut arrays: Vec<String> = fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok().map(|e| e.path()))
+                .filter(|child| {
+                    child.join(ZARRAY).is_file()
+                        || fs::read(child.join(ZARR_JSON))
+                            .ok()
+                            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                            .is_some_and(|v| v["node_type"] == "array")
+                })
+                .filter_map(|child| child.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    arrays.sort();
+    let holds = if arrays.is_empty() {
+        "it holds no arrays directly".to_string()
+    } else {
+        let named: Vec<String> = arrays
+            .iter()
+            .take(10)
+            .map(|a| dir.join(a).display().to_string())
+            .collect();
+        format!("give one of its arrays as IN: {}", named.join(", "))
+    };
+    format!("is a Zarr group, not an array; rechunkfs rechunks one array at a time ({holds})")
+}
+
+fn field<'m>(meta: &'m Map<String, Value>, path: &Path, key: &str) -> Result<&'m Value> {
+    meta.get(key)
+        .ok_or_else(|| Error::bad_input(path, format!("has no \"{key}\"")))
+}
+
+fn shape_field(meta: &Map<String, Value>, path: &Path, key: &str) -> Result<Vec<u64>> {
+    let bad = || Error::bad_input(path, format!("\"{key}\" is not a list of whole numbers"));
+    field(meta, path, key)?
+        .as_array()
+        .ok_or_else(bad)?
+        .iter()
+        .map(|v| v.as_u64().ok_or_else(bad))
+        .collect()
+}
+
+/// Shape and chunk shape agree and are usable.
+fn check_shapes(path: &Path, shape: &[u64], chunks: &[u64], dtype: DType) -> Result<()> {
+    if shape.len() != chunks.len() {
+        return Err(Error::bad_input(
+            path,
+            format!(
+                "the shape {} and the chunk shape {} differ in dimensions",
+                super::shape_text(shape),
+                super::shape_text(chunks)
+            ),
+        ));
+    }
+    super::shape_problem(shape, dtype).map_err(|problem| Error::bad_input(path, problem))?;
+    super::shape_problem(chunks, dtype)
+        .map_err(|problem| Error::bad_input(path, format!("chunks: {problem}")))?;
+    Ok(())
+}
+
+fn parse_v2(path: &Path, meta: &Map<String, Value>) -> Result<ZarrArrayMeta> {
+    if field(meta, path, "zarr_format")?.as_u64() != Some(2) {
+        return Err(Error::bad_input(
+            path,
+            "says a zarr_format other than 2; a .zarray file is Zarr v2",
+        ));
+    }
+    let dtype_text = field(meta, path, "dtype")?;
+    // Only numpy's own spelling: rechunkfs's looser parser would read
+    // numpy's unicode "<U4" as an unsigned integer.
+    let dtype = dtype_text
+        .as_str()
+        .and_then(|text| {
+            let dtype = text.parse::<DType>().ok()?;
+            let descr = dtype.numpy_descr();
+            (text.len() == descr.len()
+                && text.starts_with(['<', '>', '|', '='])
+                && text[1..] == descr[1..])
+                .then_some(dtype)
+        })
+        .ok_or_else(|| {
+            Error::bad_input(
+                path,
+                format!(
+                    "its dtype {dtype_text} is not one rechunkfs can move byte for byte; {CARRIED}"
+                ),
+            )
+        })?;
+    match meta.get("compressor") {
+        None | Some(Value::Null) => {}
+        Some(compressor) => {
+            return Err(Error::bad_input(
+                path,
+                format!(
+                    "the array is compressed ({}); rechunkfs reads only uncompressed Zarr arrays \
+                     (\"compressor\": null). Rewrite it without compression, e.g. with zarr-python's \
+                     compressors=None",
+                    codec_id(compressor)
+                ),
+            ))
+        }
+    }
+    match meta.get("filters") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(list)) if list.is_empty() => {}
+        Some(filters) => {
+            return Err(Error::bad_input(
+                path,
+                format!(
+                    "the array has filters ({}); rechunkfs reads only arrays stored as raw bytes \
+                     (\"filters\": null)",
+                    codec_id(filters)
+                ),
+            ))
+        }
+    }
+    match meta.get("order").and_then(Value::as_str) {
+        Some("C") => {}
+        Some("F") => {
+            return Err(Error::bad_input(
+                path,
+                "the array's chunks are in Fortran order (\"order\": \"F\"); rechunkfs reads C order only",
+            ))
+        }
+        _ => return Err(Error::bad_input(path, "\"order\" is neither \"C\" nor \"F\"")),
+    }
+    let separator = match meta.get("dimension_separator") {
+        None | Some(Value::Null) => '.',
+        Some(Value::String(text)) if text == "." => '.',
+        Some(Value::String(text)) if text == "/" => '/',
+        Some(other) => {
+            return Err(Error::bad_input(
+                path,
+                format!("\"dimension_separator\" is {other}; Zarr allows \".\" or \"/\""),
+            ))
+        }
+    };
+    let shape = shape_field(meta, path, "shape")?;
+    let chunks = shape_field(meta, path, "chunks")?;
+    check_shapes(path, &shape, &chunks, dtype)?;
+    let fill = fill_bytes(meta.get("fill_value").unwrap_or(&Value::Null), dtype)
+        .map_err(|problem| Error::bad_input(path, format!("\"fill_value\": {problem}")))?;
+    Ok(ZarrArrayMeta {
+        format: BlockFormat::Zarr,
+        path: path.to_path_buf(),
+        shape,
+        chunks,
+        dtype,
+        fill,
+        key: ChunkKey {
+            order: crate::axes::AxisOrder::C,
+            prefix: None,
+            separator,
+            suffix: String::new(),
+        },
+    })
+}
+
+/// A codec's name as a v2 or v3 codec object gives it.
+fn codec_id(codec: &Value) -> String {
+    match codec {
+        Value::Array(list) => list.iter().map(codec_id).collect::<Vec<_>>().join(", "),
+        Value::Object(object) => object
+            .get("id")
+            .or_else(|| object.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or("an unnamed codec")
+            .to_string(),
+        Value::String(name) => name.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn parse_v3(path: &Path, meta: &Map<String, Value>) -> Result<ZarrArrayMeta> {
+    if field(meta, path, "zarr_format")?.as_u64() != Some(3) {
+        return Err(Error::bad_input(
+            path,
+            "says a zarr_format other than 3; a zarr.json file is Zarr v3",
+        ));
+    }
+    if meta.get("node_type").and_then(Value::as_str) != Some("array") {
+        return Err(Error::bad_input(
+            path,
+            "\"node_type\" is neither \"array\" nor \"group\"",
+        ));
+    }
+    let data_type = field(meta, path, "data_type")?;
+    let (kind, size) = data_type
+        .as_str()
+        .and_then(v3_kind_and_size)
+        .ok_or_else(|| {
+            Error::bad_input(
+                path,
+                format!("its data_type {data_type} is not one rechunkfs can move byte for byte; {CARRIED}"),
+            )
+        })?;
+    if let Some(Value::Array(transformers)) = meta.get("storage_transformers") {
+        if !transformers.is_empty() {
+            return Err(Error::bad_input(
+                path,
+                format!(
+                    "the array has storage transformers ({}); rechunkfs reads only plain chunks",
+                    codec_id(&Value::Array(transformers.clone()))
+                ),
+            ));
+        }
+    }
+    let grid = field(meta, path, "chunk_grid")?;
+    if grid["name"] != "regular" {
+        return Err(Error::bad_input(
+            path,
+            format!(
+                "its chunk grid is {}; rechunkfs reads regular chunk grids only",
+                grid["name"]
+            ),
+        ));
+    }
+    let chunks = grid["configuration"]
+        .as_object()
+        .ok_or_else(|| Error::bad_input(path, "the chunk grid has no configuration"))
+        .and_then(|configuration| shape_field(configuration, path, "chunk_shape"))?;
+    let codecs = field(meta, path, "codecs")?
+        .as_array()
+        .ok_or_else(|| Error::bad_input(path, "\"codecs\" is not a list"))?;
+    let endian = match codecs.as_slice() {
+        [codec] if codec["name"] == "bytes" => match codec["configuration"]["endian"].as_str() {
+            Some("big") => Endian::Big,
+            Some("little") | None => Endian::Little,
+            Some(other) => {
+                return Err(Error::bad_input(
+                    path,
+                    format!("the bytes codec's endian is \"{other}\", neither little nor big"),
+                ))
+            }
+        },
+        _ => {
+            return Err(Error::bad_input(
+                path,
+                format!(
+                    "the array's codecs are [{}]; rechunkfs reads only uncompressed arrays whose \
+                     one codec is \"bytes\" (no compression, sharding or transpose). Rewrite it \
+                     without compression, e.g. with zarr-python's compressors=None",
+                    codec_id(&Value::Array(codecs.clone()))
+                ),
+            ))
+        }
+    };
+    let dtype = DType::new(kind, size, endian)?;
+    let key = match meta.get("chunk_key_encoding") {
+        None => ChunkKey::zarr_v3(),
+        Some(encoding) => {
+            let separator = encoding["configuration"]["separator"].as_str();
+            match (encoding["name"].as_str(), separator) {
+                (Some("default"), None | Some("/")) => ChunkKey::zarr_v3(),
+                (Some("default"), Some(".")) => ChunkKey {
+                    separator: '.',
+                    ..ChunkKey::zarr_v3()
+                },
+                (Some("v2"), None | Some(".")) => ChunkKey::zarr_v2(),
+                (Some("v2"), Some("/")) => ChunkKey {
+                    separator: '/',
+                    ..ChunkKey::zarr_v2()
+                },
+                _ => {
+                    return Err(Error::bad_input(
+                        path,
+                        format!("its chunk key encoding {encoding} is not one Zarr v3 defines"),
+                    ))
+                }
+            }
+        }
+    };
+    let shape = shape_field(meta, path, "shape")?;
+    check_shapes(path, &shape, &chunks, dtype)?;
+    let fill = fill_bytes(field(meta, path, "fill_value")?, dtype)
+        .map_err(|problem| Error::bad_input(path, format!("\"fill_value\": {problem}")))?;
+    Ok(ZarrArrayMeta {
+        format: BlockFormat::Zarr3,
+        path: path.to_path_buf(),
+        shape,
+        chunks,
+        dtype,
+        fill,
+        key,
+    })
+}
+
+fn v3_kind_and_size(name: &str) -> Option<(Kind, usize)> {
+    Some(match name {
+        "int8" => (Kind::Signed, 1),
+        "int16" => (Kind::Signed, 2),
+        "int32" => (Kind::Signed, 4),
+        "int64" => (Kind::Signed, 8),
+        "uint8" => (Kind::Unsigned, 1),
+        "uint16" => (Kind::Unsigned, 2),
+        "uint32" => (Kind::Unsigned, 4),
+        "uint64" => (Kind::Unsigned, 8),
+        "float16" => (Kind::Float, 2),
+        "float32" => (Kind::Float, 4),
+        "float64" => (Kind::Float, 8),
+        _ => return None,
+    })
+}
+
+/// Zarr v3's name of a dtype (byte order goes in the bytes codec).
+pub fn v3_data_type(dtype: DType) -> String {
+    let kind = match dtype.kind {
+        Kind::Unsigned => "uint",
+        Kind::Signed => "int",
+        Kind::Float => "float",
+    };
+    format!("{kind}{}", dtype.size * 8)
+}
+
+/// One element of `value` (a Zarr fill value) as `dtype`'s bytes. `null`
+/// (v2's "no fill value") is taken as zero, as zarr-python reads it.
+pub fn fill_bytes(value: &Value, dtype: DType) -> std::result::Result<Vec<u8>, String> {
+    let size = dtype.size;
+    let little: Vec<u8> = match (value, dtype.kind) {
+        (Value::Null, _) => vec![0; size],
+        (Value::String(text), _) if text.starts_with("0x") => {
+            // v3: the value's bits, as hex.
+            let bits = u64::from_str_radix(&text[2..], 16)
+                .map_err(|_| format!("{text} is not a hex number"))?;
+            if size < 8 && bits >> (size * 8) != 0 {
+                return Err(format!("{text} has more bits than a {dtype}"));
+            }
+            bits.to_le_bytes()[..size].to_vec()
+        }
+        (Value::String(text), Kind::Float) => {
+            let float = match text.as_str() {
+                "NaN" => f64::NAN,
+                "Infinity" => f64::INFINITY,
+                "-Infinity" => f64::NEG_INFINITY,
+                _ => return Err(format!("\"{text}\" is not a number")),
+            };
+            float_bytes(float, size)
+        }
+        (Value::Number(number), Kind::Float) => {
+            float_bytes(number.as_f64().ok_or("not a number")?, size)
+        }
+        (Value::Number(number), Kind::Signed | Kind::Unsigned) => {
+            let whole = number
+                .as_i64()
+                .map(i128::from)
+                .or_else(|| number.as_u64().map(i128::from))
+                .or_else(|| {
+                    number
+                        .as_f64()
+                        .filter(|f| f.fract() == 0.0 && f.abs() < 2f64.powi(63))
+                        .map(|f| f as i128)
+                })
+                .ok_or_else(|| format!("{number} is not a whole number"))?;
+            let bits = size as u32 * 8;
+            let (low, high) = match dtype.kind {
+                Kind::Signed => (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1),
+                _ => (0, (1i128 << bits) - 1),
+            };
+            if whole < low || whole > high {
+                return Err(format!("{number} does not fit in a {dtype}"));
+            }
+            whole.to_le_bytes()[..size].to_vec()
+        }
+        (other, _) => return Err(format!("{other} is not a fill value for {dtype}")),
+    };
+    Ok(match dtype.endian {
+        Endian::Little => little,
+        Endian::Big => little.into_iter().rev().collect(),
+    })
+}
+
+/// Little-endian bytes of `value` as a float of `size` bytes.
+fn float_bytes(value: f64, size: usize) -> Vec<u8> {
+    match size {
+        2 => f16_bits(value).to_le_bytes().to_vec(),
+        4 => (value as f32).to_le_bytes().to_vec(),
+        _ => value.to_le_bytes().to_vec(),
+    }
+}
+
+/// IEEE half-precision bits of `value`, rounded to nearest even (through
+/// f32, which is exact for every value a fill value is likely to be).
+fn f16_bits(value: f64) -> u16 {
+    let bits = (value as f32).to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exponent = ((bits >> 23) & 0xff) as i32;
+    let mantissa = bits & 0x7f_ffff;
+    if exponent == 0xff {
+        return sign | 0x7c00 | if mantissa != 0 { 0x200 } else { 0 };
+    }
+    let half_exponent = exponent - 127 + 15;
+    if half_exponent >= 0x1f {
+        return sign | 0x7c00;
+    }
+    let round = |kept: u32, dropped: u32, shift: u32| -> u32 {
+        let halfway = 1u32 << (shift - 1);
+        if dropped > halfway || (dropped == halfway && kept & 1 == 1) {
+            kept + 1
+        } else {
+            kept
+        }
+    };
+    if half_exponent <= 0 {
+        if half_exponent < -10 {
+            return sign;
+        }
+        let full = mantissa | 0x80_0000;
+        let shift = (14 - half_exponent) as u32;
+        let kept = full >> shift;
+        return sign | round(kept, full & ((1 << shift) - 1), shift) as u16;
+    }
+    let kept = ((half_exponent as u32) << 10) | (mantissa >> 13);
+    // A carry out of the mantissa rounds up into the exponent, as it should.
+    sign | round(kept, mantissa & 0x1fff, 13) as u16
+}
+
+/// The metadata files that make a directory of chunks a Zarr array of
+/// `shape` in chunks of `chunks`: `(name, bytes)`. Chunks are uncompressed,
+/// C order, fill value 0, named as `format` names them by default.
+pub fn array_metadata(
+    format: BlockFormat,
+    shape: &[u64],
+    chunks: &[u64],
+    dtype: DType,
+) -> Vec<(&'static str, Vec<u8>)> {
+    let fill = if dtype.kind == Kind::Float {
+        json!(0.0)
+    } else {
+        json!(0)
+    };
+    let (name, value) = if format == BlockFormat::Zarr3 {
+        let mut bytes_codec = json!({ "name": "bytes" });
+        if dtype.size > 1 {
+            // The byte order goes here, so big-endian data are stored as
+            // they are, never swapped.
+            bytes_codec["configuration"] = json!({
+                "endian": if dtype.endian == Endian::Big { "big" } else { "little" }
+            });
+        }
+        (
+            ZARR_JSON,
+            json!({
+                "zarr_format": 3,
+                "node_type": "array",
+                "shape": shape,
+                "data_type": v3_data_type(dtype),
+                "chunk_grid": { "name": "regular", "configuration": { "chunk_shape": chunks } },
+                "chunk_key_encoding": { "name": "default", "configuration": { "separator": "/" } },
+                "fill_value": fill,
+                "codecs": [bytes_codec],
+                "attributes": {},
+            }),
+        )
+    } else {
+        (
+            ZARRAY,
+            json!({
+                "zarr_format": 2,
+                "shape": shape,
+                "chunks": chunks,
+                "dtype": dtype.numpy_descr(),
+                "compressor": null,
+                "fill_value": fill,
+                "order": "C",
+                "filters": null,
+                "dimension_separator": ".",
+            }),
+        )
+    };
+    let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or_default();
+    bytes.push(b'\n');
+    vec![(name, bytes)]
+}
+
+/// The Zarr array in `dir` (described by `meta`) as an input: one block per
+/// chunk, edge chunks padded on disk. Every chunk file must hold exactly
+/// one uncompressed chunk; an absent chunk is the fill value (read without
+/// I/O).
+pub fn scan_array(dir: &Path, meta: ZarrArrayMeta) -> Result<InputArray> {
+    let block_shape: Vec<u64> = meta
+        .chunks
+        .iter()
+        .zip(&meta.shape)
+        .map(|(&c, &n)| c.min(n))
+        .collect();
+    if meta.shape.len() > geometry::MAX_DIMS {
+        return Err(Error::bad_input(
+            &meta.path,
+            format!(
+                "the array has {} dimensions; rechunkfs handles 1 to {}",
+                meta.shape.len(),
+                geometry::MAX_DIMS
+            ),
+        ));
+    }
+    let chunk_bytes = geometry::volume(&meta.chunks) * meta.dtype.size as u64;
+    let grid = Partition::regular(&meta.shape, &block_shape);
+    let mut blocks = Vec::with_capacity(grid.count() as usize);
+    for index in IndexBox::grid(&grid.grid_shape()) {
+        let path = dir.join(meta.key.path(&index));
+        let file = match fs::metadata(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                blocks.push(InputBlock {
+                    path,
+                    storage: super::Storage::Absent {
+                        fill: meta.fill.clone(),
+                    },
+                    // A chunk written later changes the identity.
+                    identity: FileIdentity {
+                        size: 0,
+                        mtime_ns: 0,
+                    },
+                });
+                continue;
+            }
+            Err(e) => return Err(Error::io(&path, "stat", e)),
+        };
+        if !file.is_file() {
+            return Err(Error::bad_input(
+                &path,
+                "is where a chunk of the array belongs, but is not a file",
+            ));
+        }
+        if file.len() != chunk_bytes {
+            return Err(Error::BadBlockFile {
+                path: path.clone(),
+                format: meta.format.name(),
+                problem: format!(
+                    "an uncompressed chunk of {} {} is {chunk_bytes} bytes, but this file has {}; \
+                     {} says the array is not compressed, so the chunk is damaged or belongs to \
+                     another array",
+                    super::shape_text(&meta.chunks),
+                    meta.dtype.numpy_descr(),
+                    file.len(),
+                    meta.path.display()
+                ),
+            });
+        }
+        blocks.push(InputBlock {
+            identity: FileIdentity::of(&path)?,
+            path,
+            storage: super::Storage::Contiguous { data_offset: 0 },
+        });
+    }
+    Ok(InputArray {
+        source: dir.to_path_buf(),
+        format: meta.format,
+        dataset: String::new(),
+        dtype: meta.dtype,
+        shape: meta.shape,
+        block_shape,
+        files: FileShape::Padded(meta.chunks),
+        blocks,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dtype(text: &str) -> DType {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn fill_values_become_element_bytes() {
+        let cases: [(Value, &str, &[u8]); 12] = [
+            (json!(0), "<u2", &[0, 0]),
+            (Value::Null, ">f8", &[0; 8]),
+            (json!(258), "<u2", &[2, 1]),
+            (json!(258), ">u2", &[1, 2]),
+            (json!(-1), "<i4", &[0xff; 4]),
+            (json!(1.0), "<f2", &[0x00, 0x3c]),
+            (json!(-2.0), ">f2", &[0xc0, 0x00]),
+            (json!(65504.0), "<f2", &[0xff, 0x7b]),
+            (json!("NaN"), "<f4", &[0, 0, 0xc0, 0x7f]),
+            (json!("-Infinity"), ">f2", &[0xfc, 0x00]),
+            (json!("0x7fc00001"), "<f4", &[1, 0, 0xc0, 0x7f]),
+            (json!(3.0), "|u1", &[3]),
+        ];
+        for (value, descr, expected) in cases {
+            assert_eq!(
+                fill_bytes(&value, dtype(descr)).unwrap(),
+                expected,
+                "{value} as {descr}"
+            );
+        }
+        assert_eq!(f16_bits(5.960_464_477_539_063e-8), 1);
+        assert_eq!(f16_bits(1e6), 0x7c00);
+        for (value, descr) in [
+            (json!(256), "|u1"),
+            (json!(-1), "<u4"),
+            (json!(0.5), "<i2"),
+            (json!("x"), "<f4"),
+            (json!("0x10000"), "<u2"),
+            (json!([1]), "<u2"),
+        ] {
+            assert!(fill_bytes(&value, dtype(descr)).is_err(), "{value} {descr}");
+        }
+    }
+
+    #[test]
+    fn metadata_written_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        for (format, descr) in [
+            (BlockFormat::Zarr, ">f4"),
+            (BlockFormat::Zarr3, ">u2"),
+            (BlockFormat::Zarr3, "|i1"),
+            (BlockFormat::Zarr, "<f2"),
+        ] {
+            let array = dir
+                .path()
+                .join(format!("{}{}", format.extension(), descr.len()));
+            fs::create_dir_all(&array).unwrap();
+            for (name, bytes) in array_metadata(format, &[10, 7], &[4, 7], dtype(descr)) {
+                fs::write(array.join(name), bytes).unwrap();
+            }
+            let meta = read_metadata(&array).unwrap().unwrap();
+            assert_eq!(meta.format, format);
+            assert_eq!(meta.shape, [10, 7]);
+            assert_eq!(meta.chunks, [4, 7]);
+            assert_eq!(meta.dtype, dtype(descr));
+            assert_eq!(meta.fill, vec![0; meta.dtype.size]);
+            assert_eq!(meta.key, ChunkKey::for_format(format));
+        }
+        assert_eq!(read_metadata(dir.path()).unwrap(), None);
+    }
+
+    #[test]
+    fn refusals_name_the_file_and_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = json!({
+            "zarr_format": 2, "shape": [10], "chunks": [4], "dtype": "<u2",
+            "compressor": null, "fill_value": 0, "order": "C", "filters": null,
+        });
+        let v3 = json!({
+            "zarr_format": 3, "node_type": "array", "shape": [10], "data_type": "uint16",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [4]}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": 0, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+        });
+        let with = |base: &Value, key: &str, value: Value| {
+            let mut v = base.clone();
+            v[key] = value;
+            v
+        };
+        let cases = [
+            (
+                ZARRAY,
+                with(&base, "compressor", json!({"id": "blosc"})),
+                "compressed (blosc)",
+            ),
+            (
+                ZARRAY,
+                with(&base, "filters", json!([{"id": "delta"}])),
+                "filters (delta)",
+            ),
+            (ZARRAY, with(&base, "order", json!("F")), "Fortran order"),
+            (
+                ZARRAY,
+                with(&base, "dtype", json!("|b1")),
+                "\"|b1\" is not one",
+            ),
+            (
+                ZARRAY,
+                with(&base, "dtype", json!("<U4")),
+                "\"<U4\" is not one",
+            ),
+            (
+                ZARRAY,
+                with(&base, "chunks", json!([4, 4])),
+                "differ in dimensions",
+            ),
+            (
+                ZARRAY,
+                with(&with(&base, "shape", json!([])), "chunks", json!([])),
+                "0-dimensional",
+            ),
+            (
+                ZARR_JSON,
+                with(&v3, "codecs", json!([{"name": "bytes"}, {"name": "zstd"}])),
+                "codecs are [bytes, zstd]",
+            ),
+            (
+                ZARR_JSON,
+                with(&v3, "data_type", json!("complex64")),
+                "\"complex64\"",
+            ),
+            (
+                ZARR_JSON,
+                with(&v3, "fill_value", json!("x")),
+                "\"fill_value\"",
+            ),
+            (
+                ZARR_JSON,
+                json!({"zarr_format": 3, "node_type": "group"}),
+                "Zarr group, not an array",
+            ),
+            (
+                ZGROUP,
+                json!({"zarr_format": 2}),
+                "Zarr group, not an array",
+            ),
+        ];
+        for (i, (name, meta, expected)) in cases.into_iter().enumerate() {
+            let array = dir.path().join(format!("a{i}"));
+            fs::create_dir_all(&array).unwrap();
+            fs::write(array.join(name), serde_json::to_vec(&meta).unwrap()).unwrap();
+            let message = read_metadata(&array).unwrap_err().to_string();
+            assert!(message.contains(expected), "{name} {meta}: {message}");
+            assert!(message.contains(&format!("a{i}")), "{message}");
+        }
+    }
+}
