@@ -650,18 +650,44 @@ fn walk_segments(
         strides(&lens).into_iter().map(|s| s as usize).collect()
     };
 
+    // Per dimension and coordinate: the element offset it contributes in
+    // the file, and its coordinate inside its piece. Rows are visited with
+    // an odometer over these tables: no allocation per row.
+    let file_part: Vec<Vec<u64>> = (0..n)
+        .map(|d| {
+            (region.origin[d]..region.end(d))
+                .map(|x| (x - file_box.origin[d]) * file_strides[d])
+                .collect()
+        })
+        .collect();
+    let in_piece: Vec<Vec<u64>> = (0..n)
+        .map(|d| {
+            (region.origin[d]..region.end(d))
+                .zip(&along[d])
+                .map(|(x, &i)| x - grid.intervals[d][i].0)
+                .collect()
+        })
+        .collect();
+
     let mut segment_start = 0u64;
     let mut segment_len = 0u64;
     let mut fragments: Vec<Fragment> = Vec::new();
-    let row_shape: Vec<usize> = (0..last).map(|d| region.shape[d] as usize).collect();
-    for row in IndexBox::grid(&row_shape) {
-        let coords: Vec<u64> = (0..last)
-            .map(|d| region.origin[d] + row[d] as u64)
-            .collect();
+    let rows: u64 = region.shape[..last].iter().product();
+    let mut row = vec![0usize; last];
+    for row_number in 0..rows {
+        if row_number > 0 {
+            for d in (0..last).rev() {
+                row[d] += 1;
+                if (row[d] as u64) < region.shape[d] {
+                    break;
+                }
+                row[d] = 0;
+            }
+        }
         let mut file_element = 0u64;
         let mut piece_base = 0usize;
         for d in 0..last {
-            file_element += (coords[d] - file_box.origin[d]) * file_strides[d];
+            file_element += file_part[d][row[d]];
             piece_base += along[d][row[d]] * grid_strides[d];
         }
         file_element += region.origin[last] - file_box.origin[last];
@@ -688,8 +714,7 @@ fn walk_segments(
             let pstrides = &piece_strides[piece];
             let mut element = from - start;
             for d in 0..last {
-                let piece_start = grid.intervals[d][along[d][row[d]]].0;
-                element += (coords[d] - piece_start) * pstrides[d];
+                element += in_piece[d][row[d]] * pstrides[d];
             }
             let offset = (element * elem) as usize;
             let len = ((to - from) * elem) as usize;
