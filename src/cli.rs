@@ -369,6 +369,12 @@ fn status_command(args: StatusArgs) -> anyhow::Result<()> {
         "waiting   {} reads parked on pending blocks",
         status.waiting_reads
     );
+    println!(
+        "on demand {} blocks extracted ahead of the plan for waiting readers ({} extra seeks, {:.2} s)",
+        thousands(status.on_demand_blocks),
+        thousands(status.on_demand_seeks),
+        status.on_demand_seconds
+    );
     println!("error     {}", status.error.as_deref().unwrap_or("none"));
     println!("staging   {}", status.staging.display());
     println!("daemon    pid {}", status.pid);

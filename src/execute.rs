@@ -464,9 +464,9 @@ impl<'a> Executor<'a> {
 }
 
 /// Reads `region` of the whole array into `dest`, a C-order buffer of the
-/// region's shape, straight from the input blocks it overlaps (one segment
-/// run per input block, counted in `counter`). For extracting one output
-/// block ahead of the plan.
+/// region's shape, straight from the input blocks it overlaps: one read
+/// per input block (the span of its part), counted in `counter`. For
+/// extracting one output block ahead of the plan.
 pub fn read_region(
     input: &InputArray,
     region: &Region,
@@ -508,12 +508,30 @@ pub fn read_region(
                 })?;
             }
             Storage::Contiguous { data_offset } => {
+                // One read of the span from the part's first byte to its
+                // last, then rows copied out: an out-of-order extraction
+                // pays in seeks, and a row-by-row read of a partial input
+                // block would make one per row.
+                let (mut first, mut end) = (u64::MAX, 0u64);
+                walk_segments(&part, &file_box, elem, &grid, |offset, len, _| {
+                    first = first.min(offset);
+                    end = end.max(offset + len);
+                    Ok(())
+                })?;
                 let file =
                     File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?;
-                walk_segments(&part, &file_box, elem, &grid, |offset, len, fragments| {
-                    let mut targets = scatter_targets(buffers, fragments);
-                    seekio::read_exact_at(&file, &block.path, &mut targets, data_offset + offset)?;
-                    counter.read(key, data_offset + offset, len);
+                let mut span = vec![0u8; (end - first) as usize];
+                let at = data_offset + first;
+                seekio::read_exact_at(&file, &block.path, &mut [IoSliceMut::new(&mut span)], at)?;
+                counter.read(key, at, end - first);
+                walk_segments(&part, &file_box, elem, &grid, |offset, _, fragments| {
+                    let mut from = (offset - first) as usize;
+                    for fragment in fragments {
+                        let target = &mut buffers[fragment.piece]
+                            [fragment.offset..fragment.offset + fragment.len];
+                        target.copy_from_slice(&span[from..from + fragment.len]);
+                        from += fragment.len;
+                    }
                     Ok(())
                 })?;
             }

@@ -100,6 +100,7 @@ impl StagingSink {
     /// Writes output block `rank` now, reading just its part of the input,
     /// and serves it; the plan then skips it. Returns the seeks it took.
     pub fn extract(&mut self, rank: u64, input: &InputArray) -> Result<u64> {
+        let started = Instant::now();
         let region = self.core.output().block(&self.core.output().unravel(rank));
         let template = self.core.template(rank).into_owned();
         let file_shape = self.core.files().file_shape(rank);
@@ -138,7 +139,8 @@ impl StagingSink {
         ));
         // Counted before waiting readers are woken, so the status they see
         // already includes it.
-        self.core.record_on_demand(counter.seeks());
+        self.core
+            .record_on_demand(counter.seeks(), started.elapsed().as_secs_f64());
         self.core.mark_done(&[rank]);
         Ok(counter.seeks())
     }

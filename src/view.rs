@@ -133,6 +133,7 @@ struct ViewState {
     urgent: Vec<u64>,
     on_demand_blocks: u64,
     on_demand_seeks: u64,
+    on_demand_seconds: f64,
 }
 
 /// Progress, as `rechunkfs status` and the status file show it.
@@ -155,6 +156,9 @@ pub struct Status {
     pub on_demand_blocks: u64,
     #[serde(default)]
     pub on_demand_seeks: u64,
+    /// Time spent extracting them (reading their input, writing them).
+    #[serde(default)]
+    pub on_demand_seconds: f64,
     pub rate_bytes_per_second: f64,
     pub eta_seconds: Option<f64>,
     pub elapsed_seconds: f64,
@@ -252,6 +256,7 @@ impl ViewCore {
                 urgent: Vec::new(),
                 on_demand_blocks: 0,
                 on_demand_seeks: 0,
+                on_demand_seconds: 0.0,
             }),
             staged_files: Mutex::new(LruCache::new(
                 NonZeroUsize::new(OPEN_STAGED_FILES).unwrap_or(NonZeroUsize::MIN),
@@ -684,11 +689,13 @@ impl ViewCore {
             .collect()
     }
 
-    /// Counts a block extracted ahead of the plan and the seeks it took.
-    pub fn record_on_demand(&self, seeks: u64) {
+    /// Counts a block extracted ahead of the plan, the seeks and the time
+    /// it took.
+    pub fn record_on_demand(&self, seeks: u64, seconds: f64) {
         let mut state = self.state.lock();
         state.on_demand_blocks += 1;
         state.on_demand_seeks += seeks;
+        state.on_demand_seconds += seconds;
     }
 
     /// Records the materialiser's latest counts.
@@ -795,6 +802,7 @@ impl ViewCore {
             seeks_planned: self.planned_seeks,
             on_demand_blocks: state.on_demand_blocks,
             on_demand_seeks: state.on_demand_seeks,
+            on_demand_seconds: state.on_demand_seconds,
             rate_bytes_per_second: rate,
             eta_seconds: (state.phase == Phase::Materialising && rate > 0.0)
                 .then(|| remaining as f64 / rate),
