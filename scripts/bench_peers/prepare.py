@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Write the sample array (see content.py) in the peers' native forms, for
+scripts/bench. Runs in the harness's venv (numpy; h5py for --h5).
+
+    prepare.py zarr OUT.zarr --array 700,700,700 --chunks 35,35,35
+        a Zarr v2 array: uncompressed, no filters, '<u2', C order, fill 0,
+        chunk keys "i.j.k"; every chunk written (edge chunks full size)
+    prepare.py h5 OUT.h5 --array 700,700,700 --chunks 35,35,35
+        one HDF5 file holding /data with chunked layout, chunks = --chunks,
+        no filters; chunks written with H5Dwrite_chunk (no conversion)
+
+Writes to OUT.partial and renames it to OUT when done, so an interrupted
+run never leaves something that looks finished.
+"""
+import argparse
+import itertools
+import json
+import os
+import shutil
+import sys
+import time
+
+from content import grid_of, padded_region_bytes
+
+DTYPE = "<u2"
+ITEMSIZE = 2
+
+
+def write_zarr(out, array, chunks):
+    tmp = out + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    meta = {"zarr_format": 2, "shape": array, "chunks": chunks, "dtype": DTYPE, "compressor": None,
+            "fill_value": 0, "order": "C", "filters": None, "dimension_separator": "."}
+    with open(os.path.join(tmp, ".zarray"), "w") as f:
+        json.dump(meta, f, indent=2)
+    with open(os.path.join(tmp, ".zattrs"), "w") as f:
+        f.write("{}\n")
+    for index in itertools.product(*[range(g) for g in grid_of(array, chunks)]):
+        origin = [i * c for i, c in zip(index, chunks)]
+        data = padded_region_bytes(array, origin, chunks, ITEMSIZE)
+        with open(os.path.join(tmp, ".".join(map(str, index))), "wb") as f:
+            f.write(data)
+    os.sync()
+    shutil.rmtree(out, ignore_errors=True)
+    os.rename(tmp, out)
+
+
+def write_h5(out, array, chunks):
+    import h5py
+    import numpy as np
+    tmp = out + ".partial"
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    with h5py.File(tmp, "w") as f:
+        ds = f.create_dataset("data", shape=tuple(array), dtype=DTYPE, chunks=tuple(chunks),
+                              fillvalue=0)
+        for index in itertools.product(*[range(g) for g in grid_of(array, chunks)]):
+            origin = [i * c for i, c in zip(index, chunks)]
+            data = padded_region_bytes(array, origin, chunks, ITEMSIZE)
+            ds.id.write_direct_chunk(tuple(origin), np.frombuffer(data, dtype=np.uint8))
+    os.sync()
+    os.replace(tmp, out)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("kind", choices=["zarr", "h5"])
+    p.add_argument("out")
+    p.add_argument("--array", required=True)
+    p.add_argument("--chunks", required=True)
+    a = p.parse_args()
+    array = [int(x) for x in a.array.split(",")]
+    chunks = [min(int(x), n) for x, n in zip(a.chunks.split(","), array)]
+    t0 = time.monotonic()
+    (write_zarr if a.kind == "zarr" else write_h5)(a.out, array, chunks)
+    print(json.dumps({"seconds": time.monotonic() - t0}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
