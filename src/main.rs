@@ -13,6 +13,14 @@ fn main() {
         _ => "warn",
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
+    if !matches!(cli.command, rechunkfs::cli::Command::Mount(_)) {
+        // Like other Unix tools, end quietly when a reader of our output
+        // goes away (`rechunkfs status VIEW | head`) instead of panicking.
+        // SAFETY: setting a signal's disposition to its default.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     if let Err(error) = rechunkfs::cli::run(cli) {
         eprintln!("rechunkfs: error: {error:#}");
         std::process::exit(1);
