@@ -29,7 +29,7 @@ use crate::format::Storage;
 use crate::geometry::{strides, IndexBox, Partition, Region};
 use crate::input::InputArray;
 use crate::plan::Plan;
-use crate::seekio::{self, FileKey, SeekCounter};
+use crate::seekio::{self, FileKey, SeekCounter, SeekLog};
 
 /// An output block file open for positioned writes of its data.
 pub struct OutputTarget<'a> {
@@ -121,12 +121,35 @@ pub struct Executor<'a> {
     elem: u64,
     inputs: LruCache<u64, InputHandle>,
     pending: HashMap<u64, PendingWrite>,
-    remaining: HashMap<u64, u64>,
     counter: SeekCounter,
+    /// This read block's reads, counted once the previous write block's
+    /// writes are (see [`SeekLog`]).
+    reads: SeekLog,
     held: u64,
     stats: RunStats,
     cancel: Option<&'a AtomicBool>,
-    /// Reused to pack small row pieces into one write call.
+}
+
+/// A completed write block handed to the writer thread: its pieces, one
+/// per read block overlapping it.
+struct WriteJob {
+    write_index: Vec<usize>,
+    pieces: Vec<Vec<u8>>,
+    bytes: u64,
+}
+
+/// What the writer thread reports for one job.
+struct WriteReport {
+    writes: SeekLog,
+    blocks_completed: u64,
+}
+
+/// The writer thread's state: output blocks' remaining volumes, the write
+/// log, and a buffer for packing small row pieces into one call.
+struct Writer<'a> {
+    plan: &'a Plan,
+    elem: u64,
+    remaining: HashMap<u64, u64>,
     scratch: Vec<u8>,
 }
 
@@ -138,8 +161,8 @@ impl<'a> Executor<'a> {
             elem: input.dtype.size as u64,
             inputs: LruCache::new(NonZeroUsize::new(OPEN_INPUTS).unwrap_or(NonZeroUsize::MIN)),
             pending: HashMap::new(),
-            remaining: HashMap::new(),
             counter: SeekCounter::default(),
+            reads: SeekLog::default(),
             held: 0,
             stats: RunStats {
                 read_blocks_total: plan.read.count(),
@@ -147,7 +170,6 @@ impl<'a> Executor<'a> {
                 ..RunStats::default()
             },
             cancel: None,
-            scratch: Vec::with_capacity(seekio::PACKED_WRITE_BYTES),
         }
     }
 
@@ -156,17 +178,70 @@ impl<'a> Executor<'a> {
         self
     }
 
-    /// Runs the whole plan.
+    /// Runs the whole plan. Read blocks are read on this thread while the
+    /// write block completed by the previous one is written on another, so
+    /// the disk and the two cores work at once; at most one write block is
+    /// in flight, its pieces still held (the planner counts them).
     pub fn run(
         mut self,
-        sink: &mut dyn BlockSink,
+        sink: &mut (dyn BlockSink + Send),
         mut progress: impl FnMut(&RunStats),
+    ) -> Result<RunStats> {
+        let plan = self.plan;
+        let elem = self.elem;
+        let sink = parking_lot::Mutex::new(sink);
+        std::thread::scope(|scope| {
+            let (jobs, job_queue) = std::sync::mpsc::sync_channel::<WriteJob>(1);
+            let (reports_tx, reports) = std::sync::mpsc::channel::<Result<WriteReport>>();
+            let sink = &sink;
+            let writer = std::thread::Builder::new()
+                .name("writer".into())
+                .spawn_scoped(scope, move || {
+                    let mut writer = Writer::new(plan, elem);
+                    for job in job_queue {
+                        let report = {
+                            let mut sink = sink.lock();
+                            writer.write(&job, &mut **sink)
+                        };
+                        // The job's pieces are freed here, before the
+                        // reader hears the write is done.
+                        drop(job);
+                        if reports_tx.send(report).is_err() {
+                            return;
+                        }
+                    }
+                })
+                .map_err(|e| Error::io("writer", "starting a thread", e))?;
+            let result = self.read_and_hand_over(&jobs, &reports, sink, &mut progress);
+            drop(jobs);
+            if writer.join().is_err() {
+                return Err(Error::BadOutput {
+                    path: "writer".into(),
+                    problem: "the writer thread panicked".into(),
+                });
+            }
+            result
+        })
+    }
+
+    /// The reader's side of [`run`]: every read block in C order, handing
+    /// each completed write block to the writer.
+    fn read_and_hand_over(
+        &mut self,
+        jobs: &std::sync::mpsc::SyncSender<WriteJob>,
+        reports: &std::sync::mpsc::Receiver<Result<WriteReport>>,
+        sink: &parking_lot::Mutex<&mut (dyn BlockSink + Send)>,
+        progress: &mut impl FnMut(&RunStats),
     ) -> Result<RunStats> {
         let total = self.plan.read.count();
         let mut prefetched = 0u64;
         let mut prefetched_bytes = 0u64;
+        let mut in_flight: Option<u64> = None;
         for (rank, read_index) in IndexBox::grid(&self.plan.read.grid_shape()).enumerate() {
             if self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                if in_flight.is_some() {
+                    let _ = reports.recv();
+                }
                 return Err(Error::Cancelled);
             }
             // Keep the kernel reading ahead of us: the next read blocks'
@@ -185,17 +260,58 @@ impl<'a> Executor<'a> {
                 prefetched_bytes += self.prefetch(&ahead);
                 prefetched += 1;
             }
-            self.read_step(&read_index)?;
+            let read_result = self.read_step(&read_index);
+            // The previous write block's writes come before this read
+            // block's reads in the plan's order: wait for them, count them.
+            if let Some(bytes) = in_flight.take() {
+                self.finish_write(reports, bytes)?;
+            }
+            read_result?;
+            self.reads.replay_into(&mut self.counter);
             if let Some(write_index) = self.plan.completed_write_block(&read_index) {
-                self.write_step(&write_index, sink)?;
+                let job = self.take_write_job(&write_index)?;
+                in_flight = Some(job.bytes);
+                if jobs.send(job).is_err() {
+                    // The writer stopped: its report says why.
+                    if let Some(bytes) = in_flight.take() {
+                        self.finish_write(reports, bytes)?;
+                    }
+                    return Err(Error::BadOutput {
+                        path: "writer".into(),
+                        problem: "the writer thread stopped".into(),
+                    });
+                }
             }
             self.stats.read_blocks_done += 1;
             self.refresh_stats();
-            sink.between_steps(&self.stats)?;
+            // The sink's own work between read blocks (blocks extracted on
+            // demand) takes its lock, so it never runs inside a write job;
+            // the held bytes it is told include the block in flight.
+            sink.lock().between_steps(&self.stats)?;
             progress(&self.stats);
         }
+        if let Some(bytes) = in_flight.take() {
+            self.finish_write(reports, bytes)?;
+        }
+        self.refresh_stats();
         debug_assert!(self.pending.is_empty() && self.held == 0);
         Ok(self.stats)
+    }
+
+    /// Waits for the write block in flight, counts its writes and frees it.
+    fn finish_write(
+        &mut self,
+        reports: &std::sync::mpsc::Receiver<Result<WriteReport>>,
+        bytes: u64,
+    ) -> Result<()> {
+        let mut report = reports.recv().map_err(|_| Error::BadOutput {
+            path: "writer".into(),
+            problem: "the writer thread stopped without reporting".into(),
+        })??;
+        report.writes.replay_into(&mut self.counter);
+        self.stats.output_blocks_done += report.blocks_completed;
+        self.held -= bytes;
+        Ok(())
     }
 
     /// Asks the kernel to start reading the input bytes of read block
@@ -339,7 +455,7 @@ impl<'a> Executor<'a> {
                 "input handle vanished from cache",
             ));
         };
-        let counter = &mut self.counter;
+        let counter = &mut self.reads;
         let key = FileKey::Input(rank);
         match (handle, &block.storage) {
             (InputHandle::File(file), Storage::Contiguous { data_offset }) => walk_segments(
@@ -384,8 +500,9 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// Writes the completed write block `write_index` to its output blocks.
-    fn write_step(&mut self, write_index: &[usize], sink: &mut dyn BlockSink) -> Result<()> {
+    /// Takes the pieces of the completed write block `write_index` out of
+    /// the pending store, for the writer.
+    fn take_write_job(&mut self, write_index: &[usize]) -> Result<WriteJob> {
         let plan = self.plan;
         let write_box = plan.write.block(write_index);
         let write_rank = plan.write.linear(write_index);
@@ -394,7 +511,6 @@ impl<'a> Executor<'a> {
                 "plan error: write block {write_index:?} completed with no data"
             ))
         })?;
-        let grid = PieceGrid::new(&plan.read, &write_box);
         let pieces: Vec<Vec<u8>> = pending
             .pieces
             .into_iter()
@@ -406,7 +522,33 @@ impl<'a> Executor<'a> {
                 })
             })
             .collect::<Result<_>>()?;
+        Ok(WriteJob {
+            write_index: write_index.to_vec(),
+            pieces,
+            bytes: write_box.volume() * self.elem,
+        })
+    }
+}
 
+impl<'a> Writer<'a> {
+    fn new(plan: &'a Plan, elem: u64) -> Writer<'a> {
+        Writer {
+            plan,
+            elem,
+            remaining: HashMap::new(),
+            scratch: Vec::with_capacity(seekio::PACKED_WRITE_BYTES),
+        }
+    }
+
+    /// Writes a completed write block to its output blocks, gathering from
+    /// its pieces.
+    fn write(&mut self, job: &WriteJob, sink: &mut dyn BlockSink) -> Result<WriteReport> {
+        let plan = self.plan;
+        let write_box = plan.write.block(&job.write_index);
+        let grid = PieceGrid::new(&plan.read, &write_box);
+        let pieces = &job.pieces;
+        let mut writes = SeekLog::default();
+        let mut blocks_completed = 0;
         for output_index in IndexBox::new(plan.output.overlapping(&write_box)) {
             let block = plan.output.block(&output_index);
             let Some(region) = block.intersect(&write_box) else {
@@ -434,8 +576,8 @@ impl<'a> Executor<'a> {
                 });
             }
             let file_box = Region::new(block.origin.clone(), target.file_shape.to_vec());
-            let counter = &mut self.counter;
             let scratch = &mut self.scratch;
+            let log = &mut writes;
             let key = FileKey::Output(rank);
             walk_segments(
                 &region,
@@ -443,10 +585,10 @@ impl<'a> Executor<'a> {
                 self.elem,
                 &grid,
                 |offset, len, fragments| {
-                    let sources = gather_sources(&pieces, fragments);
+                    let sources = gather_sources(pieces, fragments);
                     let at = target.data_offset + offset;
                     seekio::write_packed_at(target.file, target.path, &sources, at, scratch)?;
-                    counter.write(key, at, len);
+                    log.write(key, at, len);
                     Ok(())
                 },
             )?;
@@ -455,11 +597,13 @@ impl<'a> Executor<'a> {
             if *remaining == 0 {
                 self.remaining.remove(&rank);
                 sink.complete(rank)?;
-                self.stats.output_blocks_done += 1;
+                blocks_completed += 1;
             }
         }
-        self.held -= write_box.volume() * self.elem;
-        Ok(())
+        Ok(WriteReport {
+            writes,
+            blocks_completed,
+        })
     }
 }
 

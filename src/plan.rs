@@ -455,14 +455,17 @@ fn write_seeks(dims: &[&DimOption]) -> u128 {
     segments(&overlaps)
 }
 
-/// Most bytes held at once, by stepping through the read blocks: each adds
-/// its volume, then the write block it completes (if any) is written and
-/// freed. The completed block's volume is the product of per-dimension
-/// lengths, so a step costs O(dimensions).
+/// Most bytes held at once, by stepping through the read blocks as the
+/// executor does: each read block adds its volume while the write block
+/// completed by the previous one is still being written (by the writer
+/// thread) and held; then that one is freed, and the write block this read
+/// block completes (if any) goes in flight. A completed block's volume is
+/// the product of per-dimension lengths, so a step costs O(dimensions).
 fn simulate_peak(dims: &[&DimOption], elem_size: u64) -> u128 {
     let grid: Vec<usize> = dims.iter().map(|o| o.read.count()).collect();
     let mut held: u128 = 0;
     let mut peak: u128 = 0;
+    let mut in_flight: u128 = 0;
     for index in IndexBox::grid(&grid) {
         let mut read_volume: u128 = 1;
         let mut freed: u128 = 1;
@@ -472,8 +475,10 @@ fn simulate_peak(dims: &[&DimOption], elem_size: u64) -> u128 {
         }
         held += read_volume;
         peak = peak.max(held);
-        held -= freed;
+        held -= in_flight;
+        in_flight = freed;
     }
+    held -= in_flight;
     debug_assert_eq!(held, 0, "every byte read is written");
     peak * elem_size as u128
 }

@@ -59,6 +59,37 @@ impl SeekCounter {
     }
 }
 
+/// I/O calls as one thread made them, kept to be counted later: the
+/// executor reads on one thread while another writes, and seeks are
+/// counted as if one thread had made every call in the plan's order
+/// (read block k's reads, then write block k's writes, then read block
+/// k+1's reads), which is the order the planner predicts.
+#[derive(Clone, Debug, Default)]
+pub struct SeekLog {
+    calls: Vec<(bool, FileKey, u64, u64)>,
+}
+
+impl SeekLog {
+    pub fn read(&mut self, file: FileKey, offset: u64, len: u64) {
+        self.calls.push((false, file, offset, len));
+    }
+
+    pub fn write(&mut self, file: FileKey, offset: u64, len: u64) {
+        self.calls.push((true, file, offset, len));
+    }
+
+    /// Counts the logged calls, in the order they were made, and forgets them.
+    pub fn replay_into(&mut self, counter: &mut SeekCounter) {
+        for (write, file, offset, len) in self.calls.drain(..) {
+            if write {
+                counter.write(file, offset, len);
+            } else {
+                counter.read(file, offset, len);
+            }
+        }
+    }
+}
+
 /// Most iovecs one call may carry (Linux's IOV_MAX).
 const IOV_MAX: usize = 1024;
 

@@ -103,7 +103,7 @@ fn plan_refuses_memory_too_small_and_says_the_minimum() {
     assert!(!output.status.success());
     let message = stderr(&output);
     assert!(
-        message.contains("raise --mem to at least 100 B"),
+        message.contains("raise --mem to at least 200 B"),
         "{message}"
     );
 }

@@ -72,7 +72,10 @@ fn run_case(root: &Path, case: &Case) -> (u64, u64) {
         rechunkfs::filetree::output_file_shape(case.output_format, &problem.output());
     let problem = problem.with_files(input.files.clone(), output_files);
     let mem = case.mem_fraction.map(|f| {
-        ((plan::keep_rhat(&problem).prediction.peak_bytes as f64 * f) as u64).max(dtype.size as u64)
+        // The least any plan holds: one element being read while one is
+        // being written.
+        ((plan::keep_rhat(&problem).prediction.peak_bytes as f64 * f) as u64)
+            .max(2 * dtype.size as u64)
     });
     let plan = match plan::plan(&problem, case.strategy, mem) {
         Ok(plan) => plan,
