@@ -5,34 +5,23 @@
 //! record is synced after them, so a crash never leaves a block recorded
 //! complete without its bytes.
 
-use std::collections::HashSet;
-use std::fs::File;
-use std::num::NonZeroUsize;
-use std::path::PathBuf;
+use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use lru::LruCache;
-
 use crate::error::{Error, Result};
-use crate::execute::{read_region, BlockSink, Executor, OutputTarget, RunStats};
+use crate::execute::{
+    read_region, reopen, BlockSink, Executor, OpenOutput, OutputFiles, OutputTarget, RunStats,
+};
 use crate::input::InputArray;
 use crate::plan::Plan;
 use crate::seekio::{self, FileKey, SeekCounter};
 use crate::view::ViewCore;
-use std::io::IoSlice;
 
 /// Staging files kept open while partially written.
 const OPEN_OUTPUTS: usize = 128;
-
-struct OpenOutput {
-    file: File,
-    path: PathBuf,
-    data_offset: u64,
-    file_shape: Vec<u64>,
-}
 
 /// A [`BlockSink`] writing the view's block files into its staging area.
 ///
@@ -43,8 +32,7 @@ struct OpenOutput {
 /// remount redoes.
 pub struct StagingSink {
     core: Arc<ViewCore>,
-    open: LruCache<u64, OpenOutput>,
-    created: HashSet<u64>,
+    files: OutputFiles,
     unsynced: Vec<(u64, OpenOutput)>,
     unsynced_bytes: u64,
     last_flush: Instant,
@@ -75,8 +63,7 @@ impl StagingSink {
     pub fn new(core: Arc<ViewCore>) -> StagingSink {
         StagingSink {
             core,
-            open: LruCache::new(NonZeroUsize::new(OPEN_OUTPUTS).unwrap_or(NonZeroUsize::MIN)),
-            created: HashSet::new(),
+            files: OutputFiles::new(OPEN_OUTPUTS),
             unsynced: Vec::new(),
             unsynced_bytes: 0,
             last_flush: Instant::now(),
@@ -111,8 +98,7 @@ impl StagingSink {
             data = pad(&data, &region.shape, &file_shape, input.dtype.size);
         }
         // Whatever the plan wrote of it so far is rewritten whole.
-        self.open.pop(&rank);
-        self.created.remove(&rank);
+        self.files.close(rank);
         let path = self.core.staged_path(rank);
         let file = template.create_file(&path)?;
         seekio::write_all_at(
@@ -151,10 +137,10 @@ impl StagingSink {
         if self.unsynced.is_empty() {
             return Ok(());
         }
-        for (_, open) in &self.unsynced {
-            open.file
-                .sync_data()
-                .map_err(|e| Error::io(&open.path, "syncing", e))?;
+        // The staging files share one filesystem: one syncfs covers them
+        // all (an fdatasync each cost a journal commit each).
+        if let Some((_, open)) = self.unsynced.first() {
+            crate::rechunk::sync_filesystem(&open.file, &open.path)?;
         }
         let ranks: Vec<u64> = self.unsynced.iter().map(|(rank, _)| *rank).collect();
         self.core.staging().record_done(&ranks)?;
@@ -201,54 +187,33 @@ impl BlockSink for StagingSink {
     }
 
     fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
-        if !self.open.contains(&rank) {
+        if !self.files.is_open(rank) {
             let path = self.core.staged_path(rank);
             let template = self.core.template(rank);
-            let file = if self.created.contains(&rank) {
-                File::options()
-                    .read(true)
-                    .write(true)
-                    .open(&path)
-                    .map_err(|e| Error::io(&path, "reopening", e))?
+            let file = if self.files.was_created(rank) {
+                reopen(&path)?
             } else {
                 // Whatever an interrupted run left here is not recorded
                 // done, so it is rewritten from scratch.
-                self.created.insert(rank);
                 template.create_file(&path)?
             };
-            let data_offset = template.data_offset;
-            self.open.put(
-                rank,
-                OpenOutput {
-                    file,
-                    path,
-                    data_offset,
-                    file_shape: self.core.files().file_shape(rank),
-                },
-            );
+            let output = OpenOutput {
+                file,
+                path,
+                data_offset: template.data_offset,
+                file_shape: self.core.files().file_shape(rank),
+            };
+            self.files.insert(rank, output);
         }
-        let open = self
-            .open
-            .get(&rank)
-            .ok_or_else(|| Error::BadArgument("open-file cache lost an entry".into()))?;
-        Ok(OutputTarget {
-            file: &open.file,
-            path: &open.path,
-            data_offset: open.data_offset,
-            file_shape: &open.file_shape,
-        })
+        self.files.target(rank)
     }
 
     fn complete(&mut self, rank: u64) -> Result<()> {
-        self.created.remove(&rank);
-        let open = match self.open.pop(&rank) {
+        let open = match self.files.close(rank) {
             Some(open) => open,
             None => {
                 let path = self.core.staged_path(rank);
-                let file = File::options()
-                    .write(true)
-                    .open(&path)
-                    .map_err(|e| Error::io(&path, "reopening", e))?;
+                let file = reopen(&path)?;
                 OpenOutput {
                     file,
                     path,

@@ -15,16 +15,15 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::Write;
-use std::num::NonZeroUsize;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use lru::LruCache;
-
 use crate::axes::AxisOrder;
 use crate::error::{Error, Result};
-use crate::execute::{BlockSink, Executor, OutputTarget, RunStats};
+use crate::execute::{
+    reopen, BlockSink, Executor, OpenOutput, OutputFiles, OutputTarget, RunStats,
+};
 use crate::filetree::FileTree;
 use crate::format::space::Space;
 use crate::format::{self, BlockFormat, BlockTemplate};
@@ -162,13 +161,6 @@ fn remove_chunk_tree(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-struct OpenOutput {
-    file: File,
-    path: PathBuf,
-    data_offset: u64,
-    file_shape: Vec<u64>,
-}
-
 /// A [`BlockSink`] that writes block files into a directory.
 pub struct DirectorySink {
     dir: PathBuf,
@@ -177,8 +169,7 @@ pub struct DirectorySink {
     /// Directories of nested chunk paths made so far.
     made_dirs: HashSet<PathBuf>,
     templates: HashMap<Vec<u64>, BlockTemplate>,
-    open: LruCache<u64, OpenOutput>,
-    created: HashSet<u64>,
+    files: OutputFiles,
     /// Completed blocks waiting for the durability batch: (temporary, final).
     completed: Vec<(PathBuf, PathBuf)>,
     completed_bytes: u64,
@@ -192,8 +183,7 @@ impl DirectorySink {
             spec,
             made_dirs: HashSet::new(),
             templates: HashMap::new(),
-            open: LruCache::new(NonZeroUsize::new(OPEN_OUTPUTS).unwrap_or(NonZeroUsize::MIN)),
-            created: HashSet::new(),
+            files: OutputFiles::new(OPEN_OUTPUTS),
             completed: Vec::new(),
             completed_bytes: 0,
         }
@@ -242,13 +232,7 @@ impl DirectorySink {
         let dir = File::open(&self.dir).map_err(|e| Error::io(&self.dir, "opening", e))?;
         // One syncfs flushes every completed block's data at once; only
         // then may their names say they are complete.
-        if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-            return Err(Error::io(
-                &self.dir,
-                "syncing",
-                std::io::Error::last_os_error(),
-            ));
-        }
+        sync_filesystem(&dir, &self.dir)?;
         let mut parents = BTreeSet::new();
         for (partial, done) in self.completed.drain(..) {
             fs::rename(&partial, &done)
@@ -271,17 +255,13 @@ impl DirectorySink {
 
 impl BlockSink for DirectorySink {
     fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
-        if !self.open.contains(&rank) {
+        if !self.files.is_open(rank) {
             let (partial, _) = self.paths(rank);
             let region = self.tree.grid().block(&self.tree.grid().unravel(rank));
             let file_shape = self.tree.file_shape(rank);
-            let opened = if self.created.contains(&rank) {
+            let opened = if self.files.was_created(rank) {
                 let data_offset = self.template(&file_shape)?.data_offset;
-                let file = File::options()
-                    .read(true)
-                    .write(true)
-                    .open(&partial)
-                    .map_err(|e| Error::io(&partial, "reopening", e))?;
+                let file = reopen(&partial)?;
                 OpenOutput {
                     file,
                     path: partial,
@@ -300,7 +280,6 @@ impl BlockSink for DirectorySink {
                     format::place(template, format, &file_shape, dtype, &space, &region.origin);
                 let data_offset = placed.data_offset;
                 let file = placed.create_file(&partial)?;
-                self.created.insert(rank);
                 OpenOutput {
                     file,
                     path: partial,
@@ -308,25 +287,15 @@ impl BlockSink for DirectorySink {
                     file_shape,
                 }
             };
-            self.open.put(rank, opened);
+            self.files.insert(rank, opened);
         }
-        let open = self
-            .open
-            .get(&rank)
-            .ok_or_else(|| Error::BadArgument("open-file cache lost an entry".into()))?;
-        Ok(OutputTarget {
-            file: &open.file,
-            path: &open.path,
-            data_offset: open.data_offset,
-            file_shape: &open.file_shape,
-        })
+        self.files.target(rank)
     }
 
     fn complete(&mut self, rank: u64) -> Result<()> {
-        if let Some(open) = self.open.pop(&rank) {
+        if let Some(open) = self.files.close(rank) {
             start_writeback(&open.file);
         }
-        self.created.remove(&rank);
         let (partial, done) = self.paths(rank);
         let file_shape = self.tree.file_shape(rank);
         self.completed_bytes += self.template(&file_shape)?.file_len();
@@ -346,6 +315,16 @@ pub fn start_writeback(file: &File) {
     unsafe {
         libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
     }
+}
+
+/// Flushes every dirty page of the filesystem holding `file` to disk (one
+/// `syncfs`: cheaper than an fsync per file when many files are done).
+pub fn sync_filesystem(file: &File, path: &Path) -> Result<()> {
+    // SAFETY: a valid open descriptor; syncfs only flushes.
+    if unsafe { libc::syncfs(file.as_raw_fd()) } != 0 {
+        return Err(Error::io(path, "syncing", std::io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 /// Rechunks `input` into block files in `out` (prepared by
