@@ -33,7 +33,9 @@ const OPEN_OUTPUTS: usize = 128;
 pub struct StagingSink {
     core: Arc<ViewCore>,
     files: OutputFiles,
-    unsynced: Vec<(u64, OpenOutput)>,
+    /// Completed blocks not yet recorded: their data are synced (one
+    /// syncfs for the batch) before their journal records are written.
+    unsynced: Vec<u64>,
     unsynced_bytes: u64,
     last_flush: Instant,
     /// Set for a view: blocks readers wait for are extracted from this
@@ -53,11 +55,11 @@ struct OnDemand {
 const SOON_STEPS: u64 = 1;
 
 /// A durability batch closes at this many bytes...
-const SYNC_BATCH_BYTES: u64 = 64 << 20;
-/// ...or this many blocks (each holds an open file until synced)...
-const SYNC_BATCH_BLOCKS: usize = 256;
+const SYNC_BATCH_BYTES: u64 = 256 << 20;
+/// ...or this many blocks...
+const SYNC_BATCH_BLOCKS: usize = 1024;
 /// ...or this long after the last one.
-const SYNC_BATCH_AGE: Duration = Duration::from_secs(1);
+const SYNC_BATCH_AGE: Duration = Duration::from_secs(2);
 
 impl StagingSink {
     pub fn new(core: Arc<ViewCore>) -> StagingSink {
@@ -114,15 +116,7 @@ impl StagingSink {
         );
         crate::rechunk::start_writeback(&file);
         self.unsynced_bytes += template.file_len();
-        self.unsynced.push((
-            rank,
-            OpenOutput {
-                file,
-                path,
-                data_offset: template.data_offset,
-                file_shape,
-            },
-        ));
+        self.unsynced.push(rank);
         // Counted before waiting readers are woken, so the status they see
         // already includes it.
         self.core
@@ -139,11 +133,10 @@ impl StagingSink {
         }
         // The staging files share one filesystem: one syncfs covers them
         // all (an fdatasync each cost a journal commit each).
-        if let Some((_, open)) = self.unsynced.first() {
-            crate::rechunk::sync_filesystem(&open.file, &open.path)?;
-        }
-        let ranks: Vec<u64> = self.unsynced.iter().map(|(rank, _)| *rank).collect();
-        self.core.staging().record_done(&ranks)?;
+        let dir = self.core.staging().dir();
+        let dir_file = std::fs::File::open(dir).map_err(|e| Error::io(dir, "opening", e))?;
+        crate::rechunk::sync_filesystem(&dir_file, dir)?;
+        self.core.staging().record_done(&self.unsynced)?;
         self.unsynced.clear();
         self.unsynced_bytes = 0;
         self.last_flush = Instant::now();
@@ -209,22 +202,12 @@ impl BlockSink for StagingSink {
     }
 
     fn complete(&mut self, rank: u64) -> Result<()> {
-        let open = match self.files.close(rank) {
-            Some(open) => open,
-            None => {
-                let path = self.core.staged_path(rank);
-                let file = reopen(&path)?;
-                OpenOutput {
-                    file,
-                    path,
-                    data_offset: 0,
-                    file_shape: Vec::new(),
-                }
-            }
-        };
-        crate::rechunk::start_writeback(&open.file);
+        // Closed now: the batch's syncfs needs no open file.
+        if let Some(open) = self.files.close(rank) {
+            crate::rechunk::start_writeback(&open.file);
+        }
         self.unsynced_bytes += self.core.template(rank).file_len();
-        self.unsynced.push((rank, open));
+        self.unsynced.push(rank);
         self.core.mark_done(&[rank]);
         if self.unsynced_bytes >= SYNC_BATCH_BYTES
             || self.unsynced.len() >= SYNC_BATCH_BLOCKS
