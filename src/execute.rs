@@ -4,13 +4,18 @@
 //! `rechunk`, the staging area for the view).
 //!
 //! Memory: a read block is read straight into one buffer per write block it
-//! touches (its *pieces*); a piece stays until its write block is written,
-//! which gathers from the pieces with `pwritev`. Bytes are never copied
-//! between buffers, and the bytes held are exactly what the planner
-//! simulates: the current read block plus the waiting pieces.
+//! touches (its *pieces*, with `preadv`); a piece stays until its write
+//! block is written, which gathers from the pieces (rows packed into one
+//! write call through a fixed 1 MiB buffer, since the kernel's per-iovec
+//! cost on the write path exceeds a copy of a row). The calling thread reads
+//! while a writer thread writes the write block the previous read block
+//! completed, so the disk and both cores work at once; the bytes held are
+//! exactly what the planner simulates: the read block being read, the
+//! write block in flight, and the waiting pieces.
 //!
 //! Every data I/O goes through [`seekio`], whose counts must equal the
-//! plan's predictions; tests hold the executor to that.
+//! plan's predictions; both threads log their calls and the reader counts
+//! them in the plan's order, so tests can hold the executor to that.
 
 use std::collections::HashMap;
 use std::fs::File;
