@@ -10,17 +10,10 @@ use std::process::{Command, Output};
 
 use rechunkfs::format::BlockFormat;
 
-use common::{dtype, make_blocks, verify_output};
+use common::{dtype, make_blocks, python, stderr, verify_output};
 
 fn rechunkfs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
-        .args(args)
-        .output()
-        .expect("run rechunkfs")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    common::run_rechunkfs(args, 0)
 }
 
 fn plan_json(args: &[&str]) -> serde_json::Value {
@@ -359,18 +352,6 @@ fn refuses_an_empty_directory_and_a_bad_shape() {
         "{}",
         stderr(&output)
     );
-}
-
-/// The Python interpreter with numpy and h5py that scripts/setup prepares.
-fn python() -> String {
-    std::env::var("RECHUNKFS_PYTHON").unwrap_or_else(|_| {
-        let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/target/pyenv/bin/python");
-        assert!(
-            Path::new(venv).exists(),
-            "no Python with numpy and h5py: run ./scripts/test (or source scripts/setup) first"
-        );
-        venv.to_string()
-    })
 }
 
 #[test]

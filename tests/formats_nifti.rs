@@ -17,31 +17,10 @@ use std::time::{Duration, Instant};
 
 use rechunkfs::format::BlockFormat;
 
-use common::{dtype, make_blocks};
-
-const BIN: &str = env!("CARGO_BIN_EXE_rechunkfs");
+use common::{dtype, make_blocks, python, stderr};
 
 fn rechunkfs(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("run rechunkfs")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// The Python interpreter with numpy, h5py and nibabel that scripts/setup prepares.
-fn python() -> String {
-    std::env::var("RECHUNKFS_PYTHON").unwrap_or_else(|_| {
-        let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/target/pyenv/bin/python");
-        assert!(
-            Path::new(venv).exists(),
-            "no Python with nibabel: run ./scripts/test (or source scripts/setup) first"
-        );
-        venv.to_string()
-    })
+    common::run_rechunkfs(args, 0)
 }
 
 /// Runs `scripts/{script}` with `args`, failing the test with its output if it fails.

@@ -15,33 +15,12 @@ use std::time::{Duration, Instant};
 
 use rechunkfs::format::BlockFormat;
 
-use common::{dtype, make_blocks, verify_output, verify_zarr_output};
+use common::{dtype, make_blocks, python, stderr, verify_output, verify_zarr_output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_rechunkfs");
 const CHECKER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/check_zarr.py");
 
 fn rechunkfs(args: &[&str], step_delay_ms: u64) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("RECHUNKFS_STEP_DELAY_MS", step_delay_ms.to_string())
-        .output()
-        .expect("run rechunkfs")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// The Python interpreter with zarr and tensorstore that scripts/setup prepares.
-fn python() -> String {
-    std::env::var("RECHUNKFS_PYTHON").unwrap_or_else(|_| {
-        let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/target/pyenv/bin/python");
-        assert!(
-            Path::new(venv).exists(),
-            "no Python with zarr and tensorstore: run ./scripts/test (or source scripts/setup) first"
-        );
-        venv.to_string()
-    })
+    common::run_rechunkfs(args, step_delay_ms)
 }
 
 fn shape_text(shape: &[u64]) -> String {

@@ -19,20 +19,10 @@ use rechunkfs::format::BlockFormat;
 use rechunkfs::geometry::{IndexBox, Partition};
 use rechunkfs::input::grid_name;
 
-use common::{dtype, expected_view_file, make_blocks, TestRng};
-
-const BIN: &str = env!("CARGO_BIN_EXE_rechunkfs");
+use common::{dtype, expected_view_file, make_blocks, python, stderr, TestRng};
 
 fn run(args: &[&str], step_delay_ms: u64) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("RECHUNKFS_STEP_DELAY_MS", step_delay_ms.to_string())
-        .output()
-        .expect("run rechunkfs")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    common::run_rechunkfs(args, step_delay_ms)
 }
 
 /// A mounted view that is unmounted when dropped, whatever the test did.
@@ -186,12 +176,6 @@ fn check_every_file(view: &Path, array: &[u64], block: &[u64], format: BlockForm
             path.display()
         );
     }
-}
-
-fn python() -> String {
-    std::env::var("RECHUNKFS_PYTHON").unwrap_or_else(|_| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/target/pyenv/bin/python").to_string()
-    })
 }
 
 #[test]

@@ -276,3 +276,30 @@ pub fn make_zarr(
     rechunkfs::rechunk::rechunk(&input, &plan, &out, spec, None, |_| {}).expect("rechunk");
     out
 }
+
+/// Runs the `rechunkfs` binary built for these tests, with the
+/// materialiser paused `step_delay_ms` after each read block (0: none).
+pub fn run_rechunkfs(args: &[&str], step_delay_ms: u64) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+        .args(args)
+        .env("RECHUNKFS_STEP_DELAY_MS", step_delay_ms.to_string())
+        .output()
+        .expect("run rechunkfs")
+}
+
+pub fn stderr(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// The Python interpreter with the readers scripts/setup installs (numpy,
+/// h5py, nibabel, zarr, tensorstore).
+pub fn python() -> String {
+    std::env::var("RECHUNKFS_PYTHON").unwrap_or_else(|_| {
+        let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/target/pyenv/bin/python");
+        assert!(
+            Path::new(venv).exists(),
+            "no Python with the readers: run ./scripts/test (or source scripts/setup) first"
+        );
+        venv.to_string()
+    })
+}
