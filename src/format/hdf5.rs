@@ -47,20 +47,15 @@ const CARRIED_TYPES: &str =
 
 /// Learn an HDF5 file's dataset shape, dtype and where its bytes are.
 pub fn probe(path: &Path, dataset: &str) -> Result<BlockInfo> {
-    let file_len = std::fs::metadata(path)
-        .map_err(|e| Error::io(path, "stat", e))?
-        .len();
     sync(|| {
-        let file = open_file(path, file_len)?;
-        let data = open_dataset(&file, path, dataset)?;
-        let shape = dataset_shape(&data, path, dataset)?;
-        let file_type = data
-            .dtype()
-            .map_err(|e| library_error(path, "get the datatype of", dataset, e))?;
-        let dtype =
-            dtype_of(file_type.id()).map_err(|found| unsupported_type(path, dataset, &found))?;
-        let data_len = shape_problem(&shape, dtype)
-            .map_err(|problem| Error::bad_input(path, format!("dataset '{dataset}': {problem}")))?;
+        let OpenedDataset {
+            data,
+            shape,
+            dtype,
+            data_len,
+            file_len,
+            ..
+        } = open_checked(path, dataset)?;
         let storage = match data.offset() {
             Some(data_offset) => {
                 let needed_len = data_offset.saturating_add(data_len);
@@ -93,6 +88,43 @@ pub fn probe(path: &Path, dataset: &str) -> Result<BlockInfo> {
 
 /// Open read-only, without the sieve buffer, explaining failures in terms of
 /// the file rather than libhdf5's call stack.
+/// A dataset opened and checked: a supported dtype and a sane shape.
+struct OpenedDataset {
+    data: ::hdf5::Dataset,
+    file_type: ::hdf5::Datatype,
+    shape: Vec<u64>,
+    dtype: DType,
+    data_len: u64,
+    file_len: u64,
+}
+
+/// Opens `dataset` in `path` and checks what `probe` and the reader both
+/// rely on. Call with the library lock held. The dataset keeps its file
+/// open after the file handle is dropped.
+fn open_checked(path: &Path, dataset: &str) -> Result<OpenedDataset> {
+    let file_len = std::fs::metadata(path)
+        .map_err(|e| Error::io(path, "stat", e))?
+        .len();
+    let file = open_file(path, file_len)?;
+    let data = open_dataset(&file, path, dataset)?;
+    let shape = dataset_shape(&data, path, dataset)?;
+    let file_type = data
+        .dtype()
+        .map_err(|e| library_error(path, "get the datatype of", dataset, e))?;
+    let dtype =
+        dtype_of(file_type.id()).map_err(|found| unsupported_type(path, dataset, &found))?;
+    let data_len = shape_problem(&shape, dtype)
+        .map_err(|problem| Error::bad_input(path, format!("dataset '{dataset}': {problem}")))?;
+    Ok(OpenedDataset {
+        data,
+        file_type,
+        shape,
+        dtype,
+        data_len,
+        file_len,
+    })
+}
+
 fn open_file(path: &Path, file_len: u64) -> Result<::hdf5::File> {
     ::hdf5::File::with_options()
         .with_fapl(|fapl| fapl.sieve_buf_size(0))
@@ -372,22 +404,14 @@ pub struct Hdf5BlockReader {
 
 impl Hdf5BlockReader {
     pub fn open(path: &Path, dataset: &str) -> Result<Self> {
-        let file_len = std::fs::metadata(path)
-            .map_err(|e| Error::io(path, "stat", e))?
-            .len();
         sync(|| {
-            // The dataset keeps its file open after `file` is dropped.
-            let file = open_file(path, file_len)?;
-            let data = open_dataset(&file, path, dataset)?;
-            let shape = dataset_shape(&data, path, dataset)?;
-            let file_type = data
-                .dtype()
-                .map_err(|e| library_error(path, "get the datatype of", dataset, e))?;
-            let dtype = dtype_of(file_type.id())
-                .map_err(|found| unsupported_type(path, dataset, &found))?;
-            shape_problem(&shape, dtype).map_err(|problem| {
-                Error::bad_input(path, format!("dataset '{dataset}': {problem}"))
-            })?;
+            let OpenedDataset {
+                data,
+                file_type,
+                shape,
+                dtype,
+                ..
+            } = open_checked(path, dataset)?;
             Ok(Hdf5BlockReader {
                 path: path.to_path_buf(),
                 dataset_name: dataset.to_owned(),

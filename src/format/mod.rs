@@ -244,6 +244,32 @@ pub(crate) fn shape_problem(shape: &[u64], dtype: DType) -> std::result::Result<
         })
 }
 
+/// Opens a block file whose header is read from its start (npy, NIfTI):
+/// the file, its length and its first `up_to` bytes (fewer if shorter).
+/// An empty file is refused as not being `format`.
+pub(crate) fn read_head(
+    path: &Path,
+    format: &'static str,
+    up_to: u64,
+) -> Result<(File, u64, Vec<u8>)> {
+    let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+    let file_len = file
+        .metadata()
+        .map_err(|e| Error::io(path, "stat", e))?
+        .len();
+    if file_len == 0 {
+        return Err(Error::BadBlockFile {
+            path: path.to_path_buf(),
+            format,
+            problem: "the file is empty".into(),
+        });
+    }
+    let mut head = vec![0u8; file_len.min(up_to) as usize];
+    file.read_exact_at(&mut head, 0)
+        .map_err(|e| Error::io(path, "read header of", e))?;
+    Ok((file, file_len, head))
+}
+
 /// A shape as people read it in messages: `(770, 605, 700)`.
 pub(crate) fn shape_text(shape: &[u64]) -> String {
     let extents: Vec<String> = shape.iter().map(u64::to_string).collect();

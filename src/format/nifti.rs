@@ -13,8 +13,6 @@
 //! that voxel (0, 0, 0) of the block maps to where that voxel lies in the
 //! whole image.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::space::{affine_of_qform, qform_of, Space};
@@ -433,17 +431,7 @@ pub fn read_header(path: &Path) -> Result<NiftiHeader> {
         format: "NIfTI-1",
         problem,
     };
-    let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
-    let file_len = file
-        .metadata()
-        .map_err(|e| Error::io(path, "stat", e))?
-        .len();
-    if file_len == 0 {
-        return Err(bad_file("the file is empty".into()));
-    }
-    let mut head = vec![0u8; file_len.min(MIN_VOX_OFFSET) as usize];
-    file.read_exact_at(&mut head, 0)
-        .map_err(|e| Error::io(path, "read header of", e))?;
+    let (_, file_len, head) = super::read_head(path, "NIfTI-1", MIN_VOX_OFFSET)?;
     let header = decode_header(&head).map_err(|problem| {
         if problem.starts_with(DATATYPE_PROBLEM) {
             Error::UnsupportedDtype(format!("{}: {problem}", path.display()))

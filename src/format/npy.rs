@@ -8,7 +8,6 @@
 //! does: version 1.0 when it fits, padded with spaces to a newline so that the
 //! data start at a multiple of 64 bytes.
 
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -291,18 +290,7 @@ pub fn probe(path: &Path) -> Result<BlockInfo> {
         format: "npy",
         problem,
     };
-    let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
-    let file_len = file
-        .metadata()
-        .map_err(|e| Error::io(path, "stat", e))?
-        .len();
-    if file_len == 0 {
-        return Err(bad_file("the file is empty".into()));
-    }
-
-    let mut head = vec![0u8; file_len.min(FIRST_READ_LEN) as usize];
-    file.read_exact_at(&mut head, 0)
-        .map_err(|e| Error::io(path, "read header of", e))?;
+    let (file, file_len, mut head) = super::read_head(path, "npy", FIRST_READ_LEN)?;
     let header = loop {
         match decode_header(&head) {
             Ok(header) => break header,
