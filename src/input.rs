@@ -380,7 +380,10 @@ fn assemble_grid(
     let mut shapes = Vec::with_capacity(by_index.len());
     let mut dtype: Option<DType> = None;
     let mut probed = ProbeCache::default();
-    for (index, path) in &by_index {
+    let paths: Vec<&Path> = by_index.values().map(PathBuf::as_path).collect();
+    let mut readahead = HeaderReadahead::new(&paths);
+    for (rank, (index, path)) in by_index.iter().enumerate() {
+        readahead.reach(rank);
         let info = probed.probe(path, format, format.input_dataset(&dataset))?;
         if info.shape.len() != ndim {
             return Err(Error::bad_input(
@@ -502,6 +505,47 @@ fn assemble_grid(
         files: FileShape::Exact,
         blocks,
     })
+}
+
+/// Asks the kernel for the first bytes of the files a little ahead of the
+/// probe. Probing reads one header at a time, and on a cold cache each
+/// waits a full disk round trip: 8,000 blocks took 1.4 s that way. With
+/// the next headers already queued the disk serves them together.
+struct HeaderReadahead<'a> {
+    paths: &'a [&'a Path],
+    /// Files below this rank have been advised.
+    advised: usize,
+}
+
+/// How many files ahead of the probe are advised.
+const HEADER_READAHEAD_FILES: usize = 256;
+
+/// How much of each file is advised: block headers are a few KiB (HDF5
+/// blocks written by h5py: 2 KiB). Not more: on a small cache, data read
+/// now would be evicted before the plan reads it.
+const HEADER_READAHEAD_BYTES: i64 = 8 << 10;
+
+impl<'a> HeaderReadahead<'a> {
+    fn new(paths: &'a [&'a Path]) -> Self {
+        HeaderReadahead { paths, advised: 0 }
+    }
+
+    /// Advises every file up to `rank + HEADER_READAHEAD_FILES`. Advice
+    /// only: a file that cannot be opened is left for the probe to report.
+    fn reach(&mut self, rank: usize) {
+        let end = (rank + HEADER_READAHEAD_FILES).min(self.paths.len());
+        while self.advised < end {
+            if let Ok(file) = fs::File::open(self.paths[self.advised]) {
+                let _ = nix::fcntl::posix_fadvise(
+                    std::os::fd::AsRawFd::as_raw_fd(&file),
+                    0,
+                    HEADER_READAHEAD_BYTES,
+                    nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED,
+                );
+            }
+            self.advised += 1;
+        }
+    }
 }
 
 /// Probing HDF5 files through libhdf5 costs ~60 µs each (serialised by
