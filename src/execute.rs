@@ -178,8 +178,23 @@ impl RunStats {
 /// Input bytes the kernel is asked to read ahead of the executor.
 const PREFETCH_BYTES: u64 = 32 << 20;
 
-/// How many input files stay open between reads (HDF5 opens are costly).
-const OPEN_INPUTS: usize = 64;
+/// How many input files stay open between reads: HDF5 opens are costly,
+/// and files opened to be read ahead stay open until they are read (W1's
+/// 32 MiB ahead is ~400 blocks), which saves an open and a close per file.
+/// A quarter of the descriptors the process may open, within these bounds.
+fn open_inputs() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct passed.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        limit.rlim_cur
+    } else {
+        1024
+    };
+    (soft / 4).clamp(64, 1024) as usize
+}
 
 enum InputHandle {
     File(File),
@@ -239,7 +254,7 @@ impl<'a> Executor<'a> {
             plan,
             input,
             elem: input.dtype.size as u64,
-            inputs: LruCache::new(NonZeroUsize::new(OPEN_INPUTS).unwrap_or(NonZeroUsize::MIN)),
+            inputs: LruCache::new(NonZeroUsize::new(open_inputs()).unwrap_or(NonZeroUsize::MIN)),
             pending: HashMap::new(),
             counter: SeekCounter::default(),
             reads: SeekLog::default(),
@@ -396,8 +411,9 @@ impl<'a> Executor<'a> {
 
     /// Asks the kernel to start reading the input bytes of read block
     /// `read_index` (contiguous inputs only); returns their size. Advice
-    /// only: no data is copied and nothing is counted as a seek.
-    fn prefetch(&self, read_index: &[usize]) -> u64 {
+    /// only: no data is copied and nothing is counted as a seek. The files
+    /// opened for it stay in the input cache for the read itself.
+    fn prefetch(&mut self, read_index: &[usize]) -> u64 {
         let plan = self.plan;
         let read_box = plan.read.block(read_index);
         for input_index in IndexBox::new(plan.input.overlapping(&read_box)) {
@@ -416,11 +432,18 @@ impl<'a> Executor<'a> {
             let first = crate::geometry::linear_offset(&local.origin, &file_strides);
             let last_coords: Vec<u64> = (0..local.ndim()).map(|d| local.end(d) - 1).collect();
             let last = crate::geometry::linear_offset(&last_coords, &file_strides);
-            if let Ok(file) = File::open(&block.path) {
+            if !self.inputs.contains(&rank) {
+                // A file that cannot be opened is left for the read to report.
+                let Ok(file) = File::open(&block.path) else {
+                    continue;
+                };
+                self.inputs.put(rank, InputHandle::File(file));
+            }
+            if let Some(InputHandle::File(file)) = self.inputs.get(&rank) {
                 let start = data_offset + first * self.elem;
                 let len = (last + 1 - first) * self.elem;
                 let _ = nix::fcntl::posix_fadvise(
-                    std::os::fd::AsRawFd::as_raw_fd(&file),
+                    std::os::fd::AsRawFd::as_raw_fd(file),
                     start as i64,
                     len as i64,
                     nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED,
