@@ -175,8 +175,28 @@ impl RunStats {
     }
 }
 
-/// Input bytes the kernel is asked to read ahead of the executor.
+/// Input bytes the kernel is asked to read ahead of the executor, at most.
 const PREFETCH_BYTES: u64 = 32 << 20;
+
+/// What the process needs beside the array bytes it holds (code, libhdf5,
+/// packing buffer, allocator slack: 20-50 MiB measured on W1 and W2).
+const PROCESS_BYTES: u64 = 48 << 20;
+
+/// The read-ahead window for `plan`. Inside a memory cgroup the page cache
+/// counts against the same limit as the array bytes held, and pages read
+/// ahead into a full cgroup are reclaimed before they are used, then read
+/// again: the window is then a quarter of what the limit leaves beside the
+/// plan's peak and the process itself. The input file about to be read is
+/// always advised, whatever the window.
+fn read_ahead_bytes(plan: &Plan, cgroup_limit: Option<u64>) -> u64 {
+    match cgroup_limit {
+        None => PREFETCH_BYTES,
+        Some(limit) => {
+            let spare = limit.saturating_sub(plan.prediction.peak_bytes + PROCESS_BYTES);
+            (spare / 4).min(PREFETCH_BYTES)
+        }
+    }
+}
 
 /// How many input files stay open between reads: HDF5 opens are costly,
 /// and files opened to be read ahead stay open until they are read (W1's
@@ -223,6 +243,22 @@ pub struct Executor<'a> {
     held: u64,
     stats: RunStats,
     cancel: Option<&'a AtomicBool>,
+    /// How many input bytes to ask the kernel for ahead of the reads.
+    read_ahead: u64,
+    ahead: ReadAheadCursor,
+    /// Where small rows are read before being copied to their pieces.
+    read_scratch: Vec<u8>,
+}
+
+/// Where [`Executor::read_ahead`] has got to in the plan's reads.
+#[derive(Default)]
+struct ReadAheadCursor {
+    /// The read block whose inputs are being advised.
+    block: u64,
+    /// Its inputs not yet advised, the next one last.
+    inputs: Vec<Vec<usize>>,
+    /// Bytes advised and not yet read.
+    outstanding: u64,
 }
 
 /// A completed write block handed to the writer thread: its pieces, one
@@ -265,6 +301,9 @@ impl<'a> Executor<'a> {
                 ..RunStats::default()
             },
             cancel: None,
+            read_ahead: read_ahead_bytes(plan, crate::cgroup::memory_limit()),
+            ahead: ReadAheadCursor::default(),
+            read_scratch: Vec::new(),
         }
     }
 
@@ -328,32 +367,13 @@ impl<'a> Executor<'a> {
         sink: &parking_lot::Mutex<&mut (dyn BlockSink + Send)>,
         progress: &mut impl FnMut(&RunStats),
     ) -> Result<RunStats> {
-        let total = self.plan.read.count();
-        let mut prefetched = 0u64;
-        let mut prefetched_bytes = 0u64;
         let mut in_flight: Option<u64> = None;
-        for (rank, read_index) in IndexBox::grid(&self.plan.read.grid_shape()).enumerate() {
+        for read_index in IndexBox::grid(&self.plan.read.grid_shape()) {
             if self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
                 if in_flight.is_some() {
                     let _ = reports.recv();
                 }
                 return Err(Error::Cancelled);
-            }
-            // Keep the kernel reading ahead of us: the next read blocks'
-            // input bytes are requested now, so the disk works while we
-            // copy and write.
-            let rank = rank as u64;
-            if prefetched <= rank {
-                prefetched = rank + 1;
-                prefetched_bytes = 0;
-            } else {
-                let current = self.plan.read.block(&read_index).volume() * self.elem;
-                prefetched_bytes = prefetched_bytes.saturating_sub(current);
-            }
-            while prefetched < total && prefetched_bytes < PREFETCH_BYTES {
-                let ahead = self.plan.read.unravel(prefetched);
-                prefetched_bytes += self.prefetch(&ahead);
-                prefetched += 1;
             }
             let read_result = self.read_step(&read_index);
             // The previous write block's writes come before this read
@@ -409,39 +429,69 @@ impl<'a> Executor<'a> {
         Ok(())
     }
 
-    /// Asks the kernel to start reading the input bytes of read block
-    /// `read_index` (contiguous inputs only); returns their size. Advice
-    /// only: no data is copied and nothing is counted as a seek. The files
-    /// opened for it stay in the input cache for the read itself.
-    fn prefetch(&mut self, read_index: &[usize]) -> u64 {
+    /// The bytes of input `input_index` that read block `read_box` reads,
+    /// as one span of its file (first to last byte), for contiguous inputs.
+    fn input_span(&self, input_index: &[usize], read_box: &Region) -> Option<(u64, u64, u64)> {
         let plan = self.plan;
-        let read_box = plan.read.block(read_index);
-        for input_index in IndexBox::new(plan.input.overlapping(&read_box)) {
-            let rank = plan.input.linear(&input_index);
-            let block = &self.input.blocks[rank as usize];
-            let Storage::Contiguous { data_offset } = block.storage else {
+        let rank = plan.input.linear(input_index);
+        let Storage::Contiguous { data_offset } = self.input.blocks[rank as usize].storage else {
+            return None;
+        };
+        let block_box = plan.input.block(input_index);
+        let region = block_box.intersect(read_box)?;
+        let file_box = self.input.files.file_box(&block_box);
+        let file_strides = crate::geometry::strides(&file_box.shape);
+        let local = region.relative_to(&file_box);
+        let first = crate::geometry::linear_offset(&local.origin, &file_strides);
+        let last_coords: Vec<u64> = (0..local.ndim()).map(|d| local.end(d) - 1).collect();
+        let last = crate::geometry::linear_offset(&last_coords, &file_strides);
+        Some((
+            rank,
+            data_offset + first * self.elem,
+            (last + 1 - first) * self.elem,
+        ))
+    }
+
+    /// Keeps the kernel reading ahead of us: input files are advised
+    /// (`POSIX_FADV_WILLNEED`) in the order they will be read until the
+    /// bytes advised and not yet read reach the window, so the disk works
+    /// while we copy and write. Called before every input read, it always
+    /// covers that read. Advice only: no data is copied and nothing is
+    /// counted as a seek. The files opened for it stay in the input cache
+    /// for the read itself.
+    fn read_ahead(&mut self) {
+        let total = self.plan.read.count();
+        while self.ahead.block < total
+            && (self.ahead.outstanding == 0 || self.ahead.outstanding < self.read_ahead)
+        {
+            let read_box = self
+                .plan
+                .read
+                .block(&self.plan.read.unravel(self.ahead.block));
+            if self.ahead.inputs.is_empty() {
+                self.ahead.inputs = IndexBox::new(self.plan.input.overlapping(&read_box)).collect();
+                self.ahead.inputs.reverse();
+            }
+            let Some(input_index) = self.ahead.inputs.pop() else {
+                self.ahead.block += 1;
                 continue;
             };
-            let block_box = plan.input.block(&input_index);
-            let file_box = self.input.files.file_box(&block_box);
-            let Some(region) = block_box.intersect(&read_box) else {
+            if self.ahead.inputs.is_empty() {
+                self.ahead.block += 1;
+            }
+            let Some((rank, start, len)) = self.input_span(&input_index, &read_box) else {
                 continue;
             };
-            let file_strides = crate::geometry::strides(&file_box.shape);
-            let local = region.relative_to(&file_box);
-            let first = crate::geometry::linear_offset(&local.origin, &file_strides);
-            let last_coords: Vec<u64> = (0..local.ndim()).map(|d| local.end(d) - 1).collect();
-            let last = crate::geometry::linear_offset(&last_coords, &file_strides);
+            self.ahead.outstanding += len;
+            let path = &self.input.blocks[rank as usize].path;
             if !self.inputs.contains(&rank) {
                 // A file that cannot be opened is left for the read to report.
-                let Ok(file) = File::open(&block.path) else {
+                let Ok(file) = File::open(path) else {
                     continue;
                 };
                 self.inputs.put(rank, InputHandle::File(file));
             }
             if let Some(InputHandle::File(file)) = self.inputs.get(&rank) {
-                let start = data_offset + first * self.elem;
-                let len = (last + 1 - first) * self.elem;
                 let _ = nix::fcntl::posix_fadvise(
                     std::os::fd::AsRawFd::as_raw_fd(file),
                     start as i64,
@@ -450,7 +500,6 @@ impl<'a> Executor<'a> {
                 );
             }
         }
-        read_box.volume() * self.elem
     }
 
     fn refresh_stats(&mut self) {
@@ -485,7 +534,11 @@ impl<'a> Executor<'a> {
             };
             let file_box = self.input.files.file_box(&block);
             let rank = plan.input.linear(&input_index);
+            self.read_ahead();
             self.read_input(rank, &file_box, &region, &grid, &mut buffers)?;
+            if let Some((_, _, len)) = self.input_span(&input_index, &read_box) {
+                self.ahead.outstanding = self.ahead.outstanding.saturating_sub(len);
+            }
         }
 
         let read_rank_in = |ranges: &[Range<usize>]| -> usize {
@@ -559,6 +612,7 @@ impl<'a> Executor<'a> {
             ));
         };
         let counter = &mut self.reads;
+        let scratch = &mut self.read_scratch;
         let key = FileKey::Input(rank);
         match (handle, &block.storage) {
             (InputHandle::File(file), Storage::Contiguous { data_offset }) => walk_segments(
@@ -568,7 +622,13 @@ impl<'a> Executor<'a> {
                 grid,
                 |offset, len, fragments| {
                     let mut targets = scatter_targets(buffers, fragments);
-                    seekio::read_exact_at(file, &block.path, &mut targets, data_offset + offset)?;
+                    seekio::read_packed_at(
+                        file,
+                        &block.path,
+                        &mut targets,
+                        data_offset + offset,
+                        scratch,
+                    )?;
                     counter.read(key, data_offset + offset, len);
                     Ok(())
                 },
@@ -639,7 +699,7 @@ impl<'a> Writer<'a> {
             plan,
             elem,
             remaining: HashMap::new(),
-            scratch: Vec::with_capacity(seekio::PACKED_WRITE_BYTES),
+            scratch: Vec::with_capacity(seekio::PACKED_BYTES),
         }
     }
 
@@ -1038,4 +1098,26 @@ fn gather_sources<'b>(pieces: &'b [Vec<u8>], fragments: &[Fragment]) -> Vec<&'b 
         .iter()
         .map(|f| &pieces[f.piece][f.offset..f.offset + f.len])
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Problem, Strategy};
+
+    #[test]
+    fn read_ahead_window_fits_what_the_cgroup_leaves() {
+        // 100³ u16 in 10³ blocks -> 25³: keep(r̂) holds a little under 2 MB.
+        let problem = Problem::new(vec![100; 3], vec![10; 3], vec![25; 3], 2).unwrap();
+        let plan = crate::plan::plan(&problem, Strategy::Keep, None).unwrap();
+        let peak = plan.prediction.peak_bytes;
+        assert_eq!(read_ahead_bytes(&plan, None), PREFETCH_BYTES);
+        assert_eq!(read_ahead_bytes(&plan, Some(1 << 40)), PREFETCH_BYTES);
+        let limit = peak + PROCESS_BYTES + (40 << 20);
+        assert_eq!(read_ahead_bytes(&plan, Some(limit)), 10 << 20);
+        // A cap the process barely fits in leaves no window: only the file
+        // about to be read is advised.
+        assert_eq!(read_ahead_bytes(&plan, Some(peak + PROCESS_BYTES)), 0);
+        assert_eq!(read_ahead_bytes(&plan, Some(1 << 20)), 0);
+    }
 }

@@ -2,6 +2,7 @@
 //! plan (fewest seeks in the memory allowed), to real files or as a view.
 
 pub mod axes;
+pub mod cgroup;
 pub mod cli;
 pub mod dtype;
 pub mod error;
