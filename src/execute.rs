@@ -248,6 +248,11 @@ pub struct Executor<'a> {
     ahead: ReadAheadCursor,
     /// Where small rows are read before being copied to their pieces.
     read_scratch: Vec<u8>,
+    /// Whether inputs' pages are dropped once read (arrays the page cache
+    /// cannot hold: [`crate::cgroup::page_cache_cannot_hold`]).
+    drop_inputs: bool,
+    /// Elements of partly read input blocks still to be read, by rank.
+    unread: HashMap<u64, u64>,
 }
 
 /// Where [`Executor::read_ahead`] has got to in the plan's reads.
@@ -304,6 +309,8 @@ impl<'a> Executor<'a> {
             read_ahead: read_ahead_bytes(plan, crate::cgroup::memory_limit()),
             ahead: ReadAheadCursor::default(),
             read_scratch: Vec::new(),
+            drop_inputs: crate::cgroup::page_cache_cannot_hold(input.nbytes()),
+            unread: HashMap::new(),
         }
     }
 
@@ -539,6 +546,14 @@ impl<'a> Executor<'a> {
             if let Some((_, _, len)) = self.input_span(&input_index, &read_box) {
                 self.ahead.outstanding = self.ahead.outstanding.saturating_sub(len);
             }
+            if self.drop_inputs {
+                let unread = self.unread.entry(rank).or_insert(block.volume());
+                *unread = unread.saturating_sub(region.volume());
+                if *unread == 0 {
+                    self.unread.remove(&rank);
+                    self.finished_with_input(rank);
+                }
+            }
         }
 
         let read_rank_in = |ranges: &[Range<usize>]| -> usize {
@@ -562,6 +577,15 @@ impl<'a> Executor<'a> {
             pending.pieces[slot] = Some(buffer);
         }
         Ok(())
+    }
+
+    /// Every byte of input `rank` the plan needs has been read (each is
+    /// read once): its file is closed and its pages dropped
+    /// ([`seekio::drop_cached_pages`]).
+    fn finished_with_input(&mut self, rank: u64) {
+        if let Some(InputHandle::File(file)) = self.inputs.pop(&rank) {
+            seekio::drop_cached_pages(&file);
+        }
     }
 
     fn read_input(

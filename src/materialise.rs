@@ -38,6 +38,9 @@ pub struct StagingSink {
     unsynced: Vec<u64>,
     unsynced_bytes: u64,
     last_flush: Instant,
+    /// Whether staged blocks' pages are dropped once synced (arrays the
+    /// page cache cannot hold: [`crate::cgroup::page_cache_cannot_hold`]).
+    drop_synced: bool,
     /// Set for a view: blocks readers wait for are extracted from this
     /// input ahead of the plan, within this memory limit.
     on_demand: Option<OnDemand>,
@@ -63,7 +66,10 @@ const SYNC_BATCH_AGE: Duration = Duration::from_secs(2);
 
 impl StagingSink {
     pub fn new(core: Arc<ViewCore>) -> StagingSink {
+        let array_bytes =
+            crate::geometry::volume(&core.output().array_shape()) * core.layout().dtype.size as u64;
         StagingSink {
+            drop_synced: crate::cgroup::page_cache_cannot_hold(array_bytes),
             core,
             files: OutputFiles::new(OPEN_OUTPUTS),
             unsynced: Vec::new(),
@@ -137,6 +143,13 @@ impl StagingSink {
         let dir_file = std::fs::File::open(dir).map_err(|e| Error::io(dir, "opening", e))?;
         crate::rechunk::sync_filesystem(&dir_file, dir)?;
         self.core.staging().record_done(&self.unsynced)?;
+        // Synced: readers of these blocks now read them from the disk, like
+        // blocks done in an earlier session (see seekio::drop_cached_pages).
+        if self.drop_synced {
+            for &rank in &self.unsynced {
+                seekio::drop_cached_pages_of(&self.core.staged_path(rank));
+            }
+        }
         self.unsynced.clear();
         self.unsynced_bytes = 0;
         self.last_flush = Instant::now();

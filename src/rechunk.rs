@@ -30,6 +30,7 @@ use crate::format::{self, BlockFormat, BlockTemplate};
 use crate::geometry::Partition;
 use crate::input::{grid_name, parse_grid_index, InputArray};
 use crate::plan::Plan;
+use crate::seekio;
 use crate::DType;
 
 /// Output blocks kept open while partially written (baseline plans write
@@ -173,11 +174,16 @@ pub struct DirectorySink {
     /// Completed blocks waiting for the durability batch: (temporary, final).
     completed: Vec<(PathBuf, PathBuf)>,
     completed_bytes: u64,
+    /// Whether outputs' pages are dropped once synced (arrays the page
+    /// cache cannot hold: [`crate::cgroup::page_cache_cannot_hold`]).
+    drop_outputs: bool,
 }
 
 impl DirectorySink {
     pub fn new(dir: &Path, output: Partition, spec: OutputSpec) -> DirectorySink {
+        let array_bytes = crate::geometry::volume(&output.array_shape()) * spec.dtype.size as u64;
         DirectorySink {
+            drop_outputs: crate::cgroup::page_cache_cannot_hold(array_bytes),
             dir: dir.to_path_buf(),
             tree: FileTree::for_output(spec.format, output, spec.axis_order),
             spec,
@@ -235,6 +241,10 @@ impl DirectorySink {
         sync_filesystem(&dir, &self.dir)?;
         let mut parents = BTreeSet::new();
         for (partial, done) in self.completed.drain(..) {
+            if self.drop_outputs {
+                // Synced, and nothing here reads it again.
+                seekio::drop_cached_pages_of(&partial);
+            }
             fs::rename(&partial, &done)
                 .map_err(|e| Error::io(&partial, "renaming to its final name", e))?;
             if let Some(parent) = done.parent() {
