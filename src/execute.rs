@@ -203,17 +203,35 @@ fn read_ahead_bytes(plan: &Plan, cgroup_limit: Option<u64>) -> u64 {
 /// 32 MiB ahead is ~400 blocks), which saves an open and a close per file.
 /// A quarter of the descriptors the process may open, within these bounds.
 fn open_inputs() -> usize {
+    let soft = open_file_limit().map_or(1024, |limit| limit.rlim_cur);
+    (soft / 4).clamp(64, 1024) as usize
+}
+
+/// The process's RLIMIT_NOFILE, if it can be read.
+fn open_file_limit() -> Option<libc::rlimit> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit writes the struct passed.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
-        limit.rlim_cur
-    } else {
-        1024
-    };
-    (soft / 4).clamp(64, 1024) as usize
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0).then_some(limit)
+}
+
+/// The executor keeps the input files it reads ahead open until it reads
+/// them (hundreds of small blocks at once); the usual soft limit of 1,024
+/// descriptors is a default, not a policy, so it is raised to the hard
+/// limit as Go's runtime does. Failure leaves the limit as it was, and
+/// [`open_inputs`] sizes the cache to whatever limit there is.
+pub fn raise_open_file_limit() {
+    if let Some(mut limit) = open_file_limit() {
+        if limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max.min(1 << 16);
+            // SAFETY: setrlimit reads the struct passed.
+            unsafe {
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            }
+        }
+    }
 }
 
 enum InputHandle {
@@ -499,12 +517,7 @@ impl<'a> Executor<'a> {
                 self.inputs.put(rank, InputHandle::File(file));
             }
             if let Some(InputHandle::File(file)) = self.inputs.get(&rank) {
-                let _ = nix::fcntl::posix_fadvise(
-                    std::os::fd::AsRawFd::as_raw_fd(file),
-                    start as i64,
-                    len as i64,
-                    nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED,
-                );
+                seekio::read_ahead(file, start, len);
             }
         }
     }

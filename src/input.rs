@@ -523,7 +523,7 @@ const HEADER_READAHEAD_FILES: usize = 256;
 /// How much of each file is advised: block headers are a few KiB (HDF5
 /// blocks written by h5py: 2 KiB). Not more: on a small cache, data read
 /// now would be evicted before the plan reads it.
-const HEADER_READAHEAD_BYTES: i64 = 8 << 10;
+const HEADER_READAHEAD_BYTES: u64 = 8 << 10;
 
 impl<'a> HeaderReadahead<'a> {
     fn new(paths: &'a [&'a Path]) -> Self {
@@ -536,12 +536,7 @@ impl<'a> HeaderReadahead<'a> {
         let end = (rank + HEADER_READAHEAD_FILES).min(self.paths.len());
         while self.advised < end {
             if let Ok(file) = fs::File::open(self.paths[self.advised]) {
-                let _ = nix::fcntl::posix_fadvise(
-                    std::os::fd::AsRawFd::as_raw_fd(&file),
-                    0,
-                    HEADER_READAHEAD_BYTES,
-                    nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED,
-                );
+                crate::seekio::read_ahead(&file, 0, HEADER_READAHEAD_BYTES);
             }
             self.advised += 1;
         }

@@ -22,7 +22,7 @@ fn main() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
-    raise_open_file_limit();
+    rechunkfs::execute::raise_open_file_limit();
     if !matches!(cli.command, rechunkfs::cli::Command::Mount(_)) {
         // Like other Unix tools, end quietly when a reader of our output
         // goes away (`rechunkfs status VIEW | head`) instead of panicking.
@@ -34,25 +34,5 @@ fn main() {
     if let Err(error) = rechunkfs::cli::run(cli) {
         eprintln!("rechunkfs: error: {error:#}");
         std::process::exit(1);
-    }
-}
-
-/// The executor keeps the input files it reads ahead open until it reads
-/// them (hundreds of small blocks at once); the usual soft limit of 1,024
-/// descriptors is a default, not a policy, so it is raised to the hard
-/// limit as Go's runtime does. Failure leaves the limit as it was, and
-/// the executor sizes its cache to whatever limit there is.
-fn raise_open_file_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit read and write the struct passed.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
-        {
-            limit.rlim_cur = limit.rlim_max.min(1 << 16);
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
     }
 }

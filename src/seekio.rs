@@ -13,6 +13,8 @@ use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 
+use nix::fcntl::PosixFadviseAdvice;
+
 use crate::error::{Error, Result};
 
 /// Which file an I/O call touches, for seek counting.
@@ -182,12 +184,19 @@ fn read_packed_in(
 /// 23 s with inputs and outputs dropped, as small as inside a 256 MiB
 /// cgroup), and it would evict the user's own data. Advice only.
 pub fn drop_cached_pages(file: &File) {
-    let _ = nix::fcntl::posix_fadvise(
-        file.as_fd().as_raw_fd(),
-        0,
-        0,
-        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-    );
+    advise(file, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
+}
+
+/// Asks the kernel to start reading `len` bytes of `file` at `offset` into
+/// the page cache, so a later read finds them there. Advice only: no data
+/// is copied and nothing is counted as a seek.
+pub fn read_ahead(file: &File, offset: u64, len: u64) {
+    advise(file, offset, len, PosixFadviseAdvice::POSIX_FADV_WILLNEED);
+}
+
+/// posix_fadvise, whose failure only means the advice was not taken.
+fn advise(file: &File, offset: u64, len: u64, advice: PosixFadviseAdvice) {
+    let _ = nix::fcntl::posix_fadvise(file.as_fd().as_raw_fd(), offset as i64, len as i64, advice);
 }
 
 /// [`drop_cached_pages`] for a file by path; one that cannot be opened
