@@ -135,6 +135,8 @@ pub struct PlanningArgs {
     #[arg(long, value_name = "SHAPE")]
     pub shape: String,
     /// Most array bytes to hold in memory (4G, 512M, 1.5GiB, bytes). Default: as much as keep(r̂) needs.
+    /// Inside a memory cgroup, at most half its limit when a plan fits there (the page cache needs
+    /// the rest).
     #[arg(long, value_name = "SIZE")]
     pub mem: Option<String>,
     /// keep (fewest seeks that fit) or baseline (read each input block, write its pieces at once).
@@ -449,11 +451,17 @@ fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
         (None, None) => bail!("give IN (block files) or --array, --blocks and --dtype"),
     };
     let strategy: Strategy = args.planning.strategy.parse()?;
-    let mem = mem_of(&args.planning)?;
-    let chosen = plan::plan(&problem, strategy, mem)?;
+    let requested = mem_of(&args.planning)?;
+    let cgroup_limit = crate::cgroup::memory_limit();
+    let (chosen, mem) = plan::plan_within(&problem, strategy, requested, cgroup_limit)?;
     let keep = match strategy {
         Strategy::Keep => Some(chosen.clone()),
         Strategy::Baseline => plan::plan(&problem, Strategy::Keep, mem).ok(),
+    };
+    let budget = Budget {
+        used: mem,
+        requested,
+        cgroup_limit,
     };
     let baseline = plan::baseline(&problem);
     let rhat = plan::keep_rhat(&problem);
@@ -462,7 +470,7 @@ fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
         &chosen,
         dtype,
         order,
-        mem,
+        &budget,
         keep.as_ref(),
         &baseline,
         &rhat,
@@ -475,7 +483,7 @@ fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
             &chosen,
             dtype,
             order,
-            mem,
+            &budget,
             keep.as_ref(),
             &baseline,
             elapsed,
@@ -488,12 +496,43 @@ fn grid_of(partition: &crate::geometry::Partition, order: AxisOrder) -> Vec<usiz
     order.to_user(&partition.grid_shape())
 }
 
+/// The memory a plan was made in, and why.
+struct Budget {
+    /// What the plan was given (None: unlimited).
+    used: Option<u64>,
+    /// `--mem` (None: not given).
+    requested: Option<u64>,
+    /// The memory cgroup's limit, which caps `used` at half of it.
+    cgroup_limit: Option<u64>,
+}
+
+impl Budget {
+    /// " within 128 MiB (--mem 192 MiB, capped at half of the 256 MiB memory cgroup)".
+    fn describe(&self) -> String {
+        let Some(used) = self.used else {
+            return " (no memory limit)".into();
+        };
+        let mut text = format!(" within {}", show_bytes(used));
+        if self.used != self.requested {
+            if let Some(limit) = self.cgroup_limit {
+                text += &format!(
+                    " ({}half of the {} memory cgroup: the rest is page cache for reading ahead and writing back)",
+                    self.requested
+                        .map_or(String::new(), |mem| format!("--mem {}, capped at ", show_bytes(mem))),
+                    show_bytes(limit)
+                );
+            }
+        }
+        text
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn plan_json(
     chosen: &Plan,
     dtype: DType,
     order: AxisOrder,
-    mem: Option<u64>,
+    budget: &Budget,
     keep: Option<&Plan>,
     baseline: &Plan,
     rhat: &Plan,
@@ -525,7 +564,9 @@ fn plan_json(
             "lower_bound": problem.lower_bound_seeks(),
         },
         "peak_memory_bytes": chosen.prediction.peak_bytes,
-        "mem_limit_bytes": mem,
+        "mem_limit_bytes": budget.used,
+        "mem_requested_bytes": budget.requested,
+        "cgroup_memory_limit_bytes": budget.cgroup_limit,
         "keep_rhat": {
             "read_shape": user(&rhat.read_shape),
             "seeks": rhat.prediction.seeks(),
@@ -552,7 +593,7 @@ fn print_plan(
     chosen: &Plan,
     dtype: DType,
     order: AxisOrder,
-    mem: Option<u64>,
+    budget: &Budget,
     keep: Option<&Plan>,
     baseline: &Plan,
     elapsed: Duration,
@@ -585,13 +626,7 @@ fn print_plan(
         Strategy::Keep => "keep",
         Strategy::Baseline => "baseline",
     };
-    println!(
-        "strategy      {strategy}{}",
-        mem.map_or(" (no memory limit)".to_string(), |m| format!(
-            " within {}",
-            show_bytes(m)
-        ))
-    );
+    println!("strategy      {strategy}{}", budget.describe());
     println!(
         "read shape    {} ({} read blocks), {} write blocks, writes per dimension: {}",
         user(&chosen.read_shape),
@@ -673,8 +708,17 @@ fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     };
     let problem = problem_of(&input, &args.planning.shape, format)?;
     let strategy: Strategy = args.planning.strategy.parse()?;
-    let mem = mem_of(&args.planning)?;
-    let plan = plan::plan(&problem, strategy, mem)?;
+    let requested = mem_of(&args.planning)?;
+    let cgroup_limit = crate::cgroup::memory_limit();
+    let (plan, mem) = plan::plan_within(&problem, strategy, requested, cgroup_limit)?;
+    let budget = Budget {
+        used: mem,
+        requested,
+        cgroup_limit,
+    };
+    if budget.used != budget.requested && !args.json {
+        eprintln!("planning{}", budget.describe());
+    }
     if same_directory(&args.input, &args.output) {
         bail!(
             "{}: OUT is the input directory; write the new blocks somewhere else",

@@ -200,7 +200,16 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
     )?;
     let output_files = crate::filetree::output_file_shape(format, &problem.output());
     let problem = problem.with_files(input.files.clone(), output_files);
-    let plan = plan::plan(&problem, request.strategy, request.mem)?;
+    let cgroup_limit = crate::cgroup::memory_limit();
+    let (plan, mem) = plan::plan_within(&problem, request.strategy, request.mem, cgroup_limit)?;
+    if mem != request.mem {
+        log::info!(
+            "planning within {} bytes, half of the memory cgroup's {} bytes (--mem: {:?})",
+            mem.unwrap_or(0),
+            cgroup_limit.unwrap_or(0),
+            request.mem
+        );
+    }
     let staging_dir = match &request.staging {
         Some(dir) => dir.clone(),
         None => Staging::default_dir(&input.source, &input.dataset, &problem.output_block, format)?,
@@ -238,7 +247,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         plan,
         view: request.view.clone(),
         allow_other: request.allow_other,
-        mem: request.mem,
+        mem,
         on_demand: !request.in_order,
     })
 }

@@ -407,3 +407,98 @@ fn numpy_and_h5py_read_every_output_block_exactly() {
         assert!(String::from_utf8_lossy(&check.stdout).contains("verified 18 blocks"));
     }
 }
+
+/// A memory cgroup of `limit` bytes made for one test (v1 or v2), removed on
+/// drop; None where this process may not make one.
+struct MemoryCgroup {
+    dir: std::path::PathBuf,
+}
+
+impl MemoryCgroup {
+    fn new(name: &str, limit: u64) -> Option<MemoryCgroup> {
+        let name = format!("{name}-{}", std::process::id());
+        let (dir, file) = if Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() {
+            (Path::new("/sys/fs/cgroup/memory").join(name), "memory.limit_in_bytes")
+        } else {
+            (Path::new("/sys/fs/cgroup").join(name), "memory.max")
+        };
+        fs::create_dir(&dir).ok()?;
+        let group = MemoryCgroup { dir };
+        fs::write(group.dir.join(file), limit.to_string()).ok()?;
+        Some(group)
+    }
+
+    /// Runs rechunkfs with `args` inside this cgroup.
+    fn run(&self, args: &[&str]) -> Output {
+        let procs = self.dir.join("cgroup.procs");
+        Command::new("sh")
+            .arg("-c")
+            .arg(r#"echo $$ > "$0" && exec "$@""#)
+            .arg(&procs)
+            .arg(env!("CARGO_BIN_EXE_rechunkfs"))
+            .args(args)
+            .output()
+            .expect("sh runs")
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn inside_a_memory_cgroup_plans_leave_half_of_it_to_the_page_cache() {
+    let Some(group) = MemoryCgroup::new("rechunkfs-plan-test", 256 << 20) else {
+        eprintln!("skipped: cannot make a memory cgroup here (needs root and cgroup v1 or v2)");
+        return;
+    };
+    // W2: keep within --mem 192M holds 172 MiB outside a cgroup.
+    let w2 = [
+        "plan",
+        "--json",
+        "--array",
+        "1750,1750,1750",
+        "--blocks",
+        "175,175,175",
+        "--dtype",
+        "u2",
+        "--shape",
+        "250,250,250",
+        "--mem",
+        "192M",
+    ];
+    let outside = plan_json(&w2[2..]);
+    assert_eq!(outside["peak_memory_bytes"], 180_687_500);
+    let output = group.run(&w2);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let inside: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(inside["cgroup_memory_limit_bytes"], 256u64 << 20);
+    assert_eq!(inside["mem_requested_bytes"], 192u64 << 20);
+    assert_eq!(inside["mem_limit_bytes"], 128u64 << 20);
+    assert_eq!(inside["peak_memory_bytes"], 41_825_000);
+    assert_eq!(inside["seeks"]["planned"], 7_744);
+
+    // A --mem below half stands.
+    let mut tight = w2;
+    tight[tight.len() - 1] = "40M";
+    let output = group.run(&tight);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let inside: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(inside["mem_limit_bytes"], 40u64 << 20);
+
+    // Where nothing fits in half (baseline holds 292 MiB input blocks),
+    // --mem alone decides.
+    let mut slabs = w2;
+    slabs[5] = "1750,1750,50";
+    slabs[slabs.len() - 1] = "600M";
+    let slabs = [&slabs[..], &["--strategy", "baseline"]].concat();
+    let outside = plan_json(&slabs[2..]);
+    let output = group.run(&slabs);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let inside: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(inside["mem_limit_bytes"], 600u64 << 20);
+    assert_eq!(inside["peak_memory_bytes"], outside["peak_memory_bytes"]);
+    assert!(inside["peak_memory_bytes"].as_u64().unwrap() > 128 << 20);
+}
