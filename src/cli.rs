@@ -120,6 +120,10 @@ pub struct StatusArgs {
     /// Print the status as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Wait (with a progress bar on a terminal) until every block is done, then print the
+    /// status; exit non-zero if the view fails or stops first.
+    #[arg(long)]
+    pub wait: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -327,12 +331,41 @@ fn spawn_progress(core: std::sync::Arc<crate::view::ViewCore>) {
         });
 }
 
+/// How often `status --wait` looks: reading the status file is one small
+/// FUSE read, and a finer poll makes the wait end closer to completion.
+const WAIT_POLL: Duration = Duration::from_millis(10);
+
 fn status_command(args: StatusArgs) -> anyhow::Result<()> {
-    let status = crate::mount::read_status(&args.view)?;
+    let mut status = crate::mount::read_status(&args.view)?;
+    if args.wait {
+        let bar = progress_bar(status.bytes_total, args.json);
+        while status.state == "materialising" {
+            bar.set_position(status.bytes_done);
+            std::thread::sleep(WAIT_POLL);
+            status = crate::mount::read_status(&args.view)?;
+        }
+        bar.finish_and_clear();
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&status)?);
-        return Ok(());
+    } else {
+        print_status(&args.view, &status);
     }
+    if args.wait && status.state != "complete" {
+        bail!(
+            "{}: the view is {} before every block was done{}",
+            args.view.display(),
+            status.state,
+            status
+                .error
+                .as_deref()
+                .map_or(String::new(), |e| format!(": {e}"))
+        );
+    }
+    Ok(())
+}
+
+fn print_status(view: &Path, status: &crate::view::Status) {
     let percent = |done: u64, total: u64| {
         if total == 0 {
             100.0
@@ -340,7 +373,7 @@ fn status_command(args: StatusArgs) -> anyhow::Result<()> {
             done as f64 * 100.0 / total as f64
         }
     };
-    println!("view      {}", args.view.display());
+    println!("view      {}", view.display());
     println!("state     {}", status.state);
     println!(
         "blocks    {} / {} done ({:.1}%), {} resumed from staging",
@@ -380,7 +413,6 @@ fn status_command(args: StatusArgs) -> anyhow::Result<()> {
     println!("error     {}", status.error.as_deref().unwrap_or("none"));
     println!("staging   {}", status.staging.display());
     println!("daemon    pid {}", status.pid);
-    Ok(())
 }
 
 /// The problem of rechunking `input` into blocks of `shape` (in the

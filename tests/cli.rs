@@ -418,7 +418,10 @@ impl MemoryCgroup {
     fn new(name: &str, limit: u64) -> Option<MemoryCgroup> {
         let name = format!("{name}-{}", std::process::id());
         let (dir, file) = if Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() {
-            (Path::new("/sys/fs/cgroup/memory").join(name), "memory.limit_in_bytes")
+            (
+                Path::new("/sys/fs/cgroup/memory").join(name),
+                "memory.limit_in_bytes",
+            )
         } else {
             (Path::new("/sys/fs/cgroup").join(name), "memory.max")
         };

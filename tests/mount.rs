@@ -106,16 +106,35 @@ impl Mounted {
         serde_json::from_slice(&output.stdout).unwrap()
     }
 
-    fn wait_complete(&self) {
+    /// `rechunkfs status --wait`, given two minutes.
+    fn wait(&self) -> Output {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+            .args(["status", "--wait", "--json", self.view.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run rechunkfs status --wait");
         let deadline = Instant::now() + Duration::from_secs(120);
-        while self.status()["state"] != "complete" {
-            assert!(
-                Instant::now() < deadline,
-                "materialisation did not finish: {}",
-                self.status()
-            );
+        while child.try_wait().expect("status --wait").is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("materialisation did not finish: {}", self.status());
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        child.wait_with_output().expect("status --wait output")
+    }
+
+    fn wait_complete(&self) {
+        let output = self.wait();
+        assert!(
+            output.status.success(),
+            "status --wait: {}",
+            stderr(&output)
+        );
+        let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(status["state"], "complete");
+        assert_eq!(status["blocks_done"], status["blocks_total"]);
     }
 
     fn umount(&self) -> Output {
@@ -522,6 +541,18 @@ fn unmount_with_parked_readers_errors_them_promptly_and_frees_the_mount_point() 
         "npy",
         200,
     );
+    let waiting = std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| mounted.wait());
+        park_three_readers_and_unmount(&mounted);
+        waiter.join().expect("status --wait thread")
+    });
+    // status --wait saw the view stop before it was complete.
+    assert!(!waiting.status.success());
+}
+
+/// Parks three reads of pending blocks, unmounts, and checks each read
+/// fails and the mount point is free again.
+fn park_three_readers_and_unmount(mounted: &Mounted) {
     let (tx, rx) = mpsc::channel();
     for k in 0..3 {
         let path = mounted.view.join(format!("4_4_{k}.npy"));
