@@ -410,6 +410,10 @@ fn print_status(view: &Path, status: &crate::view::Status) {
         thousands(status.on_demand_seeks),
         status.on_demand_seconds
     );
+    println!(
+        "read ahead {} done blocks for readers opening the blocks in order",
+        thousands(status.read_ahead_blocks)
+    );
     println!("error     {}", status.error.as_deref().unwrap_or("none"));
     println!("staging   {}", status.staging.display());
     println!("daemon    pid {}", status.pid);

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,7 +43,14 @@ pub struct RechunkFs {
     /// then reads the staging file itself, with no request reaching us.
     passthrough: AtomicBool,
     opens: Mutex<OpenFiles>,
+    /// To the thread that reads ahead for sweeping readers
+    /// ([`ViewCore::read_ahead`]): opening a cold file blocks on the disk,
+    /// which must not hold up the thread answering the open.
+    read_ahead: Option<SyncSender<Vec<u64>>>,
 }
+
+/// Read-ahead requests waiting for the thread; more are dropped (advice).
+const READ_AHEAD_QUEUE: usize = 64;
 
 /// Which block files are open in which mode. The kernel refuses (EIO) to
 /// mix cached and passthrough opens of one inode, so an inode stays in the
@@ -60,12 +68,29 @@ struct OpenFiles {
 
 impl RechunkFs {
     pub fn new(core: Arc<ViewCore>) -> RechunkFs {
+        let (sender, requests) = sync_channel::<Vec<u64>>(READ_AHEAD_QUEUE);
+        let reader_core = core.clone();
+        let worker = std::thread::Builder::new()
+            .name("read-ahead".into())
+            .spawn(move || {
+                for ranks in requests {
+                    reader_core.read_ahead(&ranks);
+                }
+            });
+        let read_ahead = match worker {
+            Ok(_) => Some(sender),
+            Err(e) => {
+                log::warn!("no read-ahead for sweeping readers: cannot start its thread ({e})");
+                None
+            }
+        };
         RechunkFs {
             core,
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
             passthrough: AtomicBool::new(false),
             opens: Mutex::new(OpenFiles::default()),
+            read_ahead,
         }
     }
 
@@ -218,7 +243,13 @@ impl Filesystem for RechunkFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
         match self.core.open(ino.0, write) {
-            Ok((handle, CacheMode::KeepCache)) => self.open_block(ino.0, handle, reply),
+            Ok((handle, CacheMode::KeepCache)) => {
+                self.open_block(ino.0, handle, reply);
+                let ahead = self.core.opened(ino.0);
+                if let (false, Some(sender)) = (ahead.is_empty(), &self.read_ahead) {
+                    let _ = sender.try_send(ahead);
+                }
+            }
             Ok((handle, CacheMode::Direct)) => {
                 reply.opened(FileHandle(handle), FopenFlags::FOPEN_DIRECT_IO)
             }

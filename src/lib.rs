@@ -19,6 +19,7 @@ pub mod rechunk;
 pub mod sample;
 pub mod seekio;
 pub mod staging;
+pub mod sweep;
 pub mod units;
 pub mod view;
 

@@ -39,6 +39,7 @@ use crate::geometry::{IndexBox, Partition};
 use crate::plan::Plan;
 use crate::rechunk::{block_file_name, metadata_json};
 use crate::staging::Staging;
+use crate::sweep::Sweeps;
 
 pub const ROOT_INO: u64 = 1;
 pub const METADATA_INO: u64 = 2;
@@ -159,6 +160,9 @@ pub struct Status {
     /// Time spent extracting them (reading their input, writing them).
     #[serde(default)]
     pub on_demand_seconds: f64,
+    /// Done blocks read ahead for readers sweeping the view in order.
+    #[serde(default)]
+    pub read_ahead_blocks: u64,
     pub rate_bytes_per_second: f64,
     pub eta_seconds: Option<f64>,
     pub elapsed_seconds: f64,
@@ -190,6 +194,8 @@ pub struct ViewCore {
     state: Mutex<ViewState>,
     staged_files: Mutex<LruCache<u64, Arc<File>>>,
     status_snapshots: Mutex<HashMap<u64, Vec<u8>>>,
+    sweeps: Mutex<Sweeps>,
+    read_ahead_blocks: AtomicU64,
     next_handle: AtomicU64,
     mounted_at: SystemTime,
     started: Instant,
@@ -197,6 +203,12 @@ pub struct ViewCore {
 
 /// Done block files kept open for reads.
 const OPEN_STAGED_FILES: usize = 256;
+
+/// How far ahead of a reader sweeping the view its next blocks are read:
+/// four blocks (W1's 250 KB blocks read 1.8–2.5× faster cold so), or fewer
+/// when they are large: the kernel reads ahead within each file anyway.
+const SWEEP_AHEAD_BLOCKS: u64 = 4;
+const SWEEP_AHEAD_BYTES: u64 = 32 << 20;
 
 impl ViewCore {
     /// A view of `plan`'s output, staged in `staging`, with `done` blocks
@@ -262,6 +274,8 @@ impl ViewCore {
                 NonZeroUsize::new(OPEN_STAGED_FILES).unwrap_or(NonZeroUsize::MIN),
             )),
             status_snapshots: Mutex::new(HashMap::new()),
+            sweeps: Mutex::new(Sweeps::new(0, |_| String::new(), 1)),
+            read_ahead_blocks: AtomicU64::new(0),
             next_handle: AtomicU64::new(1),
             mounted_at: SystemTime::now(),
             started: Instant::now(),
@@ -270,6 +284,12 @@ impl ViewCore {
             staging,
             layout,
         };
+        let block_bytes = core.data_len(0).max(1);
+        core.sweeps = Mutex::new(Sweeps::new(
+            core.output.count(),
+            |rank| core.block_name(rank),
+            (SWEEP_AHEAD_BYTES / block_bytes).clamp(1, SWEEP_AHEAD_BLOCKS),
+        ));
         core.statics.push(StaticFile {
             ino: METADATA_INO,
             name: METADATA_NAME.into(),
@@ -642,6 +662,30 @@ impl ViewCore {
         self.staged_file(rank).ok()
     }
 
+    /// Notes that a file was opened. For a reader sweeping the blocks in
+    /// order ([`Sweeps`]), the done blocks it will open next: to be read
+    /// ahead ([`ViewCore::read_ahead`]), away from the thread that answers
+    /// the open.
+    pub fn opened(&self, ino: u64) -> Vec<u64> {
+        let Some(rank) = self.block_rank(ino) else {
+            return Vec::new();
+        };
+        let mut ahead = self.sweeps.lock().opened(rank);
+        ahead.retain(|&rank| self.is_done(rank));
+        ahead
+    }
+
+    /// Asks the kernel to read the staged files of done blocks `ranks`.
+    /// They stay open in the staged-file cache for the opens that follow.
+    pub fn read_ahead(&self, ranks: &[u64]) {
+        for &rank in ranks {
+            if let Ok(file) = self.staged_file(rank) {
+                crate::seekio::read_ahead(&file, 0, 0);
+                self.read_ahead_blocks.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Whether output block `rank` is complete in the staging area.
     pub fn is_done(&self, rank: u64) -> bool {
         self.state
@@ -803,6 +847,7 @@ impl ViewCore {
             on_demand_blocks: state.on_demand_blocks,
             on_demand_seeks: state.on_demand_seeks,
             on_demand_seconds: state.on_demand_seconds,
+            read_ahead_blocks: self.read_ahead_blocks.load(Ordering::Relaxed),
             rate_bytes_per_second: rate,
             eta_seconds: (state.phase == Phase::Materialising && rate > 0.0)
                 .then(|| remaining as f64 / rate),

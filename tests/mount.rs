@@ -860,3 +860,61 @@ fn a_reader_of_a_far_block_is_served_ahead_of_the_plan() {
         "the plan skipped the extracted block"
     );
 }
+
+#[test]
+fn a_reader_sweeping_the_view_is_read_ahead_and_a_viewer_is_not() {
+    let root = tempfile::tempdir().unwrap();
+    // 2 × 2 × 12 blocks: in name order 0_0_10 comes before 0_0_2.
+    let array = [4u64, 4, 60];
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &[3, 4, 7],
+        dtype("<u2"),
+        BlockFormat::Hdf5,
+    );
+    let mounted = Mounted::new(
+        &input,
+        &root.path().join("view"),
+        &root.path().join("staging"),
+        "2,2,5",
+        "h5",
+        0,
+    );
+    mounted.wait_complete();
+    let grid = Partition::regular(&array, &[2, 2, 5]);
+    let check = |rank: u64| {
+        let index = grid.unravel(rank);
+        let path = mounted.view.join(format!("{}.h5", grid_name(&index)));
+        let expected =
+            expected_view_file(&array, &grid.block(&index), dtype("<u2"), BlockFormat::Hdf5);
+        assert!(
+            fs::read(&path).unwrap() == expected,
+            "{} differs",
+            path.display()
+        );
+    };
+    // A tiled viewer: no two blocks in a row are neighbours in grid or name order.
+    for rank in [0, 24, 5, 40, 13, 31, 20] {
+        check(rank);
+    }
+    assert_eq!(mounted.status()["read_ahead_blocks"], 0);
+
+    // `ls | sort` order: after the first two, every block is read ahead.
+    let mut ranks: Vec<u64> = (0..grid.count()).collect();
+    ranks.sort_by_key(|&rank| grid_name(&grid.unravel(rank)));
+    assert_eq!(ranks[..4], [0, 1, 10, 11]);
+    for &rank in &ranks {
+        check(rank);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while mounted.status()["read_ahead_blocks"] != grid.count() - 2 {
+        assert!(
+            Instant::now() < deadline,
+            "read ahead: {}",
+            mounted.status()["read_ahead_blocks"]
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
