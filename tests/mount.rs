@@ -43,6 +43,12 @@ impl Mounted {
         Mounted::with_args(input, view, staging, shape, format, step_delay_ms, &[])
     }
 
+    /// [`Mounted::new`] of `input` at `root/view`, staged in `root/staging`.
+    fn under(root: &Path, input: &Path, shape: &str, format: &str, step_delay_ms: u64) -> Mounted {
+        let (view, staging) = (root.join("view"), root.join("staging"));
+        Mounted::new(input, &view, &staging, shape, format, step_delay_ms)
+    }
+
     /// Strictly in plan order: a waited-for block stays pending until the
     /// plan reaches it (no extraction ahead of the plan).
     fn in_order(
@@ -371,14 +377,7 @@ fn many_concurrent_random_readers_get_correct_bytes_without_deadlock() {
         dtype("<i4"),
         BlockFormat::Hdf5,
     );
-    let mounted = Mounted::new(
-        &input,
-        &root.path().join("view"),
-        &root.path().join("staging"),
-        "16,11,9",
-        "npy",
-        5,
-    );
+    let mounted = Mounted::under(root.path(), &input, "16,11,9", "npy", 5);
     let grid = Partition::regular(&array, &block);
     let (done_tx, done_rx) = mpsc::channel();
     for thread in 0..12u64 {
@@ -601,14 +600,7 @@ fn every_write_path_is_refused_with_erofs() {
         dtype("u1"),
         BlockFormat::Npy,
     );
-    let mounted = Mounted::new(
-        &input,
-        &root.path().join("view"),
-        &root.path().join("staging"),
-        "4,4",
-        "npy",
-        0,
-    );
+    let mounted = Mounted::under(root.path(), &input, "4,4", "npy", 0);
     let view = &mounted.view;
     let block = view.join("0_0.npy");
     let erofs = |result: std::io::Result<()>, what: &str| {
@@ -824,14 +816,7 @@ fn a_reader_of_a_far_block_is_served_ahead_of_the_plan() {
         BlockFormat::Hdf5,
     );
     // Slow enough that the plan cannot reach the last block for seconds.
-    let mounted = Mounted::new(
-        &input,
-        &root.path().join("view"),
-        &root.path().join("staging"),
-        "12,10,9",
-        "h5",
-        300,
-    );
+    let mounted = Mounted::under(root.path(), &input, "12,10,9", "h5", 300);
     let grid = Partition::regular(&array, &block);
     let last_index: Vec<usize> = grid.grid_shape().iter().map(|n| n - 1).collect();
     let last = mounted.view.join(format!("{}.h5", grid_name(&last_index)));
@@ -874,14 +859,7 @@ fn a_reader_sweeping_the_view_is_read_ahead_and_a_viewer_is_not() {
         dtype("<u2"),
         BlockFormat::Hdf5,
     );
-    let mounted = Mounted::new(
-        &input,
-        &root.path().join("view"),
-        &root.path().join("staging"),
-        "2,2,5",
-        "h5",
-        0,
-    );
+    let mounted = Mounted::under(root.path(), &input, "2,2,5", "h5", 0);
     mounted.wait_complete();
     let grid = Partition::regular(&array, &[2, 2, 5]);
     let check = |rank: u64| {
