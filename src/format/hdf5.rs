@@ -821,11 +821,11 @@ mod tests {
         let plain = template_any(BlockFormat::Hdf5, &[7, 5, 3], dtype("<u2"), "data").unwrap();
         assert_eq!(slash, plain);
 
-        // Groups on a MINC2 path are written after the data were allocated,
-        // so this is the case that exercises a non-empty suffix.
+        // Groups on a MINC2 path: libhdf5 1.10 wrote them after the data
+        // (the template's suffix carries such bytes); 1.14, linked in now,
+        // writes them before. Either way the template is deterministic.
         let minc_path = "/minc-2.0/image/0/image";
         let minc = template_any(BlockFormat::Hdf5, &[7, 5, 3], dtype("<u2"), minc_path).unwrap();
-        assert!(!minc.suffix.is_empty(), "{minc:?}");
         assert_eq!(
             minc,
             template_any(BlockFormat::Hdf5, &[7, 5, 3], dtype("<u2"), minc_path).unwrap()
