@@ -252,6 +252,12 @@ impl ViewCore {
             )?;
             templates.insert(shape, template);
         }
+        let block_bytes = output.block(&output.unravel(0)).volume() * layout.dtype.size as u64;
+        let sweeps = Sweeps::new(
+            output.count(),
+            |rank| files.path(rank),
+            (SWEEP_AHEAD_BYTES / block_bytes.max(1)).clamp(1, SWEEP_AHEAD_BLOCKS),
+        );
         let mut core = ViewCore {
             statics: Vec::new(),
             files,
@@ -274,7 +280,7 @@ impl ViewCore {
                 NonZeroUsize::new(OPEN_STAGED_FILES).unwrap_or(NonZeroUsize::MIN),
             )),
             status_snapshots: Mutex::new(HashMap::new()),
-            sweeps: Mutex::new(Sweeps::new(0, |_| String::new(), 1)),
+            sweeps: Mutex::new(sweeps),
             read_ahead_blocks: AtomicU64::new(0),
             next_handle: AtomicU64::new(1),
             mounted_at: SystemTime::now(),
@@ -284,12 +290,6 @@ impl ViewCore {
             staging,
             layout,
         };
-        let block_bytes = core.data_len(0).max(1);
-        core.sweeps = Mutex::new(Sweeps::new(
-            core.output.count(),
-            |rank| core.block_name(rank),
-            (SWEEP_AHEAD_BYTES / block_bytes).clamp(1, SWEEP_AHEAD_BLOCKS),
-        ));
         core.statics.push(StaticFile {
             ino: METADATA_INO,
             name: METADATA_NAME.into(),
