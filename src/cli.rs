@@ -589,6 +589,7 @@ fn plan_json(
         "read_shape": user(&chosen.read_shape),
         "read_grid": grid_of(&chosen.read, order),
         "read_blocks": chosen.read.count(),
+        "read_steps": chosen.steps.count(),
         "write_blocks": chosen.write.count(),
         "write_modes": order.to_user(&chosen.write_modes),
         "seeks": {
@@ -663,8 +664,13 @@ fn print_plan(
         Strategy::Baseline => "baseline",
     };
     println!("strategy      {strategy}{}", budget.describe());
+    let steps = if chosen.steps.count() > chosen.read.count() {
+        format!(" in {} steps", thousands(chosen.steps.count()))
+    } else {
+        String::new()
+    };
     println!(
-        "read shape    {} ({} read blocks), {} write blocks, writes per dimension: {}",
+        "read shape    {} ({} read blocks{steps}), {} write blocks, writes per dimension: {}",
         user(&chosen.read_shape),
         thousands(chosen.read.count()),
         thousands(chosen.write.count()),

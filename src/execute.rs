@@ -3,19 +3,24 @@
 //! whatever [`BlockSink`] provides the output files (real files for
 //! `rechunk`, the staging area for the view).
 //!
-//! Memory: a read block is read straight into one buffer per write block it
-//! touches (its *pieces*, with `preadv`); a piece stays until its write
-//! block is written, which gathers from the pieces (rows packed into one
-//! write call through a fixed 1 MiB buffer, since the kernel's per-iovec
-//! cost on the write path exceeds a copy of a row). The calling thread reads
-//! while a writer thread writes the write block the previous read block
-//! completed, so the disk and both cores work at once; the bytes held are
-//! exactly what the planner simulates: the read block being read, the
-//! write block in flight, and the waiting pieces.
+//! Memory: a read block is read, step by step (`Plan::steps`: slabs of it
+//! along the first dimension), straight into one buffer per write block
+//! each step touches (its *pieces*, with `preadv`); a piece stays until its
+//! part of the write block is written, which gathers from the pieces (rows
+//! packed into one write call through a fixed 1 MiB buffer, since the
+//! kernel's per-iovec cost on the write path exceeds a copy of a row). The
+//! calling thread reads while a writer thread writes the slab of the
+//! completed write block that the previous step finished, so the disk and
+//! both cores work at once, even when the whole array is one read block (a
+//! split or a merge); the bytes held are exactly what the planner
+//! simulates: the step being read, the slab in flight, and the waiting
+//! pieces.
 //!
 //! Every data I/O goes through [`seekio`], whose counts must equal the
 //! plan's predictions; both threads log their calls and the reader counts
-//! them in the plan's order, so tests can hold the executor to that.
+//! them in the plan's order (a read block's reads, then its write block's
+//! writes), so tests can hold the executor to that. Steps are cut only
+//! where that count cannot change.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -239,11 +244,22 @@ enum InputHandle {
     Hdf5(Hdf5BlockReader),
 }
 
-/// The pieces of one write block received so far, one per read block
-/// overlapping it (C order over those read blocks).
+/// The pieces of one write block received so far, one per step
+/// (`Plan::steps`) overlapping it, C order over those steps; taken out a
+/// slab at a time as they are handed to the writer.
 struct PendingWrite {
-    read_ranges: Vec<Range<usize>>,
+    step_ranges: Vec<Range<usize>>,
     pieces: Vec<Option<Vec<u8>>>,
+}
+
+impl PendingWrite {
+    /// The slot of the piece from step `step_index`.
+    fn slot(&self, step_index: &[usize]) -> usize {
+        self.step_ranges
+            .iter()
+            .zip(step_index)
+            .fold(0usize, |acc, (r, &k)| acc * r.len() + (k - r.start))
+    }
 }
 
 /// Runs `plan` over `input` into `sink`. `progress` is called after every
@@ -258,6 +274,13 @@ pub struct Executor<'a> {
     /// This read block's reads, counted once the previous write block's
     /// writes are (see [`SeekLog`]).
     reads: SeekLog,
+    /// Writes of the previous read block's write block, and of this one's,
+    /// as the writer reports them (slabs of one write block can finish
+    /// during the next read block's first step).
+    writes_before: SeekLog,
+    writes_now: SeekLog,
+    /// Rank of the read block being read.
+    current_read: u64,
     held: u64,
     stats: RunStats,
     cancel: Option<&'a AtomicBool>,
@@ -284,16 +307,20 @@ struct ReadAheadCursor {
     outstanding: u64,
 }
 
-/// A completed write block handed to the writer thread: its pieces, one
-/// per read block overlapping it.
+/// A slab of a completed write block (all of it, or the part before a
+/// step's end) handed to the writer thread: its pieces, one per step
+/// overlapping it, C order over those steps.
 struct WriteJob {
-    write_index: Vec<usize>,
+    write_box: Region,
+    /// Rank of the read block that completes the write block.
+    read_block: u64,
     pieces: Vec<Vec<u8>>,
     bytes: u64,
 }
 
 /// What the writer thread reports for one job.
 struct WriteReport {
+    read_block: u64,
     writes: SeekLog,
     blocks_completed: u64,
 }
@@ -317,6 +344,9 @@ impl<'a> Executor<'a> {
             pending: HashMap::new(),
             counter: SeekCounter::default(),
             reads: SeekLog::default(),
+            writes_before: SeekLog::default(),
+            writes_now: SeekLog::default(),
+            current_read: 0,
             held: 0,
             stats: RunStats {
                 read_blocks_total: plan.read.count(),
@@ -337,10 +367,11 @@ impl<'a> Executor<'a> {
         self
     }
 
-    /// Runs the whole plan. Read blocks are read on this thread while the
-    /// write block completed by the previous one is written on another, so
-    /// the disk and the two cores work at once; at most one write block is
-    /// in flight, its pieces still held (the planner counts them).
+    /// Runs the whole plan. Steps of read blocks are read on this thread
+    /// while the slab of a write block that the previous step completed is
+    /// written on another, so the disk and the two cores work at once; at
+    /// most one slab is in flight, its pieces still held (the planner counts
+    /// them).
     pub fn run(
         mut self,
         sink: &mut (dyn BlockSink + Send),
@@ -383,8 +414,10 @@ impl<'a> Executor<'a> {
         })
     }
 
-    /// The reader's side of [`run`]: every read block in C order, handing
-    /// each completed write block to the writer.
+    /// The reader's side of [`run`]: every read block in C order, each in
+    /// its steps (`Plan::steps`); after each step, the slab of the read
+    /// block's completed write block that the step finishes goes to the
+    /// writer, which writes it while the next step is read.
     fn read_and_hand_over(
         &mut self,
         jobs: &std::sync::mpsc::SyncSender<WriteJob>,
@@ -392,24 +425,44 @@ impl<'a> Executor<'a> {
         sink: &parking_lot::Mutex<&mut (dyn BlockSink + Send)>,
         progress: &mut impl FnMut(&RunStats),
     ) -> Result<RunStats> {
+        let plan = self.plan;
+        let step_axis = plan.steps.axis(0);
         let mut in_flight: Option<u64> = None;
-        for read_index in IndexBox::grid(&self.plan.read.grid_shape()) {
+        for read_index in IndexBox::grid(&plan.read.grid_shape()) {
             if self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
                 if in_flight.is_some() {
                     let _ = reports.recv();
                 }
                 return Err(Error::Cancelled);
             }
-            let read_result = self.read_step(&read_index);
-            // The previous write block's writes come before this read
-            // block's reads in the plan's order: wait for them, count them.
-            if let Some(bytes) = in_flight.take() {
-                self.finish_write(reports, bytes)?;
-            }
-            read_result?;
-            self.reads.replay_into(&mut self.counter);
-            if let Some(write_index) = self.plan.completed_write_block(&read_index) {
-                let job = self.take_write_job(&write_index)?;
+            self.current_read = plan.read.linear(&read_index);
+            let read_box = plan.read.block(&read_index);
+            let completed = plan.completed_write_block(&read_index);
+            let steps = step_axis.overlapping(read_box.origin[0], read_box.end(0));
+            for step in steps.clone() {
+                let mut step_index = read_index.clone();
+                step_index[0] = step;
+                let read_result = self.read_step(&step_index);
+                // One slab in flight at a time: wait for the last one.
+                if let Some(bytes) = in_flight.take() {
+                    self.finish_write(reports, bytes)?;
+                }
+                read_result?;
+                let Some(write_index) = &completed else {
+                    continue;
+                };
+                // The first step's slab also takes the parts of the write
+                // block that earlier read blocks hold.
+                let from = if step == steps.start {
+                    0
+                } else {
+                    step_axis.start(step)
+                };
+                let Some(slab) = slab_of(&plan.write.block(write_index), from, step_axis.end(step))
+                else {
+                    continue;
+                };
+                let job = self.take_write_job(write_index, &slab)?;
                 in_flight = Some(job.bytes);
                 if jobs.send(job).is_err() {
                     // The writer stopped: its report says why.
@@ -422,33 +475,47 @@ impl<'a> Executor<'a> {
                     });
                 }
             }
+            // The plan's order: the previous write block's writes (all done
+            // by now: its last slab was waited for after the first step),
+            // then this read block's reads.
+            self.writes_before.replay_into(&mut self.counter);
+            self.reads.replay_into(&mut self.counter);
+            self.writes_before = std::mem::take(&mut self.writes_now);
             self.stats.read_blocks_done += 1;
             self.refresh_stats();
             // The sink's own work between read blocks (blocks extracted on
             // demand) takes its lock, so it never runs inside a write job;
-            // the held bytes it is told include the block in flight.
+            // the held bytes it is told include the slab in flight.
             sink.lock().between_steps(&self.stats)?;
             progress(&self.stats);
         }
+        self.current_read = u64::MAX;
         if let Some(bytes) = in_flight.take() {
             self.finish_write(reports, bytes)?;
         }
+        self.writes_before.replay_into(&mut self.counter);
         self.refresh_stats();
         debug_assert!(self.pending.is_empty() && self.held == 0);
         Ok(self.stats)
     }
 
-    /// Waits for the write block in flight, counts its writes and frees it.
+    /// Waits for the slab in flight, files its writes under its read block
+    /// (to be counted in the plan's order) and frees it.
     fn finish_write(
         &mut self,
         reports: &std::sync::mpsc::Receiver<Result<WriteReport>>,
         bytes: u64,
     ) -> Result<()> {
-        let mut report = reports.recv().map_err(|_| Error::BadOutput {
+        let report = reports.recv().map_err(|_| Error::BadOutput {
             path: "writer".into(),
             problem: "the writer thread stopped without reporting".into(),
         })??;
-        report.writes.replay_into(&mut self.counter);
+        let log = if report.read_block == self.current_read {
+            &mut self.writes_now
+        } else {
+            &mut self.writes_before
+        };
+        log.extend(report.writes);
         self.stats.output_blocks_done += report.blocks_completed;
         self.held -= bytes;
         Ok(())
@@ -535,28 +602,28 @@ impl<'a> Executor<'a> {
         self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(self.held);
     }
 
-    /// Reads read block `read_index` into its pieces and files them under
-    /// their write blocks.
-    fn read_step(&mut self, read_index: &[usize]) -> Result<()> {
+    /// Reads step `step_index` (of `Plan::steps`) into its pieces, one per
+    /// write block it overlaps, and files them under their write blocks.
+    fn read_step(&mut self, step_index: &[usize]) -> Result<()> {
         let plan = self.plan;
-        let read_box = plan.read.block(read_index);
-        let grid = PieceGrid::new(&plan.write, &read_box);
+        let step_box = plan.steps.block(step_index);
+        let grid = PieceGrid::new(&plan.write, &step_box);
         let mut buffers: Vec<Vec<u8>> = grid
             .volumes()
             .map(|v| vec![0u8; (v * self.elem) as usize])
             .collect();
-        self.hold(read_box.volume() * self.elem);
+        self.hold(step_box.volume() * self.elem);
 
-        for input_index in IndexBox::new(plan.input.overlapping(&read_box)) {
+        for input_index in IndexBox::new(plan.input.overlapping(&step_box)) {
             let block = plan.input.block(&input_index);
-            let Some(region) = block.intersect(&read_box) else {
+            let Some(region) = block.intersect(&step_box) else {
                 continue;
             };
             let file_box = self.input.files.file_box(&block);
             let rank = plan.input.linear(&input_index);
             self.read_ahead();
             self.read_input(rank, &file_box, &region, &grid, &mut buffers)?;
-            if let Some((_, _, len)) = self.input_span(&input_index, &read_box) {
+            if let Some((_, _, len)) = self.input_span(&input_index, &step_box) {
                 self.ahead.outstanding = self.ahead.outstanding.saturating_sub(len);
             }
             if self.drop_inputs {
@@ -569,24 +636,18 @@ impl<'a> Executor<'a> {
             }
         }
 
-        let read_rank_in = |ranges: &[Range<usize>]| -> usize {
-            ranges
-                .iter()
-                .zip(read_index)
-                .fold(0usize, |acc, (r, &k)| acc * r.len() + (k - r.start))
-        };
         for (local, buffer) in buffers.into_iter().enumerate() {
             let write_index = grid.cut_index(local);
             let write_rank = plan.write.linear(&write_index);
             let pending = self.pending.entry(write_rank).or_insert_with(|| {
-                let read_ranges = plan.read.overlapping(&plan.write.block(&write_index));
-                let count = read_ranges.iter().map(|r| r.len()).product();
+                let step_ranges = plan.steps.overlapping(&plan.write.block(&write_index));
+                let count = step_ranges.iter().map(|r| r.len()).product();
                 PendingWrite {
-                    read_ranges,
+                    step_ranges,
                     pieces: (0..count).map(|_| None).collect(),
                 }
             });
-            let slot = read_rank_in(&pending.read_ranges);
+            let slot = pending.slot(step_index);
             pending.pieces[slot] = Some(buffer);
         }
         Ok(())
@@ -700,34 +761,49 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// Takes the pieces of the completed write block `write_index` out of
-    /// the pending store, for the writer.
-    fn take_write_job(&mut self, write_index: &[usize]) -> Result<WriteJob> {
+    /// Takes the pieces of `slab`, a slab of the completed write block
+    /// `write_index`, out of the pending store, for the writer.
+    fn take_write_job(&mut self, write_index: &[usize], slab: &Region) -> Result<WriteJob> {
         let plan = self.plan;
-        let write_box = plan.write.block(write_index);
         let write_rank = plan.write.linear(write_index);
-        let pending = self.pending.remove(&write_rank).ok_or_else(|| {
+        let pending = self.pending.get_mut(&write_rank).ok_or_else(|| {
             Error::BadArgument(format!(
                 "plan error: write block {write_index:?} completed with no data"
             ))
         })?;
-        let pieces: Vec<Vec<u8>> = pending
-            .pieces
-            .into_iter()
-            .map(|p| {
-                p.ok_or_else(|| {
+        let pieces: Vec<Vec<u8>> = IndexBox::new(plan.steps.overlapping(slab))
+            .map(|step_index| {
+                let slot = pending.slot(&step_index);
+                pending.pieces[slot].take().ok_or_else(|| {
                     Error::BadArgument(format!(
-                        "plan error: write block {write_index:?} completed before all its read blocks"
+                        "plan error: write block {write_index:?} written before step {step_index:?} was read"
                     ))
                 })
             })
             .collect::<Result<_>>()?;
+        if pending.pieces.iter().all(Option::is_none) {
+            self.pending.remove(&write_rank);
+        }
         Ok(WriteJob {
-            write_index: write_index.to_vec(),
+            write_box: slab.clone(),
+            read_block: self.current_read,
             pieces,
-            bytes: write_box.volume() * self.elem,
+            bytes: slab.volume() * self.elem,
         })
     }
+}
+
+/// The part of `write_box` whose first coordinate lies in `[from, to)`, if
+/// any.
+fn slab_of(write_box: &Region, from: u64, to: u64) -> Option<Region> {
+    let start = write_box.origin[0].max(from);
+    let end = write_box.end(0).min(to);
+    (start < end).then(|| {
+        let mut slab = write_box.clone();
+        slab.origin[0] = start;
+        slab.shape[0] = end - start;
+        slab
+    })
 }
 
 impl<'a> Writer<'a> {
@@ -740,18 +816,18 @@ impl<'a> Writer<'a> {
         }
     }
 
-    /// Writes a completed write block to its output blocks, gathering from
-    /// its pieces.
+    /// Writes a slab of a completed write block to its output blocks,
+    /// gathering from its pieces.
     fn write(&mut self, job: &WriteJob, sink: &mut dyn BlockSink) -> Result<WriteReport> {
         let plan = self.plan;
-        let write_box = plan.write.block(&job.write_index);
-        let grid = PieceGrid::new(&plan.read, &write_box);
+        let write_box = &job.write_box;
+        let grid = PieceGrid::new(&plan.steps, write_box);
         let pieces = &job.pieces;
         let mut writes = SeekLog::default();
         let mut blocks_completed = 0;
-        for output_index in IndexBox::new(plan.output.overlapping(&write_box)) {
+        for output_index in IndexBox::new(plan.output.overlapping(write_box)) {
             let block = plan.output.block(&output_index);
-            let Some(region) = block.intersect(&write_box) else {
+            let Some(region) = block.intersect(write_box) else {
                 continue;
             };
             let rank = plan.output.linear(&output_index);
@@ -801,6 +877,7 @@ impl<'a> Writer<'a> {
             }
         }
         Ok(WriteReport {
+            read_block: job.read_block,
             writes,
             blocks_completed,
         })

@@ -21,7 +21,10 @@
 //! exactly where the previous I/O call ended in the same file: a disk head
 //! that moves. The executor issues, per read block, each input piece's
 //! segments in C order, then each output piece of the completed write block;
-//! the predictions below model exactly that order.
+//! the predictions below model exactly that order. (It overlaps the two in
+//! time, a write block's slabs being written while the rest of its read
+//! block is read; [`step_axis`] cuts read blocks only where counting in
+//! this order cannot change a seek.)
 
 use serde::Serialize;
 
@@ -199,8 +202,8 @@ impl Problem {
 pub struct Prediction {
     pub read_seeks: u64,
     pub write_seeks: u64,
-    /// Most array bytes held at once: the read block being read plus every
-    /// piece waiting for its write block to complete.
+    /// Most array bytes held at once: the step of a read block being read,
+    /// the slab being written, and every piece waiting for its write block.
     pub peak_bytes: u64,
 }
 
@@ -219,6 +222,9 @@ pub struct Plan {
     pub output: Partition,
     /// Read blocks, visited in C order.
     pub read: Partition,
+    /// The read blocks cut along the first dimension into the steps the
+    /// executor takes, in order, within each read block ([`step_axis`]).
+    pub steps: Partition,
     /// Write blocks: each is written when the last read block it needs is read.
     pub write: Partition,
     /// Nominal read block shape (edge read blocks may be smaller).
@@ -276,6 +282,26 @@ struct DimOption {
     inner_reads_completing: u64,
     last_read_completes: bool,
     max_read_extent: u64,
+    /// Whether every read interval lies inside one input interval.
+    reads_within_one_input: bool,
+    /// Whether every write interval lies inside one output interval.
+    writes_within_one_output: bool,
+    /// Per read interval: the planes where, along the first dimension, a
+    /// read block may be cut into steps ([`step_axis`]), with whether each
+    /// is an input and an output boundary.
+    cuts: Vec<Vec<Cut>>,
+    /// The longest step a read interval can be cut down to (a lower bound
+    /// on the thickest step, for pruning the search).
+    min_step_extent: u64,
+}
+
+/// A plane inside a read interval where it may be cut into steps: an input
+/// or output boundary inside the write interval the read interval completes.
+#[derive(Clone, Copy, Debug)]
+struct Cut {
+    at: u64,
+    input_boundary: bool,
+    output_boundary: bool,
 }
 
 /// How the intervals of a moving axis (read or write) cut the intervals of a
@@ -392,11 +418,28 @@ impl DimOption {
             inner_reads_completing: 0,
             last_read_completes: completes.last().copied().flatten().is_some(),
             max_read_extent: (0..read.count()).map(|k| read.extent(k)).max().unwrap_or(0),
+            reads_within_one_input: (0..read.count())
+                .all(|k| input.overlapping(read.start(k), read.end(k)).len() == 1),
+            writes_within_one_output: (0..write.count())
+                .all(|w| output.overlapping(write.start(w), write.end(w)).len() == 1),
+            cuts: (0..read.count())
+                .map(|k| cuts_inside(&read, &write, completes[k], input, output, k))
+                .collect(),
+            min_step_extent: 0,
             read,
             write,
             completes,
             completed_len,
         };
+        option.min_step_extent = (0..option.read.count())
+            .map(|k| {
+                let mut bounds = vec![option.read.start(k)];
+                bounds.extend(option.cuts[k].iter().map(|c| c.at));
+                bounds.push(option.read.end(k));
+                bounds.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0);
         for k in 0..option.read.count() {
             let completing = option.completes[k].is_some() as u64;
             if option.read.extent(k) == 1 {
@@ -410,6 +453,80 @@ impl DimOption {
         }
         option
     }
+}
+
+/// The planes inside read interval `k` where it may be cut into steps:
+/// input and output boundaries strictly inside both the read interval and
+/// the write interval it completes (`completed`). Elsewhere a cut would
+/// only split reads, with nothing to write early.
+fn cuts_inside(
+    read: &Axis,
+    write: &Axis,
+    completed: Option<usize>,
+    input: &Axis,
+    output: &Axis,
+    k: usize,
+) -> Vec<Cut> {
+    let Some(w) = completed else {
+        return Vec::new();
+    };
+    let (low, high) = (read.start(k).max(write.start(w)), write.end(w));
+    let inner = |axis: &Axis| -> Vec<u64> {
+        axis.overlapping(low, high)
+            .map(|i| axis.start(i))
+            .filter(|&at| at > low && at < high)
+            .collect()
+    };
+    let mut planes = inner(input);
+    planes.extend(inner(output));
+    planes.sort_unstable();
+    planes.dedup();
+    planes
+        .into_iter()
+        .map(|at| Cut {
+            at,
+            input_boundary: input.is_boundary(at),
+            output_boundary: output.is_boundary(at),
+        })
+        .collect()
+}
+
+/// Most steps one read block is cut into.
+const MAX_STEPS_PER_READ: u64 = 16;
+
+/// The read blocks cut, along the first dimension, into the *steps* the
+/// executor takes: after each step it writes the part of the completed write
+/// block before the step's end, so writing overlaps reading even when the
+/// plan has one huge read block (a split or merge reads the whole array as
+/// one). A read block is cut only where no seek can change, the seeks being
+/// counted in the plan's order (a read block's reads, then its write block's
+/// writes): at an input boundary, or anywhere when every read interval of
+/// the other dimensions lies inside one input (so the cut splits one file's
+/// segment into two that continue each other); and likewise at an output
+/// boundary, or anywhere when every write interval of the other dimensions
+/// lies inside one output. Cuts closer than 1/16 of the read block are
+/// skipped, so each step moves enough bytes to pay for its hand-over.
+fn step_axis(dims: &[&DimOption]) -> Axis {
+    let first = dims[0];
+    let reads_in_one_input = dims[1..].iter().all(|o| o.reads_within_one_input);
+    let writes_in_one_output = dims[1..].iter().all(|o| o.writes_within_one_output);
+    let mut bounds = Vec::with_capacity(first.read.count() + 1);
+    for k in 0..first.read.count() {
+        let start = first.read.start(k);
+        bounds.push(start);
+        let spacing = first.read.extent(k).div_ceil(MAX_STEPS_PER_READ).max(1);
+        let mut last = start;
+        for cut in &first.cuts[k] {
+            let neutral = (cut.input_boundary || reads_in_one_input)
+                && (cut.output_boundary || writes_in_one_output);
+            if neutral && cut.at - last >= spacing {
+                bounds.push(cut.at);
+                last = cut.at;
+            }
+        }
+    }
+    bounds.push(first.read.len());
+    Axis::from_bounds(bounds)
 }
 
 /// Exact read seeks: all read segments, less those that continue the
@@ -455,28 +572,41 @@ fn write_seeks(dims: &[&DimOption]) -> u128 {
     segments(&overlaps)
 }
 
-/// Most bytes held at once, by stepping through the read blocks as the
-/// executor does: each read block adds its volume while the write block
-/// completed by the previous one is still being written (by the writer
-/// thread) and held; then that one is freed, and the write block this read
-/// block completes (if any) goes in flight. A completed block's volume is
-/// the product of per-dimension lengths, so a step costs O(dimensions).
+/// Most bytes held at once, by stepping through the read blocks, and each
+/// read block's steps ([`step_axis`]), as the executor does: each step adds
+/// its volume while the slab of a write block handed over after the
+/// previous step is still being written (by the writer thread) and held;
+/// then that slab is freed, and the slab this step completes (the part of
+/// the read block's completed write block, if any, up to the step's end)
+/// goes in flight. Volumes are products of per-dimension lengths, so a step
+/// costs O(dimensions).
 fn simulate_peak(dims: &[&DimOption], elem_size: u64) -> u128 {
+    let steps = step_axis(dims);
+    let first = dims[0];
     let grid: Vec<usize> = dims.iter().map(|o| o.read.count()).collect();
     let mut held: u128 = 0;
     let mut peak: u128 = 0;
     let mut in_flight: u128 = 0;
     for index in IndexBox::grid(&grid) {
-        let mut read_volume: u128 = 1;
-        let mut freed: u128 = 1;
-        for (d, &k) in index.iter().enumerate() {
-            read_volume *= dims[d].read.extent(k) as u128;
-            freed *= dims[d].completed_len[k] as u128;
+        let mut rest_volume: u128 = 1;
+        let mut rest_completed: u128 = 1;
+        for (d, &k) in index.iter().enumerate().skip(1) {
+            rest_volume *= dims[d].read.extent(k) as u128;
+            rest_completed *= dims[d].completed_len[k] as u128;
         }
-        held += read_volume;
-        peak = peak.max(held);
-        held -= in_flight;
-        in_flight = freed;
+        let k = index[0];
+        let written = first.completes[k].map(|w| (first.write.start(w), first.write.end(w)));
+        let range = steps.overlapping(first.read.start(k), first.read.end(k));
+        for j in range.clone() {
+            held += steps.extent(j) as u128 * rest_volume;
+            peak = peak.max(held);
+            held -= in_flight;
+            let from = if j == range.start { 0 } else { steps.start(j) };
+            let slab = written.map_or(0, |(start, end)| {
+                end.min(steps.end(j)).saturating_sub(start.max(from))
+            });
+            in_flight = slab as u128 * rest_completed;
+        }
     }
     held -= in_flight;
     debug_assert_eq!(held, 0, "every byte read is written");
@@ -511,6 +641,11 @@ fn assemble(problem: &Problem, strategy: Strategy, dims: &[&DimOption]) -> Plan 
         input,
         output: problem.output(),
         read: Partition::new(dims.iter().map(|o| o.read.clone()).collect()),
+        steps: Partition::new(
+            std::iter::once(step_axis(dims))
+                .chain(dims[1..].iter().map(|o| o.read.clone()))
+                .collect(),
+        ),
         write: Partition::new(dims.iter().map(|o| o.write.clone()).collect()),
         read_shape: dims.iter().map(|o| o.read_step.min(o.read.len())).collect(),
         write_modes: dims.iter().map(|o| o.mode).collect(),
@@ -689,10 +824,12 @@ fn search(problem: &Problem, mem: u64) -> Result<Plan> {
             Candidate {
                 seeks: read_seeks(&dims, &input_spans_exactly) + write_seeks(&dims),
                 read_blocks: dims.iter().map(|o| o.read.count() as u128).product(),
-                min_bytes: dims
-                    .iter()
-                    .map(|o| o.max_read_extent as u128)
-                    .product::<u128>()
+                // A lower bound on the peak: the thickest step.
+                min_bytes: dims[0].min_step_extent as u128
+                    * dims[1..]
+                        .iter()
+                        .map(|o| o.max_read_extent as u128)
+                        .product::<u128>()
                     * problem.elem_size as u128,
                 choice,
             }
@@ -865,5 +1002,53 @@ mod tests {
         assert!(plan.prediction.peak_bytes <= mem);
         assert!(plan.prediction.seeks() >= problem.lower_bound_seeks());
         assert!(plan.prediction.seeks() <= baseline(&problem).prediction.seeks());
+    }
+
+    #[test]
+    fn a_split_is_read_in_steps_at_output_boundaries() {
+        // One 350³ u16 file into 50³ blocks: one read block, cut where each
+        // row of output blocks ends, so writing starts after 1/7 of it.
+        let problem = Problem::new(vec![350; 3], vec![350; 3], vec![50; 3], 2).unwrap();
+        let plan = keep_rhat(&problem);
+        assert_eq!(plan.read.count(), 1);
+        assert_eq!(
+            plan.steps.axis(0).bounds(),
+            &[0, 50, 100, 150, 200, 250, 300, 350]
+        );
+        assert_eq!(plan.steps.axis(1).bounds(), &[0, 350]);
+        // A step being read beside the slab the last one completed.
+        assert_eq!(plan.prediction.peak_bytes, 2 * 50 * 350 * 350 * 2);
+        assert_eq!(plan.prediction.seeks(), 344);
+        // So the fewest seeks now fit in 30 MB, where reading the whole file
+        // at once needed 82 MB and read blocks of one slab cost 350 seeks.
+        let tight = super::plan(&problem, Strategy::Keep, Some(30_000_000)).unwrap();
+        assert_eq!(tight.prediction.seeks(), 344);
+    }
+
+    #[test]
+    fn a_merge_is_read_in_steps_at_input_boundaries() {
+        // 350³ in 35³ blocks into one file: cut at every input boundary of
+        // the first dimension (the one output spans the rest).
+        let problem = Problem::new(vec![350; 3], vec![35; 3], vec![350; 3], 2).unwrap();
+        let plan = keep_rhat(&problem);
+        let cuts: Vec<u64> = (0..=10).map(|k| k * 35).collect();
+        assert_eq!(plan.steps.axis(0).bounds(), &cuts[..]);
+        assert_eq!(plan.prediction.peak_bytes, 2 * 35 * 350 * 350 * 2);
+        assert_eq!(plan.prediction.seeks(), 1001);
+    }
+
+    #[test]
+    fn steps_never_cut_where_a_seek_would_change() {
+        // W1's shapes: a read interval of 70 holds an input boundary (35)
+        // but write intervals span several outputs and read intervals
+        // several inputs, so a cut at 35 would interleave output files.
+        let problem = Problem::new(vec![700; 3], vec![35; 3], vec![50; 3], 2).unwrap();
+        let plan = keep_rhat(&problem);
+        assert_eq!(plan.steps.axis(0), plan.read.axis(0));
+        // Output blocks one element thick: cuts at most every 1/16 of the
+        // read block.
+        let problem = Problem::new(vec![64, 8], vec![64, 8], vec![1, 8], 1).unwrap();
+        let plan = keep_rhat(&problem);
+        assert_eq!(plan.steps.axis(0).count(), 16);
     }
 }

@@ -81,6 +81,11 @@ impl SeekLog {
         self.calls.push((true, file, offset, len));
     }
 
+    /// Appends `later`'s calls, as made after these.
+    pub fn extend(&mut self, later: SeekLog) {
+        self.calls.extend(later.calls);
+    }
+
     /// Counts the logged calls, in the order they were made, and forgets them.
     pub fn replay_into(&mut self, counter: &mut SeekCounter) {
         for (write, file, offset, len) in self.calls.drain(..) {

@@ -491,10 +491,10 @@ fn inside_a_memory_cgroup_plans_leave_half_of_it_to_the_page_cache() {
     let inside: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(inside["mem_limit_bytes"], 40u64 << 20);
 
-    // Where nothing fits in half (baseline holds 292 MiB input blocks),
-    // --mem alone decides.
+    // Where nothing fits in half (baseline holds 292 MiB input blocks, too
+    // thin to be read in steps), --mem alone decides.
     let mut slabs = w2;
-    slabs[5] = "1750,1750,50";
+    slabs[5] = "50,1750,1750";
     slabs[slabs.len() - 1] = "600M";
     let slabs = [&slabs[..], &["--strategy", "baseline"]].concat();
     let outside = plan_json(&slabs[2..]);
