@@ -580,7 +580,11 @@ fn write_seeks(dims: &[&DimOption]) -> u128 {
 /// the read block's completed write block, if any, up to the step's end)
 /// goes in flight. Volumes are products of per-dimension lengths, so a step
 /// costs O(dimensions).
-fn simulate_peak(dims: &[&DimOption], elem_size: u64) -> u128 {
+///
+/// The search only asks whether a plan fits: once the peak passes
+/// `give_up_above` bytes the rest is not simulated, and what is returned is
+/// just some number above it.
+fn simulate_peak(dims: &[&DimOption], elem_size: u64, give_up_above: u128) -> u128 {
     let steps = step_axis(dims);
     let first = dims[0];
     let grid: Vec<usize> = dims.iter().map(|o| o.read.count()).collect();
@@ -600,6 +604,9 @@ fn simulate_peak(dims: &[&DimOption], elem_size: u64) -> u128 {
         for j in range.clone() {
             held += steps.extent(j) as u128 * rest_volume;
             peak = peak.max(held);
+            if peak * elem_size as u128 > give_up_above {
+                return peak * elem_size as u128;
+            }
             held -= in_flight;
             let from = if j == range.start { 0 } else { steps.start(j) };
             let slab = written.map_or(0, |(start, end)| {
@@ -633,7 +640,7 @@ fn assemble(problem: &Problem, strategy: Strategy, dims: &[&DimOption]) -> Plan 
     let prediction = Prediction {
         read_seeks: clamp(read_seeks(dims, &problem.input_spans_exactly(&input))),
         write_seeks: clamp(write_seeks(dims)),
-        peak_bytes: clamp(simulate_peak(dims, problem.elem_size)),
+        peak_bytes: clamp(simulate_peak(dims, problem.elem_size, u128::MAX)),
     };
     Plan {
         strategy,
@@ -837,7 +844,6 @@ fn search(problem: &Problem, mem: u64) -> Result<Plan> {
         .collect();
     candidates.sort_by_key(|c| (c.seeks, c.read_blocks));
 
-    let mut smallest: Option<(u128, Vec<usize>)> = None;
     for candidate in &candidates {
         if candidate.min_bytes > mem as u128 || candidate.read_blocks > MAX_SIMULATED_READ_BLOCKS {
             continue;
@@ -848,15 +854,12 @@ fn search(problem: &Problem, mem: u64) -> Result<Plan> {
             .enumerate()
             .map(|(d, &c)| &options[d][c])
             .collect();
-        let peak = simulate_peak(&dims, problem.elem_size);
-        if peak <= mem as u128 {
+        if simulate_peak(&dims, problem.elem_size, mem as u128) <= mem as u128 {
             return Ok(assemble(problem, Strategy::Keep, &dims));
-        }
-        if smallest.as_ref().is_none_or(|(p, _)| peak < *p) {
-            smallest = Some((peak, candidate.choice.clone()));
         }
     }
     // Nothing fits: find the least memory any plan needs, to say so.
+    let mut smallest: Option<(u128, Vec<usize>)> = None;
     candidates.sort_by_key(|c| c.min_bytes);
     for candidate in &candidates {
         if smallest
@@ -872,7 +875,7 @@ fn search(problem: &Problem, mem: u64) -> Result<Plan> {
             .enumerate()
             .map(|(d, &c)| &options[d][c])
             .collect();
-        let peak = simulate_peak(&dims, problem.elem_size);
+        let peak = simulate_peak(&dims, problem.elem_size, u128::MAX);
         if smallest.as_ref().is_none_or(|(p, _)| peak < *p) {
             smallest = Some((peak, candidate.choice.clone()));
         }

@@ -494,6 +494,7 @@ fn inside_a_memory_cgroup_plans_leave_half_of_it_to_the_page_cache() {
     // Where nothing fits in half (baseline holds 292 MiB input blocks, too
     // thin to be read in steps), --mem alone decides.
     let mut slabs = w2;
+    slabs[3] = "100,1750,1750";
     slabs[5] = "50,1750,1750";
     slabs[slabs.len() - 1] = "600M";
     let slabs = [&slabs[..], &["--strategy", "baseline"]].concat();
