@@ -263,7 +263,8 @@ impl PendingWrite {
 }
 
 /// Runs `plan` over `input` into `sink`. `progress` is called after every
-/// read block; `cancel` stops the run between read blocks.
+/// read block, and within a read block cut in steps after each of its
+/// slabs is written; `cancel` stops the run between read blocks.
 pub struct Executor<'a> {
     plan: &'a Plan,
     input: &'a InputArray,
@@ -462,6 +463,12 @@ impl<'a> Executor<'a> {
                 else {
                     continue;
                 };
+                if step > steps.start {
+                    // The previous slab's bytes are in: show them (the read
+                    // block's own progress comes after its last step).
+                    self.refresh_stats();
+                    progress(&self.stats);
+                }
                 let job = self.take_write_job(write_index, &slab)?;
                 in_flight = Some(job.bytes);
                 if jobs.send(job).is_err() {
@@ -594,7 +601,11 @@ impl<'a> Executor<'a> {
         self.stats.read_seeks = self.counter.read_seeks;
         self.stats.write_seeks = self.counter.write_seeks;
         self.stats.bytes_read = self.counter.bytes_read;
-        self.stats.bytes_written = self.counter.bytes_written;
+        // Writes wait to be counted in the plan's order, but progress need
+        // not: a stepped read block's slabs show as they are written.
+        self.stats.bytes_written = self.counter.bytes_written
+            + self.writes_before.written_bytes()
+            + self.writes_now.written_bytes();
     }
 
     fn hold(&mut self, bytes: u64) {

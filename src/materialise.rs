@@ -290,12 +290,18 @@ impl Materialiser {
                 }
                 let progress_core = core.clone();
                 let step_delay = step_delay();
+                let mut read_blocks_done = 0;
                 let result = Executor::new(&plan, &input).with_cancel(&stop).run(
                     &mut sink,
                     |stats: &RunStats| {
                         progress_core.update_run(stats);
-                        if let Some(delay) = step_delay {
-                            std::thread::sleep(delay);
+                        // Progress also comes within a read block's steps;
+                        // the delay is per read block.
+                        if stats.read_blocks_done > read_blocks_done {
+                            read_blocks_done = stats.read_blocks_done;
+                            if let Some(delay) = step_delay {
+                                std::thread::sleep(delay);
+                            }
                         }
                     },
                 );

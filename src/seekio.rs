@@ -81,6 +81,15 @@ impl SeekLog {
         self.calls.push((true, file, offset, len));
     }
 
+    /// Bytes the logged write calls wrote.
+    pub fn written_bytes(&self) -> u64 {
+        self.calls
+            .iter()
+            .filter(|(write, ..)| *write)
+            .map(|&(.., len)| len)
+            .sum()
+    }
+
     /// Appends `later`'s calls, as made after these.
     pub fn extend(&mut self, later: SeekLog) {
         self.calls.extend(later.calls);

@@ -360,3 +360,46 @@ proptest! {
         run_case(root.path(), &c);
     }
 }
+
+#[test]
+fn a_split_read_in_steps_reports_progress_after_each_slab() {
+    // 20×15×11 u8 in one file, into 7×4×5: one read block in 3 steps
+    // (cut at planes 7 and 14), each slab written as the next is read.
+    let root = tempfile::tempdir().unwrap();
+    let (array, output_block) = ([20u64, 15, 11], [7u64, 4, 5]);
+    let dir = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &array,
+        dtype("u8"),
+        BlockFormat::Hdf5,
+    );
+    let input = InputArray::scan(&dir.join("0_0_0.h5"), None).expect("scan");
+    let problem = Problem::new(array.to_vec(), array.to_vec(), output_block.to_vec(), 1).unwrap();
+    let plan = plan::plan(&problem, PlanStrategy::Keep, None).unwrap();
+    assert_eq!(plan.read.count(), 1);
+    assert_eq!(plan.steps.axis(0).bounds(), &[0, 7, 14, 20]);
+    let out = root.path().join("out");
+    rechunk::prepare_output_dir(&out, false).expect("out dir");
+    let spec = OutputSpec {
+        format: BlockFormat::Hdf5,
+        dataset: "/data".into(),
+        dtype: dtype("u8"),
+        space: rechunkfs::format::space::Space::identity(3),
+        axis_order: rechunkfs::axes::AxisOrder::C,
+    };
+    let mut seen = Vec::new();
+    let stats = rechunk::rechunk(&input, &plan, &out, spec, None, |stats| {
+        seen.push((stats.bytes_written, stats.read_blocks_done))
+    })
+    .expect("rechunk");
+    // After the second step, the first slab (planes 0..7) is written;
+    // after the third, the second (7..14); the last slab is still being
+    // written when the read block is done, and is in the final count.
+    let plane = 15 * 11;
+    assert_eq!(seen, vec![(7 * plane, 0), (14 * plane, 0), (14 * plane, 1)]);
+    assert_eq!(stats.bytes_written, 20 * plane);
+    assert_eq!(stats.seeks(), plan.prediction.seeks());
+    verify_output(&out, &array, &output_block, dtype("u8"), BlockFormat::Hdf5);
+}
