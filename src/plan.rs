@@ -403,6 +403,20 @@ impl DimOption {
             .iter()
             .map(|c| c.map_or(0, |w| write.extent(w)))
             .collect::<Vec<_>>();
+        let cuts: Vec<Vec<Cut>> = (0..read.count())
+            .map(|k| cuts_inside(&read, &write, completes[k], input, output, k))
+            .collect();
+        let min_step_extent = cuts
+            .iter()
+            .enumerate()
+            .map(|(k, inside)| {
+                let mut bounds = vec![read.start(k)];
+                bounds.extend(inside.iter().map(|c| c.at));
+                bounds.push(read.end(k));
+                bounds.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0);
         let mut option = DimOption {
             read_step,
             mode,
@@ -422,24 +436,13 @@ impl DimOption {
                 .all(|k| input.overlapping(read.start(k), read.end(k)).len() == 1),
             writes_within_one_output: (0..write.count())
                 .all(|w| output.overlapping(write.start(w), write.end(w)).len() == 1),
-            cuts: (0..read.count())
-                .map(|k| cuts_inside(&read, &write, completes[k], input, output, k))
-                .collect(),
-            min_step_extent: 0,
+            cuts,
+            min_step_extent,
             read,
             write,
             completes,
             completed_len,
         };
-        option.min_step_extent = (0..option.read.count())
-            .map(|k| {
-                let mut bounds = vec![option.read.start(k)];
-                bounds.extend(option.cuts[k].iter().map(|c| c.at));
-                bounds.push(option.read.end(k));
-                bounds.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0)
-            })
-            .max()
-            .unwrap_or(0);
         for k in 0..option.read.count() {
             let completing = option.completes[k].is_some() as u64;
             if option.read.extent(k) == 1 {
@@ -581,11 +584,10 @@ fn write_seeks(dims: &[&DimOption]) -> u128 {
 /// goes in flight. Volumes are products of per-dimension lengths, so a step
 /// costs O(dimensions).
 ///
-/// The search only asks whether a plan fits: once the peak passes
-/// `give_up_above` bytes the rest is not simulated, and what is returned is
-/// just some number above it.
-fn simulate_peak(dims: &[&DimOption], elem_size: u64, give_up_above: u128) -> u128 {
-    let steps = step_axis(dims);
+/// `steps` is [`step_axis`]`(dims)`. The search only asks whether a plan
+/// fits: once the peak passes `give_up_above` bytes the rest is not
+/// simulated, and what is returned is just some number above it.
+fn simulate_peak(dims: &[&DimOption], steps: &Axis, elem_size: u64, give_up_above: u128) -> u128 {
     let first = dims[0];
     let grid: Vec<usize> = dims.iter().map(|o| o.read.count()).collect();
     let mut held: u128 = 0;
@@ -637,10 +639,11 @@ const MAX_CANDIDATES: usize = 400_000;
 
 fn assemble(problem: &Problem, strategy: Strategy, dims: &[&DimOption]) -> Plan {
     let input = problem.input();
+    let steps = step_axis(dims);
     let prediction = Prediction {
         read_seeks: clamp(read_seeks(dims, &problem.input_spans_exactly(&input))),
         write_seeks: clamp(write_seeks(dims)),
-        peak_bytes: clamp(simulate_peak(dims, problem.elem_size, u128::MAX)),
+        peak_bytes: clamp(simulate_peak(dims, &steps, problem.elem_size, u128::MAX)),
     };
     Plan {
         strategy,
@@ -649,7 +652,7 @@ fn assemble(problem: &Problem, strategy: Strategy, dims: &[&DimOption]) -> Plan 
         output: problem.output(),
         read: Partition::new(dims.iter().map(|o| o.read.clone()).collect()),
         steps: Partition::new(
-            std::iter::once(step_axis(dims))
+            std::iter::once(steps)
                 .chain(dims[1..].iter().map(|o| o.read.clone()))
                 .collect(),
         ),
@@ -854,7 +857,7 @@ fn search(problem: &Problem, mem: u64) -> Result<Plan> {
             .enumerate()
             .map(|(d, &c)| &options[d][c])
             .collect();
-        if simulate_peak(&dims, problem.elem_size, mem as u128) <= mem as u128 {
+        if simulate_peak(&dims, &step_axis(&dims), problem.elem_size, mem as u128) <= mem as u128 {
             return Ok(assemble(problem, Strategy::Keep, &dims));
         }
     }
@@ -875,7 +878,7 @@ fn search(problem: &Problem, mem: u64) -> Result<Plan> {
             .enumerate()
             .map(|(d, &c)| &options[d][c])
             .collect();
-        let peak = simulate_peak(&dims, problem.elem_size, u128::MAX);
+        let peak = simulate_peak(&dims, &step_axis(&dims), problem.elem_size, u128::MAX);
         if smallest.as_ref().is_none_or(|(p, _)| peak < *p) {
             smallest = Some((peak, candidate.choice.clone()));
         }
