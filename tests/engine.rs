@@ -27,6 +27,17 @@ struct Case<'a> {
     strategy: PlanStrategy,
 }
 
+/// Output blocks of `format` holding `/data`, in C order, with no world space.
+fn c_order_spec(format: BlockFormat, dtype: DType, ndim: usize) -> OutputSpec {
+    OutputSpec {
+        format,
+        dataset: "/data".into(),
+        dtype,
+        space: rechunkfs::format::space::Space::identity(ndim),
+        axis_order: rechunkfs::axes::AxisOrder::C,
+    }
+}
+
 /// Rechunks the sample array as the case says and checks everything.
 fn run_case(root: &Path, case: &Case) -> (u64, u64) {
     let dtype: DType = dtype(case.dtype);
@@ -83,13 +94,7 @@ fn run_case(root: &Path, case: &Case) -> (u64, u64) {
     };
     let out = root.join("out");
     rechunk::prepare_output_dir(&out, false).expect("out dir");
-    let spec = OutputSpec {
-        format: case.output_format,
-        dataset: "/data".into(),
-        dtype,
-        space: rechunkfs::format::space::Space::identity(case.array.len()),
-        axis_order: rechunkfs::axes::AxisOrder::C,
-    };
+    let spec = c_order_spec(case.output_format, dtype, case.array.len());
     let stats = rechunk::rechunk(&input, &plan, &out, spec, None, |_| {}).expect("rechunk");
     assert_eq!(
         stats.read_seeks, plan.prediction.read_seeks,
@@ -382,13 +387,7 @@ fn a_split_read_in_steps_reports_progress_after_each_slab() {
     assert_eq!(plan.steps.axis(0).bounds(), &[0, 7, 14, 20]);
     let out = root.path().join("out");
     rechunk::prepare_output_dir(&out, false).expect("out dir");
-    let spec = OutputSpec {
-        format: BlockFormat::Hdf5,
-        dataset: "/data".into(),
-        dtype: dtype("u8"),
-        space: rechunkfs::format::space::Space::identity(3),
-        axis_order: rechunkfs::axes::AxisOrder::C,
-    };
+    let spec = c_order_spec(BlockFormat::Hdf5, dtype("u8"), 3);
     let mut seen = Vec::new();
     let stats = rechunk::rechunk(&input, &plan, &out, spec, None, |stats| {
         seen.push((stats.bytes_written, stats.read_blocks_done))
