@@ -744,6 +744,11 @@ pub fn progress_bar(total_bytes: u64, quiet: bool) -> indicatif::ProgressBar {
 fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let input = InputArray::scan(&args.input, Some(&args.input_args.dataset))?;
+    log::debug!(
+        "scanned {} input blocks in {:.3} s",
+        input.blocks.len(),
+        started.elapsed().as_secs_f64()
+    );
     let format = match &args.format {
         Some(text) => text.parse::<BlockFormat>()?,
         None => input.format.default_output(),
@@ -752,7 +757,9 @@ fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let strategy: Strategy = args.planning.strategy.parse()?;
     let requested = mem_of(&args.planning)?;
     let cgroup_limit = crate::cgroup::memory_limit();
+    let planning = Instant::now();
     let (plan, mem) = plan::plan_within(&problem, strategy, requested, cgroup_limit)?;
+    log::debug!("planned in {:.3} s", planning.elapsed().as_secs_f64());
     let budget = Budget {
         used: mem,
         requested,

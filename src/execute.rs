@@ -183,6 +183,12 @@ impl RunStats {
 /// Input bytes the kernel is asked to read ahead of the executor, at most.
 const PREFETCH_BYTES: u64 = 32 << 20;
 
+/// Output segments at least this long are handed to the disk as soon as
+/// they are written ([`seekio::start_writeback_of`]): a slab of a block
+/// much larger than a step. Shorter ones wait for their block to complete
+/// (a whole block is one call then, not one per segment).
+const WRITEBACK_MIN_BYTES: u64 = 1 << 20;
+
 /// What the process needs beside the array bytes it holds (code, libhdf5,
 /// packing buffer, allocator slack: 20-50 MiB measured on W1 and W2).
 const PROCESS_BYTES: u64 = 48 << 20;
@@ -875,6 +881,9 @@ impl<'a> Writer<'a> {
                     let sources = gather_sources(pieces, fragments);
                     let at = target.data_offset + offset;
                     seekio::write_packed_at(target.file, target.path, &sources, at, scratch)?;
+                    if len >= WRITEBACK_MIN_BYTES {
+                        seekio::start_writeback_of(target.file, at, len);
+                    }
                     log.write(key, at, len);
                     Ok(())
                 },

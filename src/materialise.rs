@@ -120,7 +120,7 @@ impl StagingSink {
             template.data_offset,
             data.len() as u64,
         );
-        crate::rechunk::start_writeback(&file);
+        crate::seekio::start_writeback(&file);
         self.unsynced_bytes += template.file_len();
         self.unsynced.push(rank);
         // Counted before waiting readers are woken, so the status they see
@@ -217,7 +217,7 @@ impl BlockSink for StagingSink {
     fn complete(&mut self, rank: u64) -> Result<()> {
         // Closed now: the batch's syncfs needs no open file.
         if let Some(open) = self.files.close(rank) {
-            crate::rechunk::start_writeback(&open.file);
+            crate::seekio::start_writeback(&open.file);
         }
         self.unsynced_bytes += self.core.template(rank).file_len();
         self.unsynced.push(rank);

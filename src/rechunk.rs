@@ -304,7 +304,7 @@ impl BlockSink for DirectorySink {
 
     fn complete(&mut self, rank: u64) -> Result<()> {
         if let Some(open) = self.files.close(rank) {
-            start_writeback(&open.file);
+            crate::seekio::start_writeback(&open.file);
         }
         let (partial, done) = self.paths(rank);
         let file_shape = self.tree.file_shape(rank);
@@ -314,16 +314,6 @@ impl BlockSink for DirectorySink {
             self.commit()?;
         }
         Ok(())
-    }
-}
-
-/// Starts writing a completed file's dirty pages to disk without waiting,
-/// so the disk works while the next blocks are computed and the batch's
-/// sync has little left to do. Advice only: errors surface at the sync.
-pub fn start_writeback(file: &File) {
-    // SAFETY: a valid open descriptor; the call only schedules writeback.
-    unsafe {
-        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
     }
 }
 
@@ -352,9 +342,13 @@ pub fn rechunk(
     if let Some(cancel) = cancel {
         executor = executor.with_cancel(cancel);
     }
+    let running = std::time::Instant::now();
     let stats = executor.run(&mut sink, progress)?;
+    log::debug!("ran the plan in {:.3} s", running.elapsed().as_secs_f64());
+    let committing = std::time::Instant::now();
     sink.commit()?;
     write_array_metadata(out, &sink.tree, &sink.spec)?;
+    log::debug!("committed in {:.3} s", committing.elapsed().as_secs_f64());
     Ok(stats)
 }
 
