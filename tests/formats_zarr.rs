@@ -411,6 +411,68 @@ fn absent_chunks_are_the_fill_value() {
     }
 }
 
+#[test]
+fn an_absent_chunk_read_into_a_reused_buffer_is_zeros() {
+    // A merge of 4 MiB slabs, read in steps: the third step's buffer is the
+    // first one's, written and handed back, still holding its bytes. The
+    // third slab is an absent chunk, which reads as zeros.
+    let root = tempfile::tempdir().unwrap();
+    let array = [128u64, 256, 256];
+    let input = root.path().join("in.zarr");
+    zarr_python_writes(
+        &input,
+        &array,
+        &[32, 256, 256],
+        "<u2",
+        "2",
+        &["--drop", "2,0,0"],
+    );
+    let plan = rechunkfs(
+        &[
+            "plan",
+            input.to_str().unwrap(),
+            "--shape",
+            "128,256,256",
+            "--json",
+        ],
+        0,
+    );
+    assert!(plan.status.success(), "{}", stderr(&plan));
+    let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+    assert_eq!(plan["read_steps"], 4, "{plan}");
+
+    let out = root.path().join("out");
+    let output = rechunkfs(
+        &[
+            "rechunk",
+            input.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "--shape",
+            "128,256,256",
+            "--format",
+            "npy",
+            "--json",
+        ],
+        0,
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        report["seeks"]["made"], report["seeks"]["planned"],
+        "{report}"
+    );
+    let slab = 32 * 256 * 256 * 2;
+    assert_eq!(report["fill_bytes"], slab, "{report}");
+    let (_, _, bytes) = common::block_bytes(&out.join("0_0_0.npy"), BlockFormat::Npy);
+    let mut expected =
+        rechunkfs::sample::region_bytes(&array, &rechunkfs::geometry::Region::whole(&array), 2);
+    expected[2 * slab..3 * slab].fill(0);
+    assert!(
+        bytes == expected,
+        "the merged array differs from the source"
+    );
+}
+
 fn assert_refused(input: &Path, expected: &[&str]) {
     let out = input.with_extension("out");
     let output = rechunkfs(
