@@ -358,6 +358,35 @@ fn zarr_arrays_written_by_zarr_python_rechunk_byte_exact() {
     }
 }
 
+/// Rechunks `input` into one npy block of the whole array (`shape`) under
+/// `root`: the JSON report, whose seeks made must equal the plan's, and
+/// the block's data.
+fn merge_to_npy(input: &Path, root: &Path, shape: &str) -> (serde_json::Value, Vec<u8>) {
+    let out = root.join("out");
+    let output = rechunkfs(
+        &[
+            "rechunk",
+            input.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "--shape",
+            shape,
+            "--format",
+            "npy",
+            "--json",
+        ],
+        0,
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        report["seeks"]["made"], report["seeks"]["planned"],
+        "{report}"
+    );
+    let name = vec!["0"; shape.split(',').count()].join("_") + ".npy";
+    let (_, _, bytes) = common::block_bytes(&out.join(name), BlockFormat::Npy);
+    (report, bytes)
+}
+
 #[test]
 fn absent_chunks_are_the_fill_value() {
     // zarr-python leaves out chunks it need not store; a missing chunk
@@ -373,28 +402,8 @@ fn absent_chunks_are_the_fill_value() {
         "2",
         &["--fill-value", "513", "--drop", "1,2", "--drop", "0,0"],
     );
-    let out = root.path().join("out");
-    let output = rechunkfs(
-        &[
-            "rechunk",
-            input.to_str().unwrap(),
-            out.to_str().unwrap(),
-            "--shape",
-            "20,15",
-            "--format",
-            "npy",
-            "--json",
-        ],
-        0,
-    );
-    assert!(output.status.success(), "{}", stderr(&output));
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(
-        report["seeks"]["made"], report["seeks"]["planned"],
-        "{report}"
-    );
+    let (report, bytes) = merge_to_npy(&input, root.path(), "20,15");
     assert_eq!(report["fill_bytes"], (8 * 6 + 8 * 3) * 2, "{report}");
-    let (_, _, bytes) = common::block_bytes(&out.join("0_0.npy"), BlockFormat::Npy);
     let source =
         rechunkfs::sample::region_bytes(&array, &rechunkfs::geometry::Region::whole(&array), 2);
     for y in 0..20usize {
@@ -441,29 +450,9 @@ fn an_absent_chunk_read_into_a_reused_buffer_is_zeros() {
     let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
     assert_eq!(plan["read_steps"], 4, "{plan}");
 
-    let out = root.path().join("out");
-    let output = rechunkfs(
-        &[
-            "rechunk",
-            input.to_str().unwrap(),
-            out.to_str().unwrap(),
-            "--shape",
-            "128,256,256",
-            "--format",
-            "npy",
-            "--json",
-        ],
-        0,
-    );
-    assert!(output.status.success(), "{}", stderr(&output));
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(
-        report["seeks"]["made"], report["seeks"]["planned"],
-        "{report}"
-    );
+    let (report, bytes) = merge_to_npy(&input, root.path(), "128,256,256");
     let slab = 32 * 256 * 256 * 2;
     assert_eq!(report["fill_bytes"], slab, "{report}");
-    let (_, _, bytes) = common::block_bytes(&out.join("0_0_0.npy"), BlockFormat::Npy);
     let mut expected =
         rechunkfs::sample::region_bytes(&array, &rechunkfs::geometry::Region::whole(&array), 2);
     expected[2 * slab..3 * slab].fill(0);
