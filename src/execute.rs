@@ -335,18 +335,18 @@ struct WriteReport {
     pieces: Vec<Vec<u8>>,
 }
 
-/// Piece buffers this large are kept for reuse ([`BufferPool`]).
-const POOLED_BYTES: usize = 1 << 20;
+/// Buffers this large get mappings of their own from the allocator: the
+/// binary sets glibc's mmap threshold to it (see `main`), so that freeing
+/// one returns its memory at once.
+pub const OWN_MAPPING_BYTES: usize = 1 << 20;
 
 /// Large piece buffers written and handed back, kept for the next steps of
-/// the same sizes. Buffers of [`POOLED_BYTES`] or more get mappings of
-/// their own from the allocator (the binary sets glibc's mmap threshold to
-/// 1 MiB), so a fresh one costs a page fault and a zeroed page for every
-/// 4 KiB the reader fills, and freeing it unmaps it, which interrupts the
-/// other thread to flush its TLB. A merge (ten 8.5 MB steps) made 21,800
-/// minor page faults and spent 0.09-0.13 s in the kernel that way, against
-/// 5,100 and 0.05-0.06 s with reuse. Smaller ones come back from the heap
-/// as they are. A grid's
+/// the same sizes. A fresh buffer of [`OWN_MAPPING_BYTES`] or more costs a
+/// page fault and a zeroed page for every 4 KiB the reader fills, and
+/// freeing it unmaps it, which interrupts the other thread to flush its
+/// TLB. A merge (ten 8.5 MB steps) made 21,800 minor page faults and spent
+/// 0.09-0.13 s in the kernel that way, against 5,100 and 0.05-0.06 s with
+/// reuse. Smaller ones come back from the heap as they are. A grid's
 /// pieces come in a few sizes, so most are reused. Buffers are kept only
 /// while they and the bytes held fit in the plan's peak, so memory stays
 /// within what the plan holds at most.
@@ -373,7 +373,7 @@ impl BufferPool {
     /// `peak`; frees it otherwise.
     fn give(&mut self, buffer: Vec<u8>, held: u64, peak: u64) {
         let len = buffer.len();
-        if len >= POOLED_BYTES && held + self.bytes + len as u64 <= peak {
+        if len >= OWN_MAPPING_BYTES && held + self.bytes + len as u64 <= peak {
             self.bytes += len as u64;
             self.free.entry(len).or_default().push(buffer);
         }
@@ -445,14 +445,7 @@ impl<'a> Executor<'a> {
                 .spawn_scoped(scope, move || {
                     let mut writer = Writer::new(plan, elem);
                     for job in job_queue {
-                        let report = {
-                            let mut sink = sink.lock();
-                            writer.write(&job, &mut **sink)
-                        };
-                        let report = report.map(|mut report| {
-                            report.pieces = job.pieces;
-                            report
-                        });
+                        let report = writer.write(job, &mut **sink.lock());
                         if reports_tx.send(report).is_err() {
                             return;
                         }
@@ -891,8 +884,8 @@ impl<'a> Writer<'a> {
     }
 
     /// Writes a slab of a completed write block to its output blocks,
-    /// gathering from its pieces.
-    fn write(&mut self, job: &WriteJob, sink: &mut dyn BlockSink) -> Result<WriteReport> {
+    /// gathering from its pieces, which go back with the report.
+    fn write(&mut self, job: WriteJob, sink: &mut dyn BlockSink) -> Result<WriteReport> {
         let plan = self.plan;
         let write_box = &job.write_box;
         let grid = PieceGrid::new(&plan.steps, write_box);
@@ -957,7 +950,7 @@ impl<'a> Writer<'a> {
             read_block: job.read_block,
             writes,
             blocks_completed,
-            pieces: Vec::new(),
+            pieces: job.pieces,
         })
     }
 }

@@ -20,7 +20,10 @@ fn main() {
     // mmap'd, so freeing it returns its memory at once.
     // SAFETY: mallopt only tunes the allocator, before any buffer exists.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+        libc::mallopt(
+            libc::M_MMAP_THRESHOLD,
+            rechunkfs::execute::OWN_MAPPING_BYTES as libc::c_int,
+        );
     }
     rechunkfs::execute::raise_open_file_limit();
     if !matches!(cli.command, rechunkfs::cli::Command::Mount(_)) {
