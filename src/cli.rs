@@ -17,7 +17,7 @@ use crate::dtype::DType;
 use crate::execute::RunStats;
 use crate::format::BlockFormat;
 use crate::geometry::show_shape;
-use crate::input::InputArray;
+use crate::input::{HeaderChecks, InputArray};
 use crate::plan::{self, Plan, Problem, Strategy};
 use crate::rechunk::{self, OutputSpec};
 use crate::units::{parse_bytes, parse_shape, show_bytes};
@@ -68,7 +68,9 @@ for that block only; its header bytes are served at once. Each block file carrie
 attribute user.rechunkfs.state (done or pending).\n\nBlocks are written into a staging directory \
 (default: ~/.cache/rechunkfs/...). Mounting again with the same arguments resumes: completed \
 blocks are kept, the rest are redone. If the input changed since, the mount is refused; \
---rebuild starts over.\n\nNIfTI blocks (--format nii) carry the input's voxel sizes and an \
+--rebuild starts over.\n\nInput headers are checked as in rechunk: a few at the mount, each \
+other one when the materialiser first reads its block; a bad block fails the view (status says \
+which and why), and reads of blocks not done get an error.\n\nNIfTI blocks (--format nii) carry the input's voxel sizes and an \
 affine placing each block in the whole image (identity for HDF5 and npy input); raw blocks \
 (--format raw) are data only, described by rechunkfs.json.\n\n", axis_order_help!())
 )]
@@ -181,7 +183,11 @@ pub struct PlanArgs {
     after_help = concat!("NIfTI blocks (--format nii) carry the input's voxel sizes and an \
 affine placing each block in the whole image (identity for HDF5 and npy input); raw blocks \
 (--format raw) are data only, and OUT/rechunkfs.json describes them (shape, dtype, axis \
-order).\n\n", axis_order_help!())
+order).\n\nInput headers: two HDF5 or npy blocks of each kind (interior, or last along some \
+dimensions) are read before the run; every other block's header is checked when the run first \
+reads the file. A bad block stops the run with the file and the problem named, and every file \
+the run wrote is removed (with OUT, if the run created it). `rechunkfs plan` reads every header \
+first.\n\n", axis_order_help!())
 )]
 pub struct RechunkArgs {
     /// Input: a directory of block files, or one file (to split it).
@@ -743,7 +749,12 @@ pub fn progress_bar(total_bytes: u64, quiet: bool) -> indicatif::ProgressBar {
 
 fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let input = InputArray::scan(&args.input, Some(&args.input_args.dataset))?;
+    // Headers are checked as the run reads each block (see crate::input).
+    let input = InputArray::scan_with(
+        &args.input,
+        Some(&args.input_args.dataset),
+        HeaderChecks::BeforeUse,
+    )?;
     log::debug!(
         "scanned {} input blocks in {:.3} s",
         input.blocks.len(),
@@ -785,7 +796,7 @@ fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     // (NIfTI's limits, MINC2 scaling), it can hold them all. Refuse before
     // OUT is touched.
     spec.template(&plan.output.block(&vec![0; plan.output.ndim()]).shape)?;
-    rechunk::prepare_output_dir(&args.output, args.overwrite)?;
+    let created_output = rechunk::prepare_output_dir(&args.output, args.overwrite)?;
     let metadata = rechunk::metadata_json(
         &input.shape,
         input.dtype,
@@ -798,13 +809,18 @@ fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     );
     let bar = progress_bar(input.nbytes(), args.quiet || args.json);
     let cancel = Arc::new(AtomicBool::new(false));
-    let stats = rechunk::rechunk(&input, &plan, &args.output, spec, Some(&cancel), |stats| {
+    let run = rechunk::rechunk(&input, &plan, &args.output, spec, Some(&cancel), |stats| {
         bar.set_position(stats.bytes_written);
         bar.set_message(format!(
             "blocks {}/{}",
             stats.output_blocks_done, stats.output_blocks_total
         ));
-    })?;
+    });
+    if created_output && matches!(&run, Err(e) if !matches!(e, crate::error::Error::Cancelled)) {
+        // Failed: rechunk removed what it wrote, and OUT goes too.
+        let _ = std::fs::remove_dir(&args.output);
+    }
+    let stats = run?;
     bar.finish_and_clear();
     if format == BlockFormat::Raw {
         rechunk::write_metadata(&args.output, &metadata)?;

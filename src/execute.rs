@@ -245,9 +245,58 @@ pub fn raise_open_file_limit() {
     }
 }
 
+/// An input block's file, as the executor keeps it open.
 enum InputHandle {
-    File(File),
+    /// Opened to be read ahead; its header not yet checked.
+    Opened(File),
+    /// Raw C-order bytes at `data_offset`.
+    Contiguous { file: File, data_offset: u64 },
+    /// Read through libhdf5.
     Hdf5(Hdf5BlockReader),
+}
+
+impl InputHandle {
+    /// Readies input block `rank` for reading (in `opened` if the file is
+    /// open already), checking its header if the scan did not
+    /// ([`InputArray::confirmed_storage`]).
+    fn open(input: &InputArray, rank: u64, opened: Option<File>) -> Result<InputHandle> {
+        let block = &input.blocks[rank as usize];
+        let storage = match (&block.check, &block.storage, opened) {
+            (None, Storage::Hdf5Dataset { .. }, _) => block.storage.clone(),
+            (_, _, opened) => {
+                let file = match opened {
+                    Some(file) => file,
+                    None => {
+                        File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?
+                    }
+                };
+                match input.confirmed_storage(rank as usize, &file)? {
+                    Storage::Contiguous { data_offset } => {
+                        return Ok(InputHandle::Contiguous { file, data_offset })
+                    }
+                    other => other,
+                }
+            }
+        };
+        match storage {
+            Storage::Hdf5Dataset { dataset } => Ok(InputHandle::Hdf5(Hdf5BlockReader::open(
+                &block.path,
+                &dataset,
+            )?)),
+            Storage::Contiguous { .. } | Storage::Absent { .. } => Err(Error::bad_input(
+                &block.path,
+                "an absent chunk has no file to read",
+            )),
+        }
+    }
+
+    /// The open file, where the bytes are read with pread.
+    fn file(&self) -> Option<&File> {
+        match self {
+            InputHandle::Opened(file) | InputHandle::Contiguous { file, .. } => Some(file),
+            InputHandle::Hdf5(_) => None,
+        }
+    }
 }
 
 /// The pieces of one write block received so far, one per step
@@ -638,15 +687,20 @@ impl<'a> Executor<'a> {
                 continue;
             };
             self.ahead.outstanding += len;
-            let path = &self.input.blocks[rank as usize].path;
+            let block = &self.input.blocks[rank as usize];
             if !self.inputs.contains(&rank) {
                 // A file that cannot be opened is left for the read to report.
-                let Ok(file) = File::open(path) else {
+                let Ok(file) = File::open(&block.path) else {
                     continue;
                 };
-                self.inputs.put(rank, InputHandle::File(file));
+                self.inputs.put(rank, InputHandle::Opened(file));
             }
-            if let Some(InputHandle::File(file)) = self.inputs.get(&rank) {
+            // A header still to be checked comes in with the data.
+            let (start, len) = match block.check {
+                Some(_) => (0, start + len),
+                None => (start, len),
+            };
+            if let Some(file) = self.inputs.get(&rank).and_then(InputHandle::file) {
                 seekio::read_ahead(file, start, len);
             }
         }
@@ -724,8 +778,8 @@ impl<'a> Executor<'a> {
     /// read once): its file is closed and its pages dropped
     /// ([`seekio::drop_cached_pages`]).
     fn finished_with_input(&mut self, rank: u64) {
-        if let Some(InputHandle::File(file)) = self.inputs.pop(&rank) {
-            seekio::drop_cached_pages(&file);
+        if let Some(file) = self.inputs.pop(&rank).as_ref().and_then(InputHandle::file) {
+            seekio::drop_cached_pages(file);
         }
     }
 
@@ -756,20 +810,12 @@ impl<'a> Executor<'a> {
                 },
             );
         }
-        if !self.inputs.contains(&rank) {
-            let handle = match &block.storage {
-                Storage::Contiguous { .. } => InputHandle::File(
-                    File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?,
-                ),
-                Storage::Hdf5Dataset { dataset } => {
-                    InputHandle::Hdf5(Hdf5BlockReader::open(&block.path, dataset)?)
-                }
-                Storage::Absent { .. } => {
-                    return Err(Error::bad_input(&block.path, "an absent chunk has no file"))
-                }
-            };
-            self.inputs.put(rank, handle);
-        }
+        let handle = match self.inputs.pop(&rank) {
+            Some(InputHandle::Opened(file)) => InputHandle::open(self.input, rank, Some(file))?,
+            Some(handle) => handle,
+            None => InputHandle::open(self.input, rank, None)?,
+        };
+        self.inputs.put(rank, handle);
         let Some(handle) = self.inputs.get(&rank) else {
             return Err(Error::bad_input(
                 &block.path,
@@ -779,8 +825,8 @@ impl<'a> Executor<'a> {
         let counter = &mut self.reads;
         let scratch = &mut self.read_scratch;
         let key = FileKey::Input(rank);
-        match (handle, &block.storage) {
-            (InputHandle::File(file), Storage::Contiguous { data_offset }) => walk_segments(
+        match handle {
+            InputHandle::Contiguous { file, data_offset } => walk_segments(
                 region,
                 file_box,
                 self.elem,
@@ -798,7 +844,7 @@ impl<'a> Executor<'a> {
                     Ok(())
                 },
             ),
-            (InputHandle::Hdf5(reader), _) => {
+            InputHandle::Hdf5(reader) => {
                 // libhdf5 moves the bytes; count the same segments a
                 // contiguous read would make, so plans stay comparable.
                 walk_segments(region, file_box, self.elem, grid, |offset, len, _| {
@@ -821,9 +867,9 @@ impl<'a> Executor<'a> {
                 }
                 Ok(())
             }
-            (InputHandle::File(_), _) => Err(Error::bad_input(
+            InputHandle::Opened(_) => Err(Error::bad_input(
                 &block.path,
-                "opened as a plain file but needs libhdf5",
+                "read before its header was checked",
             )),
         }
     }
@@ -991,15 +1037,16 @@ pub fn read_region(
         let rank = grid_of_inputs.linear(&input_index);
         let block = &input.blocks[rank as usize];
         let key = FileKey::Input(rank);
-        match &block.storage {
-            Storage::Absent { fill } => {
-                walk_segments(&part, &file_box, elem, &grid, |offset, len, fragments| {
-                    counter.read(key, offset, len);
-                    fill_fragments(buffers, fragments, fill);
-                    Ok(())
-                })?;
-            }
-            Storage::Contiguous { data_offset } => {
+        if let Storage::Absent { fill } = &block.storage {
+            walk_segments(&part, &file_box, elem, &grid, |offset, len, fragments| {
+                counter.read(key, offset, len);
+                fill_fragments(buffers, fragments, fill);
+                Ok(())
+            })?;
+            continue;
+        }
+        match InputHandle::open(input, rank, None)? {
+            InputHandle::Contiguous { file, data_offset } => {
                 // One read of the span from the part's first byte to its
                 // last, then rows copied out: an out-of-order extraction
                 // pays in seeks, and a row-by-row read of a partial input
@@ -1010,8 +1057,6 @@ pub fn read_region(
                     end = end.max(offset + len);
                     Ok(())
                 })?;
-                let file =
-                    File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?;
                 let mut span = vec![0u8; (end - first) as usize];
                 let at = data_offset + first;
                 seekio::read_exact_at(&file, &block.path, &mut [IoSliceMut::new(&mut span)], at)?;
@@ -1027,8 +1072,7 @@ pub fn read_region(
                     Ok(())
                 })?;
             }
-            Storage::Hdf5Dataset { dataset } => {
-                let reader = Hdf5BlockReader::open(&block.path, dataset)?;
+            InputHandle::Hdf5(reader) => {
                 walk_segments(&part, &file_box, elem, &grid, |offset, len, _| {
                     counter.read(key, offset, len);
                     Ok(())
@@ -1042,6 +1086,12 @@ pub fn read_region(
                     &region.shape,
                     &in_region.origin,
                 )?;
+            }
+            InputHandle::Opened(_) => {
+                return Err(Error::bad_input(
+                    &block.path,
+                    "read before its header was checked",
+                ))
             }
         }
     }

@@ -291,6 +291,7 @@ impl Materialiser {
                 let progress_core = core.clone();
                 let step_delay = step_delay();
                 let mut read_blocks_done = 0;
+                let running = Instant::now();
                 let result = Executor::new(&plan, &input).with_cancel(&stop).run(
                     &mut sink,
                     |stats: &RunStats| {
@@ -305,8 +306,11 @@ impl Materialiser {
                         }
                     },
                 );
+                log::debug!("ran the plan in {:.3} s", running.elapsed().as_secs_f64());
                 // Whatever completed is made durable, also when stopping.
+                let flushing = Instant::now();
                 let flushed = sink.flush();
+                log::debug!("flushed in {:.3} s", flushing.elapsed().as_secs_f64());
                 let result = result.and_then(|stats| flushed.map(|()| stats));
                 match result {
                     Ok(stats) => {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::format::BlockFormat;
 use crate::fuse::RechunkFs;
-use crate::input::InputArray;
+use crate::input::{HeaderChecks, InputArray};
 use crate::materialise::Materialiser;
 use crate::plan::{self, Plan, Problem, Strategy};
 use crate::staging::{Manifest, Staging};
@@ -177,7 +177,13 @@ fn which(program: &str) -> Option<PathBuf> {
 
 /// Scans, plans and opens the staging area: everything short of mounting.
 pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
-    let input = InputArray::scan(&request.input, Some(&request.dataset))?;
+    // Headers are checked as the materialiser reads each block (see
+    // crate::input): a bad one stops it, and `status` says why.
+    let input = InputArray::scan_with(
+        &request.input,
+        Some(&request.dataset),
+        HeaderChecks::BeforeUse,
+    )?;
     // --shape is in the input's user-facing order (see crate::axes).
     let output_block = input.axis_order().to_internal(&request.output_block);
     if output_block.len() != input.ndim() {

@@ -76,11 +76,12 @@ pub fn block_file_name(index: &[usize], format: BlockFormat) -> String {
 /// Checks `out` can receive blocks: created if missing; if it holds files,
 /// refused unless `overwrite`, in which case old block files, Zarr chunks
 /// and array metadata, an old `rechunkfs.json` (and leftover partial files)
-/// are removed and nothing else is touched.
-pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<()> {
+/// are removed and nothing else is touched. Says whether it created `out`.
+pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<bool> {
     match fs::metadata(out) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return fs::create_dir_all(out)
+                .map(|()| true)
                 .map_err(|e| Error::io(out, "creating the output directory", e));
         }
         Err(e) => return Err(Error::io(out, "checking the output directory", e)),
@@ -97,7 +98,7 @@ pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<()> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     if entries.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     if !overwrite {
         return Err(Error::BadOutput {
@@ -133,7 +134,7 @@ pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<()> {
             remove_chunk_tree(&path)?;
         }
     }
-    Ok(())
+    Ok(false)
 }
 
 /// A Zarr v2 chunk name (`3.0.12`, `5`): whole numbers joined by dots.
@@ -169,6 +170,8 @@ pub struct DirectorySink {
     spec: OutputSpec,
     /// Directories of nested chunk paths made so far.
     made_dirs: HashSet<PathBuf>,
+    /// Every block whose file this run created, to remove them all if it fails.
+    made_blocks: Vec<u64>,
     templates: HashMap<Vec<u64>, BlockTemplate>,
     files: OutputFiles,
     /// Completed blocks waiting for the durability batch: (temporary, final).
@@ -188,6 +191,7 @@ impl DirectorySink {
             tree: FileTree::for_output(spec.format, output, spec.axis_order),
             spec,
             made_dirs: HashSet::new(),
+            made_blocks: Vec::new(),
             templates: HashMap::new(),
             files: OutputFiles::new(OPEN_OUTPUTS),
             completed: Vec::new(),
@@ -228,6 +232,37 @@ impl DirectorySink {
         self.templates
             .get(shape)
             .ok_or_else(|| Error::BadArgument("template cache lost an entry".into()))
+    }
+
+    /// Removes every file and directory this run created, finished or not.
+    fn discard(&mut self) {
+        for rank in std::mem::take(&mut self.made_blocks) {
+            self.files.close(rank);
+            let (partial, done) = self.paths(rank);
+            for path in [partial, done] {
+                if let Err(e) = fs::remove_file(&path) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        log::warn!("{}: could not remove it: {e}", path.display());
+                    }
+                }
+            }
+        }
+        let mut dirs: Vec<PathBuf> = self.made_dirs.drain().collect();
+        // Deepest first, with the levels above them that are empty then
+        // (create_dir_all made those too); one holding anything else stays.
+        dirs.sort_by_key(|dir| std::cmp::Reverse(dir.components().count()));
+        for dir in dirs {
+            let mut level = dir.as_path();
+            while level.starts_with(&self.dir) && level != self.dir && fs::remove_dir(level).is_ok()
+            {
+                match level.parent() {
+                    Some(parent) => level = parent,
+                    None => break,
+                }
+            }
+        }
+        self.completed.clear();
+        self.completed_bytes = 0;
     }
 
     /// Makes every completed block durable, then gives it its final name.
@@ -290,6 +325,7 @@ impl BlockSink for DirectorySink {
                     format::place(template, format, &file_shape, dtype, &space, &region.origin);
                 let data_offset = placed.data_offset;
                 let file = placed.create_file(&partial)?;
+                self.made_blocks.push(rank);
                 OpenOutput {
                     file,
                     path: partial,
@@ -343,7 +379,16 @@ pub fn rechunk(
         executor = executor.with_cancel(cancel);
     }
     let running = std::time::Instant::now();
-    let stats = executor.run(&mut sink, progress)?;
+    let stats = match executor.run(&mut sink, progress) {
+        // A failed run leaves OUT as it found it, as a refusal at the scan
+        // would: input blocks' headers are checked as they are read (see
+        // crate::input). An interrupted one keeps its finished blocks.
+        Err(error) if !matches!(error, Error::Cancelled) => {
+            sink.discard();
+            return Err(error);
+        }
+        other => other?,
+    };
     log::debug!("ran the plan in {:.3} s", running.elapsed().as_secs_f64());
     let committing = std::time::Instant::now();
     sink.commit()?;

@@ -284,15 +284,112 @@ fn refuses_a_truncated_file() {
     let root = tempfile::tempdir().unwrap();
     for format in [BlockFormat::Npy, BlockFormat::Hdf5] {
         let dir = fresh_grid(&root.path().join(format.extension()), format);
-        let victim = dir.join(format!("1_1_0.{}", format.extension()));
-        let len = fs::metadata(&victim).unwrap().len();
-        fs::OpenOptions::new()
-            .write(true)
-            .open(&victim)
-            .unwrap()
-            .set_len(len - 10)
-            .unwrap();
+        cut_short(&dir.join(format!("1_1_0.{}", format.extension())));
         assert_refused(&dir, &["1_1_0", "truncated"]);
+    }
+}
+
+/// Cuts the last 10 bytes off `file`.
+fn cut_short(file: &Path) {
+    let len = fs::metadata(file).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(file)
+        .unwrap()
+        .set_len(len - 10)
+        .unwrap();
+}
+
+/// 13³ in 3³ blocks: a 5×5×5 grid, most of whose blocks `rechunk` checks
+/// as it reads them rather than at the scan (rechunkfs::input::HeaderChecks).
+fn larger_grid(root: &Path, format: BlockFormat) -> std::path::PathBuf {
+    make_blocks(root, "in", &[13, 13, 13], &[3, 3, 3], dtype("u16"), format)
+}
+
+/// Replaces block `index` of the 13³ sample (3³ blocks) with `shape` of `dt`.
+fn replace_block(dir: &Path, index: [u64; 3], shape: [u64; 3], dt: &str, format: BlockFormat) {
+    let region =
+        rechunkfs::geometry::Region::new(index.iter().map(|i| i * 3).collect(), shape.to_vec());
+    let name = format!(
+        "{}_{}_{}.{}",
+        index[0],
+        index[1],
+        index[2],
+        format.extension()
+    );
+    rechunkfs::sample::write_block_file(
+        &dir.join(name),
+        &[13, 13, 13],
+        &region,
+        dtype(dt),
+        format,
+        "/data",
+    )
+    .unwrap();
+}
+
+#[test]
+fn refuses_a_bad_block_the_run_reaches_and_leaves_no_output() {
+    for format in [BlockFormat::Npy, BlockFormat::Hdf5] {
+        let root = tempfile::tempdir().unwrap();
+        let root = root.path().join(format.extension());
+        let dir = larger_grid(&root.join("shape"), format);
+        replace_block(&dir, [2, 1, 2], [3, 2, 3], "u16", format);
+        assert_refused(
+            &dir,
+            &["2_1_2.", "does not fit its position 2_1_2", "dimension 1"],
+        );
+        let dir = larger_grid(&root.join("dtype"), format);
+        replace_block(&dir, [1, 3, 2], [3, 3, 3], ">u2", format);
+        assert_refused(
+            &dir,
+            &["1_3_2.", "has dtype u16 (big-endian)", "share one dtype"],
+        );
+        let dir = larger_grid(&root.join("truncated"), format);
+        cut_short(&dir.join(format!("3_2_1.{}", format.extension())));
+        assert_refused(&dir, &["3_2_1", "truncated"]);
+    }
+}
+
+#[test]
+fn a_block_with_another_header_that_fits_is_read_by_its_own_layout() {
+    let root = tempfile::tempdir().unwrap();
+    // npy: the same dict with its keys in another order, data at 128.
+    let dir = larger_grid(&root.path().join("npy"), BlockFormat::Npy);
+    let region = rechunkfs::geometry::Region::new(vec![3, 6, 9], vec![3, 3, 3]);
+    let mut header = "{'shape': (3, 3, 3), 'fortran_order': False, 'descr': '<u2'}".to_string();
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend(rechunkfs::sample::region_bytes(&[13, 13, 13], &region, 2));
+    fs::write(dir.join("1_2_3.npy"), bytes).unwrap();
+    // HDF5: an attribute added changes the object header.
+    let dir5 = larger_grid(&root.path().join("h5"), BlockFormat::Hdf5);
+    {
+        let file = hdf5::File::open_rw(dir5.join("2_3_1.h5")).unwrap();
+        let attribute = file
+            .dataset("data")
+            .unwrap()
+            .new_attr::<u32>()
+            .create("note")
+            .unwrap();
+        attribute.write_scalar(&7u32).unwrap();
+    }
+    for (input, format) in [(dir, BlockFormat::Npy), (dir5, BlockFormat::Hdf5)] {
+        let out = root.path().join(format!("out-{}", format.extension()));
+        let output = rechunkfs(&[
+            "rechunk",
+            input.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "--shape",
+            "4,5,6",
+        ]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        verify_output(&out, &[13, 13, 13], &[4, 5, 6], dtype("u16"), format);
     }
 }
 

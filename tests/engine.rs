@@ -8,7 +8,7 @@ use std::path::Path;
 
 use proptest::prelude::*;
 use rechunkfs::format::BlockFormat;
-use rechunkfs::input::InputArray;
+use rechunkfs::input::{HeaderChecks, InputArray};
 use rechunkfs::plan::{self, Problem, Strategy as PlanStrategy};
 use rechunkfs::rechunk::{self, OutputSpec};
 use rechunkfs::DType;
@@ -70,7 +70,8 @@ fn run_case(root: &Path, case: &Case) -> (u64, u64) {
     } else {
         input_dir.clone()
     };
-    let input = InputArray::scan(&input_path, None).expect("scan");
+    // As `rechunk` scans: most headers are checked as their blocks are read.
+    let input = InputArray::scan_with(&input_path, None, HeaderChecks::BeforeUse).expect("scan");
     assert_eq!(input.shape, case.array);
     let problem = Problem::new(
         input.shape.clone(),
@@ -363,6 +364,48 @@ proptest! {
             strategy: if baseline { PlanStrategy::Baseline } else { PlanStrategy::Keep },
         };
         run_case(root.path(), &c);
+    }
+}
+
+#[test]
+fn a_scan_deferring_checks_probes_two_blocks_of_each_kind_and_no_more() {
+    // 13³ in 3³ blocks: a 5×5×5 grid. A block's kind is which dimensions
+    // it is last along: 4³ interior blocks, 3 kinds of 16 last along one
+    // dimension, 3 kinds of 4 last along two, and the corner. Two of each
+    // kind are probed, the corner once: 15, and 110 are checked later.
+    let root = tempfile::tempdir().unwrap();
+    for format in [BlockFormat::Hdf5, BlockFormat::Npy] {
+        let dir = make_blocks(
+            &root.path().join(format.extension()),
+            "in",
+            &[13, 13, 13],
+            &[3, 3, 3],
+            dtype("u16"),
+            format,
+        );
+        let deferred = InputArray::scan_with(&dir, None, HeaderChecks::BeforeUse).unwrap();
+        let full = InputArray::scan(&dir, None).unwrap();
+        let later = deferred.blocks.iter().filter(|b| b.check.is_some()).count();
+        assert_eq!(later, 110, "{format:?}");
+        assert!(full.blocks.iter().all(|b| b.check.is_none()));
+        assert_eq!(deferred.shape, full.shape);
+        assert_eq!(deferred.block_shape, full.block_shape);
+        for (a, b) in deferred.blocks.iter().zip(&full.blocks) {
+            assert_eq!(a.storage, b.storage, "{}", a.path.display());
+        }
+        // Each checked block is compared with a probed one of its own shape.
+        let grid = full.grid();
+        for (rank, block) in deferred.blocks.iter().enumerate() {
+            if let Some(check) = &block.check {
+                let like = deferred
+                    .blocks
+                    .iter()
+                    .position(|b| b.path == check.like)
+                    .unwrap();
+                let shape_of = |r: usize| grid.block(&grid.unravel(r as u64)).shape;
+                assert_eq!(shape_of(rank), shape_of(like));
+            }
+        }
     }
 }
 

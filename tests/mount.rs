@@ -701,6 +701,46 @@ fn mount_point_and_input_refusals_say_what_is_wrong() {
 }
 
 #[test]
+fn a_bad_block_the_materialiser_reaches_fails_the_view_and_status_says_why() {
+    // 13³ in 3³ blocks: 2_1_2's header is checked when the materialiser
+    // first reads it (rechunkfs::input::HeaderChecks), not at the mount.
+    let root = tempfile::tempdir().unwrap();
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &[13, 13, 13],
+        &[3, 3, 3],
+        dtype("u16"),
+        BlockFormat::Npy,
+    );
+    let region = rechunkfs::geometry::Region::new(vec![6, 3, 6], vec![3, 2, 3]);
+    rechunkfs::sample::write_block_file(
+        &input.join("2_1_2.npy"),
+        &[13, 13, 13],
+        &region,
+        dtype("u16"),
+        BlockFormat::Npy,
+        "/data",
+    )
+    .unwrap();
+    let mounted = Mounted::under(root.path(), &input, "4,4,4", "npy", 0);
+    let output = mounted.wait();
+    assert!(!output.status.success(), "status --wait must fail");
+    let message = stderr(&output);
+    for part in ["failed", "2_1_2.npy", "does not fit its position 2_1_2"] {
+        assert!(message.contains(part), "'{part}' missing: {message}");
+    }
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(status["state"], "failed");
+    // A block the plan never reached is an error to read, not a hang.
+    let far = mounted.view.join("3_3_3.npy");
+    assert!(
+        fs::read(&far).is_err(),
+        "reading a block never made must fail"
+    );
+}
+
+#[test]
 fn a_changed_input_is_refused_until_rebuild() {
     let root = tempfile::tempdir().unwrap();
     let input = make_blocks(

@@ -600,6 +600,7 @@ pub fn scan_array(dir: &Path, meta: ZarrArrayMeta) -> Result<InputArray> {
                         size: 0,
                         mtime_ns: 0,
                     },
+                    check: None,
                 });
                 continue;
             }
@@ -630,6 +631,7 @@ pub fn scan_array(dir: &Path, meta: ZarrArrayMeta) -> Result<InputArray> {
             identity: FileIdentity::of(&path)?,
             path,
             storage: super::Storage::Contiguous { data_offset: 0 },
+            check: None,
         });
     }
     Ok(InputArray {
