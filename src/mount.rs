@@ -231,7 +231,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         crate::format::VIEW_DATA_ALIGNMENT,
         &space,
     )?;
-    let manifest = Manifest::new(&input, &problem.output_block, format);
+    let manifest = Manifest::new(&input, &problem.output_block, format)?;
     let (staging, done) = Staging::open(&staging_dir, &manifest, request.rebuild)?;
     let layout = ViewLayout {
         source: input.source.clone(),

@@ -43,7 +43,7 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    pub fn new(input: &InputArray, output_block: &[u64], format: BlockFormat) -> Manifest {
+    pub fn new(input: &InputArray, output_block: &[u64], format: BlockFormat) -> Result<Manifest> {
         let base = if input.source.is_dir() {
             input.source.clone()
         } else {
@@ -53,7 +53,7 @@ impl Manifest {
                 .map(Path::to_path_buf)
                 .unwrap_or_default()
         };
-        Manifest {
+        Ok(Manifest {
             version: MANIFEST_VERSION,
             input: input.source.clone(),
             dataset: input.dataset.clone(),
@@ -66,10 +66,10 @@ impl Manifest {
                 .iter()
                 .map(|b| {
                     let name = b.path.strip_prefix(&base).unwrap_or(&b.path);
-                    (name.to_string_lossy().into_owned(), b.identity)
+                    Ok((name.to_string_lossy().into_owned(), b.identity()?))
                 })
-                .collect(),
-        }
+                .collect::<Result<_>>()?,
+        })
     }
 
     /// Why `self` (found on disk) cannot be resumed as `wanted`, if it cannot.

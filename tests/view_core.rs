@@ -61,7 +61,7 @@ fn fixture(
     let output_files = rechunkfs::filetree::output_file_shape(format, &problem.output());
     let problem = problem.with_files(input.files.clone(), output_files);
     let plan = plan::plan(&problem, Strategy::Keep, None).unwrap();
-    let manifest = Manifest::new(&input, output_block, format);
+    let manifest = Manifest::new(&input, output_block, format).unwrap();
     Fixture {
         staging_dir: root.path().join("staging"),
         _root: root,

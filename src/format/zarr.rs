@@ -22,7 +22,7 @@ use crate::dtype::{DType, Endian, Kind};
 use crate::error::{Error, Result};
 use crate::filetree::ChunkKey;
 use crate::geometry::{self, FileShape, IndexBox, Partition};
-use crate::input::{FileIdentity, InputArray, InputBlock};
+use crate::input::{InputArray, InputBlock};
 
 /// Zarr v2's array metadata file.
 pub const ZARRAY: &str = ".zarray";
@@ -595,11 +595,6 @@ pub fn scan_array(dir: &Path, meta: ZarrArrayMeta) -> Result<InputArray> {
                     storage: super::Storage::Absent {
                         fill: meta.fill.clone(),
                     },
-                    // A chunk written later changes the identity.
-                    identity: FileIdentity {
-                        size: 0,
-                        mtime_ns: 0,
-                    },
                     check: None,
                 });
                 continue;
@@ -628,7 +623,6 @@ pub fn scan_array(dir: &Path, meta: ZarrArrayMeta) -> Result<InputArray> {
             });
         }
         blocks.push(InputBlock {
-            identity: FileIdentity::of(&path)?,
             path,
             storage: super::Storage::Contiguous { data_offset: 0 },
             check: None,
