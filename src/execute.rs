@@ -1045,18 +1045,30 @@ pub fn read_region(
             })?;
             continue;
         }
-        match InputHandle::open(input, rank, None)? {
+        // One read of the span from the part's first byte to its last, then
+        // rows copied out: an out-of-order extraction pays in seeks, and a
+        // row-by-row read of a partial input block would make one per row.
+        let (mut first, mut end) = (u64::MAX, 0u64);
+        walk_segments(&part, &file_box, elem, &grid, |offset, len, _| {
+            first = first.min(offset);
+            end = end.max(offset + len);
+            Ok(())
+        })?;
+        let opened = match (&block.check, &block.storage) {
+            // A header still to be checked is asked for with the span, or
+            // the check's small read would fetch it alone (the kernel reads
+            // ahead 16 KiB after a first read of one page) and the span
+            // would wait for a second trip to the disk.
+            (Some(_), Storage::Contiguous { data_offset }) => {
+                let file =
+                    File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?;
+                seekio::read_ahead(&file, 0, data_offset + end);
+                Some(file)
+            }
+            _ => None,
+        };
+        match InputHandle::open(input, rank, opened)? {
             InputHandle::Contiguous { file, data_offset } => {
-                // One read of the span from the part's first byte to its
-                // last, then rows copied out: an out-of-order extraction
-                // pays in seeks, and a row-by-row read of a partial input
-                // block would make one per row.
-                let (mut first, mut end) = (u64::MAX, 0u64);
-                walk_segments(&part, &file_box, elem, &grid, |offset, len, _| {
-                    first = first.min(offset);
-                    end = end.max(offset + len);
-                    Ok(())
-                })?;
                 let mut span = vec![0u8; (end - first) as usize];
                 let at = data_offset + first;
                 seekio::read_exact_at(&file, &block.path, &mut [IoSliceMut::new(&mut span)], at)?;

@@ -877,6 +877,21 @@ fn a_reader_of_a_far_block_is_served_ahead_of_the_plan() {
         status["state"], "materialising",
         "served while the plan still runs: {status}"
     );
+    // A block in the middle: among its inputs is 3_1_1, whose header no
+    // one read at the mount (rechunkfs::input::HeaderChecks); extracting
+    // the block checks it.
+    let middle = mounted.view.join("2_2_2.h5");
+    assert_eq!(xattr_state(&middle), "pending");
+    assert_eq!(
+        fs::read(&middle).unwrap(),
+        expected_view_file(
+            &array,
+            &grid.block(&[2, 2, 2]),
+            dtype("<u2"),
+            BlockFormat::Hdf5
+        )
+    );
+    assert_eq!(mounted.status()["on_demand_blocks"], 2);
     mounted.wait_complete();
     check_every_file(&mounted.view, &array, &block, BlockFormat::Hdf5, "<u2");
     let status = mounted.status();
