@@ -396,9 +396,10 @@ pub const OWN_MAPPING_BYTES: usize = 1 << 20;
 /// TLB. A merge (ten 8.5 MB steps) made 21,800 minor page faults and spent
 /// 0.09-0.13 s in the kernel that way, against 5,100 and 0.05-0.06 s with
 /// reuse. Smaller ones come back from the heap as they are. A grid's
-/// pieces come in a few sizes, so most are reused. Buffers are kept only
-/// while they and the bytes held fit in the plan's peak, so memory stays
-/// within what the plan holds at most.
+/// pieces come in a few sizes, so most are reused. What the pool keeps and
+/// the bytes held fit in the plan's peak, when a buffer is given back and
+/// when a step takes its buffers (kept ones of other sizes are freed then),
+/// so memory stays within what the plan holds at most.
 #[derive(Default)]
 struct BufferPool {
     free: HashMap<usize, Vec<Vec<u8>>>,
@@ -406,16 +407,35 @@ struct BufferPool {
 }
 
 impl BufferPool {
-    /// A buffer of `len` bytes: a kept one (holding old bytes, all of
-    /// which the step overwrites) or a new zeroed one.
-    fn take(&mut self, len: usize) -> Vec<u8> {
-        match self.free.get_mut(&len).and_then(Vec::pop) {
-            Some(buffer) => {
-                self.bytes -= len as u64;
+    /// Buffers of `lens` bytes for a step, while `held` bytes are held
+    /// besides: kept ones (holding old bytes, all of which the step
+    /// overwrites) where the sizes match, new zeroed ones otherwise. Kept
+    /// buffers that would not fit beside the step in `peak` are freed
+    /// first, so the new ones never come on top of them.
+    fn take_step(&mut self, lens: &[usize], held: u64, peak: u64) -> Vec<Vec<u8>> {
+        let kept: Vec<Option<Vec<u8>>> = lens
+            .iter()
+            .map(|&len| {
+                let buffer = self.free.get_mut(&len).and_then(Vec::pop);
+                if buffer.is_some() {
+                    self.bytes -= len as u64;
+                }
                 buffer
-            }
-            None => vec![0u8; len],
+            })
+            .collect();
+        let step: u64 = lens.iter().map(|&len| len as u64).sum();
+        let room = peak.saturating_sub(held + step);
+        while self.bytes > room {
+            let Some((&len, buffers)) = self.free.iter_mut().find(|(_, b)| !b.is_empty()) else {
+                break;
+            };
+            buffers.pop();
+            self.bytes -= len as u64;
         }
+        kept.into_iter()
+            .zip(lens)
+            .map(|(buffer, &len)| buffer.unwrap_or_else(|| vec![0u8; len]))
+            .collect()
     }
 
     /// Keeps `buffer` if it, the buffers kept and the `held` bytes fit in
@@ -695,13 +715,20 @@ impl<'a> Executor<'a> {
                 };
                 self.inputs.put(rank, InputHandle::Opened(file));
             }
-            // A header still to be checked comes in with the data.
-            let (start, len) = match block.check {
-                Some(_) => (0, start + len),
-                None => (start, len),
-            };
-            if let Some(file) = self.inputs.get(&rank).and_then(InputHandle::file) {
-                seekio::read_ahead(file, start, len);
+            match self.inputs.get(&rank) {
+                // A header still to be checked is asked for too, on its
+                // own: it ends where the data begin, so for a read from
+                // the block's start the disk serves both in one request,
+                // and for a later part of a large block nothing between
+                // them is read.
+                Some(InputHandle::Opened(file)) => {
+                    if let Some(check) = &block.check {
+                        seekio::read_ahead(file, 0, check.header.len() as u64);
+                    }
+                    seekio::read_ahead(file, start, len);
+                }
+                Some(InputHandle::Contiguous { file, .. }) => seekio::read_ahead(file, start, len),
+                Some(InputHandle::Hdf5(_)) | None => {}
             }
         }
     }
@@ -729,10 +756,9 @@ impl<'a> Executor<'a> {
         let plan = self.plan;
         let step_box = plan.steps.block(step_index);
         let grid = PieceGrid::new(&plan.write, &step_box);
-        let mut buffers: Vec<Vec<u8>> = grid
-            .volumes()
-            .map(|v| self.pool.take((v * self.elem) as usize))
-            .collect();
+        let lens: Vec<usize> = grid.volumes().map(|v| (v * self.elem) as usize).collect();
+        let peak = plan.prediction.peak_bytes;
+        let mut buffers = self.pool.take_step(&lens, self.held, peak);
         self.hold(step_box.volume() * self.elem);
 
         for input_index in IndexBox::new(plan.input.overlapping(&step_box)) {
@@ -1059,10 +1085,11 @@ pub fn read_region(
             // the check's small read would fetch it alone (the kernel reads
             // ahead 16 KiB after a first read of one page) and the span
             // would wait for a second trip to the disk.
-            (Some(_), Storage::Contiguous { data_offset }) => {
+            (Some(check), Storage::Contiguous { data_offset }) => {
                 let file =
                     File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?;
-                seekio::read_ahead(&file, 0, data_offset + end);
+                seekio::read_ahead(&file, 0, check.header.len() as u64);
+                seekio::read_ahead(&file, data_offset + first, end - first);
                 Some(file)
             }
             _ => None,
@@ -1353,20 +1380,32 @@ mod tests {
     fn the_buffer_pool_reuses_large_buffers_within_the_plans_peak() {
         let mib = 1usize << 20;
         let mut pool = BufferPool::default();
-        let mut first = pool.take(2 * mib);
+        let peak = 4 << 20;
+        let mut first = pool.take_step(&[2 * mib], 0, peak).remove(0);
         first[0] = 7;
         // Kept: 2 MiB held besides, peak 4 MiB.
-        pool.give(first, 2 << 20, 4 << 20);
+        pool.give(first, 2 << 20, peak);
         assert_eq!(pool.bytes, 2 << 20);
         // Over the peak with it: freed.
-        pool.give(vec![0u8; mib], 2 << 20, 4 << 20);
+        pool.give(vec![0u8; mib], 2 << 20, peak);
         // Small buffers go back to the heap.
-        pool.give(vec![0u8; mib - 1], 0, 4 << 20);
+        pool.give(vec![0u8; mib - 1], 0, peak);
         assert_eq!(pool.bytes, 2 << 20);
         // The same size comes back with its old bytes; another is new.
-        assert_eq!(pool.take(2 * mib)[0], 7);
+        let step = pool.take_step(&[2 * mib, 2 * mib], 0, peak);
+        assert_eq!((step[0][0], step[1][0]), (7, 0));
         assert_eq!(pool.bytes, 0);
-        assert_eq!(pool.take(2 * mib)[0], 0);
+        // A kept buffer of another size that would not fit beside a step
+        // is freed before the step's new buffers are made.
+        pool.give(vec![0u8; 3 * mib], 0, peak);
+        assert_eq!(pool.bytes, 3 << 20);
+        let step = pool.take_step(&[2 * mib], 0, peak);
+        assert_eq!(step[0].len(), 2 * mib);
+        assert_eq!(pool.bytes, 0, "3 MiB kept + a 2 MiB step > the 4 MiB peak");
+        // One that fits stays.
+        pool.give(vec![0u8; mib], 0, peak);
+        pool.take_step(&[2 * mib], 0, peak);
+        assert_eq!(pool.bytes, 1 << 20);
     }
 
     #[test]
