@@ -716,17 +716,20 @@ impl<'a> Executor<'a> {
                 self.inputs.put(rank, InputHandle::Opened(file));
             }
             match self.inputs.get(&rank) {
-                // A header still to be checked is asked for too, on its
-                // own: it ends where the data begin, so for a read from
-                // the block's start the disk serves both in one request,
-                // and for a later part of a large block nothing between
-                // them is read.
-                Some(InputHandle::Opened(file)) => {
-                    if let Some(check) = &block.check {
-                        seekio::read_ahead(file, 0, check.header.len() as u64);
+                // A header still to be checked is asked for too: with the
+                // data when they follow it (one request, not two), on its
+                // own before a later part of a large block (not the bytes
+                // between).
+                Some(InputHandle::Opened(file)) => match &block.check {
+                    Some(check) if start <= check.header.len() as u64 => {
+                        seekio::read_ahead(file, 0, start + len)
                     }
-                    seekio::read_ahead(file, start, len);
-                }
+                    Some(check) => {
+                        seekio::read_ahead(file, 0, check.header.len() as u64);
+                        seekio::read_ahead(file, start, len);
+                    }
+                    None => seekio::read_ahead(file, start, len),
+                },
                 Some(InputHandle::Contiguous { file, .. }) => seekio::read_ahead(file, start, len),
                 Some(InputHandle::Hdf5(_)) | None => {}
             }
@@ -1088,8 +1091,13 @@ pub fn read_region(
             (Some(check), Storage::Contiguous { data_offset }) => {
                 let file =
                     File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?;
-                seekio::read_ahead(&file, 0, check.header.len() as u64);
-                seekio::read_ahead(&file, data_offset + first, end - first);
+                let at = data_offset + first;
+                if at <= check.header.len() as u64 {
+                    seekio::read_ahead(&file, 0, at + end - first);
+                } else {
+                    seekio::read_ahead(&file, 0, check.header.len() as u64);
+                    seekio::read_ahead(&file, at, end - first);
+                }
                 Some(file)
             }
             _ => None,
