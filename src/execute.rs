@@ -37,7 +37,7 @@ use crate::error::{Error, Result};
 use crate::format::hdf5::Hdf5BlockReader;
 use crate::format::Storage;
 use crate::geometry::{strides, IndexBox, Partition, Region};
-use crate::input::InputArray;
+use crate::input::{HeaderCheck, InputArray};
 use crate::plan::Plan;
 use crate::seekio::{self, FileKey, SeekCounter, SeekLog};
 
@@ -296,6 +296,24 @@ impl InputHandle {
             InputHandle::Opened(file) | InputHandle::Contiguous { file, .. } => Some(file),
             InputHandle::Hdf5(_) => None,
         }
+    }
+}
+
+/// Asks the kernel for `len` bytes at `start` of an input file and, if its
+/// header is still to be checked, for the header too: with the data when
+/// they follow it (one request, not two), on its own before a later part
+/// of a large block (not the bytes between: W2 under a cap read its 10 MB
+/// blocks from the start for every part and took 2.5x as long).
+fn read_ahead_input(file: &File, check: Option<&HeaderCheck>, start: u64, len: u64) {
+    match check {
+        Some(check) if start <= check.header.len() as u64 => {
+            seekio::read_ahead(file, 0, start + len)
+        }
+        Some(check) => {
+            seekio::read_ahead(file, 0, check.header.len() as u64);
+            seekio::read_ahead(file, start, len);
+        }
+        None => seekio::read_ahead(file, start, len),
     }
 }
 
@@ -716,21 +734,12 @@ impl<'a> Executor<'a> {
                 self.inputs.put(rank, InputHandle::Opened(file));
             }
             match self.inputs.get(&rank) {
-                // A header still to be checked is asked for too: with the
-                // data when they follow it (one request, not two), on its
-                // own before a later part of a large block (not the bytes
-                // between).
-                Some(InputHandle::Opened(file)) => match &block.check {
-                    Some(check) if start <= check.header.len() as u64 => {
-                        seekio::read_ahead(file, 0, start + len)
-                    }
-                    Some(check) => {
-                        seekio::read_ahead(file, 0, check.header.len() as u64);
-                        seekio::read_ahead(file, start, len);
-                    }
-                    None => seekio::read_ahead(file, start, len),
-                },
-                Some(InputHandle::Contiguous { file, .. }) => seekio::read_ahead(file, start, len),
+                Some(InputHandle::Opened(file)) => {
+                    read_ahead_input(file, block.check.as_deref(), start, len)
+                }
+                Some(InputHandle::Contiguous { file, .. }) => {
+                    read_ahead_input(file, None, start, len)
+                }
                 Some(InputHandle::Hdf5(_)) | None => {}
             }
         }
@@ -1091,13 +1100,12 @@ pub fn read_region(
             (Some(check), Storage::Contiguous { data_offset }) => {
                 let file =
                     File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?;
-                let at = data_offset + first;
-                if at <= check.header.len() as u64 {
-                    seekio::read_ahead(&file, 0, at + end - first);
-                } else {
-                    seekio::read_ahead(&file, 0, check.header.len() as u64);
-                    seekio::read_ahead(&file, at, end - first);
-                }
+                read_ahead_input(
+                    &file,
+                    Some(check.as_ref()),
+                    data_offset + first,
+                    end - first,
+                );
                 Some(file)
             }
             _ => None,
