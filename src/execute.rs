@@ -164,6 +164,11 @@ pub struct RunStats {
     /// (included in `bytes_read`).
     pub fill_bytes: u64,
     pub bytes_written: u64,
+    /// Input bytes the kernel was asked to read ahead (headers to check
+    /// included; a file evicted from the open-file cache and reopened is
+    /// asked for again). Advice is no I/O of ours, but a careless window
+    /// reads the disk over and over: this bounds it in tests.
+    pub advised_bytes: u64,
     /// Most array bytes held in memory at once.
     pub peak_held_bytes: u64,
     /// Array bytes held now (between read blocks: the waiting pieces).
@@ -304,16 +309,23 @@ impl InputHandle {
 /// they follow it (one request, not two), on its own before a later part
 /// of a large block (not the bytes between: W2 under a cap read its 10 MB
 /// blocks from the start for every part and took 2.5x as long).
-fn read_ahead_input(file: &File, check: Option<&HeaderCheck>, start: u64, len: u64) {
+/// Returns the bytes asked for.
+fn read_ahead_input(file: &File, check: Option<&HeaderCheck>, start: u64, len: u64) -> u64 {
     match check {
         Some(check) if start <= check.header.len() as u64 => {
-            seekio::read_ahead(file, 0, start + len)
+            seekio::read_ahead(file, 0, start + len);
+            start + len
         }
         Some(check) => {
-            seekio::read_ahead(file, 0, check.header.len() as u64);
+            let header = check.header.len() as u64;
+            seekio::read_ahead(file, 0, header);
             seekio::read_ahead(file, start, len);
+            header + len
         }
-        None => seekio::read_ahead(file, start, len),
+        None => {
+            seekio::read_ahead(file, start, len);
+            len
+        }
     }
 }
 
@@ -733,15 +745,15 @@ impl<'a> Executor<'a> {
                 };
                 self.inputs.put(rank, InputHandle::Opened(file));
             }
-            match self.inputs.get(&rank) {
+            self.stats.advised_bytes += match self.inputs.get(&rank) {
                 Some(InputHandle::Opened(file)) => {
                     read_ahead_input(file, block.check.as_deref(), start, len)
                 }
                 Some(InputHandle::Contiguous { file, .. }) => {
                     read_ahead_input(file, None, start, len)
                 }
-                Some(InputHandle::Hdf5(_)) | None => {}
-            }
+                Some(InputHandle::Hdf5(_)) | None => 0,
+            };
         }
     }
 

@@ -410,6 +410,51 @@ fn a_scan_deferring_checks_probes_two_blocks_of_each_kind_and_no_more() {
 }
 
 #[test]
+fn reading_large_blocks_in_parts_asks_the_kernel_for_each_byte_about_once() {
+    // 120³ u16 in 40³ HDF5 blocks (128 KB each) into 30³ within 256 KB:
+    // read blocks are smaller than input blocks, so each input is read in
+    // parts, and 12 of the 27 have their headers checked as they are read.
+    // Read-ahead once asked for such a file from its start for every part
+    // (W2 under a cap took 2.5x as long); a header goes on its own.
+    let root = tempfile::tempdir().unwrap();
+    let (array, block, output) = ([120u64; 3], [40u64; 3], [30u64; 3]);
+    let dir = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &block,
+        dtype("u16"),
+        BlockFormat::Hdf5,
+    );
+    let input = InputArray::scan_with(&dir, None, HeaderChecks::BeforeUse).unwrap();
+    assert_eq!(
+        input.blocks.iter().filter(|b| b.check.is_some()).count(),
+        12
+    );
+    let problem = Problem::new(array.to_vec(), block.to_vec(), output.to_vec(), 2).unwrap();
+    let plan = plan::plan(&problem, PlanStrategy::Keep, Some(256 << 10)).unwrap();
+    assert!(
+        plan.read_shape.iter().zip(&block).any(|(r, b)| r < b),
+        "read blocks {:?} should cut the input blocks",
+        plan.read_shape
+    );
+    let out = root.path().join("out");
+    rechunk::prepare_output_dir(&out, false).unwrap();
+    let spec = c_order_spec(BlockFormat::Hdf5, dtype("u16"), 3);
+    let stats = rechunk::rechunk(&input, &plan, &out, spec, None, |_| {}).unwrap();
+    verify_output(&out, &array, &output, dtype("u16"), BlockFormat::Hdf5);
+    // The data once, plus a few KiB of header per file opened.
+    let headers = 27 * 4 * (4 << 10);
+    assert!(
+        stats.advised_bytes <= stats.bytes_read + headers,
+        "advised {} bytes to read {}",
+        stats.advised_bytes,
+        stats.bytes_read
+    );
+    assert!(stats.advised_bytes >= stats.bytes_read);
+}
+
+#[test]
 fn a_split_read_in_steps_reports_progress_after_each_slab() {
     // 20×15×11 u8 in one file, into 7×4×5: one read block in 3 steps
     // (cut at planes 7 and 14), each slab written as the next is read.
