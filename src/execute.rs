@@ -266,29 +266,26 @@ impl InputHandle {
     /// ([`InputArray::confirmed_storage`]).
     fn open(input: &InputArray, rank: u64, opened: Option<File>) -> Result<InputHandle> {
         let block = &input.blocks[rank as usize];
-        let storage = match (&block.check, &block.storage, opened) {
-            (None, Storage::Hdf5Dataset { .. }, _) => block.storage.clone(),
-            (_, _, opened) => {
-                let file = match opened {
-                    Some(file) => file,
-                    None => {
-                        File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?
-                    }
-                };
-                match input.confirmed_storage(rank as usize, &file)? {
-                    Storage::Contiguous { data_offset } => {
-                        return Ok(InputHandle::Contiguous { file, data_offset })
-                    }
-                    other => other,
-                }
-            }
-        };
-        match storage {
-            Storage::Hdf5Dataset { dataset } => Ok(InputHandle::Hdf5(Hdf5BlockReader::open(
+        let hdf5 = |dataset: &str| {
+            Ok(InputHandle::Hdf5(Hdf5BlockReader::open(
                 &block.path,
-                &dataset,
-            )?)),
-            Storage::Contiguous { .. } | Storage::Absent { .. } => Err(Error::bad_input(
+                dataset,
+            )?))
+        };
+        if let (None, Storage::Hdf5Dataset { dataset }) = (&block.check, &block.storage) {
+            // Nothing to check, and libhdf5 opens the file itself.
+            return hdf5(dataset);
+        }
+        let file = match opened {
+            Some(file) => file,
+            None => File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?,
+        };
+        match input.confirmed_storage(rank as usize, &file)? {
+            Storage::Contiguous { data_offset } => {
+                Ok(InputHandle::Contiguous { file, data_offset })
+            }
+            Storage::Hdf5Dataset { dataset } => hdf5(&dataset),
+            Storage::Absent { .. } => Err(Error::bad_input(
                 &block.path,
                 "an absent chunk has no file to read",
             )),

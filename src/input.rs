@@ -88,6 +88,45 @@ impl InputBlock {
     }
 }
 
+impl HeaderCheck {
+    /// What blocks like `path` (open as `file`, `len` bytes, probed as
+    /// `info`) must start with, if its header can stand for theirs: its
+    /// data raw at the end of the file, after a header short enough to
+    /// compare.
+    fn of_probed(
+        path: &Path,
+        file: &fs::File,
+        len: u64,
+        info: &format::BlockInfo,
+    ) -> Result<Option<HeaderCheck>> {
+        let Storage::Contiguous { data_offset } = info.storage else {
+            return Ok(None);
+        };
+        if data_offset > CACHED_HEADER_BYTES || data_offset + info.data_len() != len {
+            return Ok(None);
+        }
+        let mut header = vec![0u8; data_offset as usize];
+        std::os::unix::fs::FileExt::read_exact_at(file, &mut header, 0)
+            .map_err(|e| Error::io(path, "reading its header", e))?;
+        Ok(Some(HeaderCheck {
+            like: path.to_path_buf(),
+            len,
+            header,
+        }))
+    }
+
+    /// Whether `file`, `len` bytes long, has the length and header bytes
+    /// of the block this check was made from.
+    fn passes(&self, file: &fs::File, len: u64) -> bool {
+        if len != self.len {
+            return false;
+        }
+        let mut header = vec![0u8; self.header.len()];
+        std::os::unix::fs::FileExt::read_exact_at(file, &mut header, 0).is_ok()
+            && header == self.header
+    }
+}
+
 /// Size and modification time of a file, to notice changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct FileIdentity {
@@ -174,13 +213,8 @@ impl InputArray {
             .metadata()
             .map_err(|e| Error::io(&block.path, "stat", e))?
             .len();
-        if len == check.len {
-            let mut header = vec![0u8; check.header.len()];
-            if std::os::unix::fs::FileExt::read_exact_at(file, &mut header, 0).is_ok()
-                && header == check.header
-            {
-                return Ok(block.storage.clone());
-            }
+        if check.passes(file, len) {
+            return Ok(block.storage.clone());
         }
         let info = format::probe(
             &block.path,
@@ -742,26 +776,14 @@ fn probe_blocks(
     Ok(infos)
 }
 
-/// What blocks like the probed `path` must start with (see
-/// [`HeaderCheck`]), if its header can stand for theirs: its data raw at
-/// the end of the file, after a header short enough to compare.
+/// [`HeaderCheck::of_probed`] for the probed block at `path`.
 fn header_check(path: &Path, info: &format::BlockInfo) -> Result<Option<HeaderCheck>> {
-    let format::Storage::Contiguous { data_offset } = info.storage else {
-        return Ok(None);
-    };
-    let len = FileIdentity::of(path)?.size;
-    if data_offset > CACHED_HEADER_BYTES || data_offset + info.data_len() != len {
-        return Ok(None);
-    }
-    let mut header = vec![0u8; data_offset as usize];
     let file = fs::File::open(path).map_err(|e| Error::io(path, "opening", e))?;
-    std::os::unix::fs::FileExt::read_exact_at(&file, &mut header, 0)
-        .map_err(|e| Error::io(path, "reading its header", e))?;
-    Ok(Some(HeaderCheck {
-        like: path.to_path_buf(),
-        len,
-        header,
-    }))
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io(path, "stat", e))?
+        .len();
+    HeaderCheck::of_probed(path, &file, len, info)
 }
 
 /// Asks the kernel for the first bytes of the files a little ahead of the
@@ -808,7 +830,7 @@ impl<'a> HeaderReadahead<'a> {
 /// again.
 #[derive(Default)]
 struct ProbeCache {
-    known: Vec<(u64, Vec<u8>, format::BlockInfo)>,
+    known: Vec<(HeaderCheck, format::BlockInfo)>,
 }
 
 /// Files with headers longer than this are always probed in full.
@@ -829,28 +851,19 @@ impl ProbeCache {
             .metadata()
             .map_err(|e| Error::io(path, "stat", e))?
             .len();
-        for (known_len, header, info) in &self.known {
-            if *known_len != len {
-                continue;
-            }
-            let mut bytes = vec![0u8; header.len()];
-            if std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes, 0).is_ok()
-                && bytes == *header
-            {
-                return Ok(info.clone());
-            }
+        if let Some((_, info)) = self
+            .known
+            .iter()
+            .find(|(check, _)| check.passes(&file, len))
+        {
+            return Ok(info.clone());
         }
         let info = format::probe(path, format, dataset)?;
-        if let format::Storage::Contiguous { data_offset } = info.storage {
-            let data_end =
-                data_offset + info.shape.iter().product::<u64>() * info.dtype.size as u64;
-            // Only files that are header + data: nothing after the data
-            // could differ unseen.
-            if data_offset <= CACHED_HEADER_BYTES && data_end == len && self.known.len() < 64 {
-                let mut header = vec![0u8; data_offset as usize];
-                if std::os::unix::fs::FileExt::read_exact_at(&file, &mut header, 0).is_ok() {
-                    self.known.push((len, header, info.clone()));
-                }
+        // Only files that are header + data: nothing after the data could
+        // differ unseen. A header that cannot be read is just not kept.
+        if self.known.len() < 64 {
+            if let Ok(Some(check)) = HeaderCheck::of_probed(path, &file, len, &info) {
+                self.known.push((check, info.clone()));
             }
         }
         Ok(info)
