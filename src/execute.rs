@@ -4,12 +4,11 @@
 //! `rechunk`, the staging area for the view).
 //!
 //! Memory: a read block is read, step by step (`Plan::steps`: slabs of it
-//! along the first dimension), straight into one buffer per write block
-//! each step touches (its *pieces*, with `preadv`); a piece stays until its
-//! part of the write block is written, which gathers from the pieces (rows
-//! packed into one write call through a fixed 1 MiB buffer, since the
-//! kernel's per-iovec cost on the write path exceeds a copy of a row). The
-//! calling thread reads while a writer thread writes the slab of the
+//! along the first dimension), into one buffer per write block each step
+//! touches (its *pieces*); a piece stays until its part of the write block
+//! is written, which gathers from the pieces. [`crate::pieces`] moves the
+//! bytes between files and pieces, one I/O call per contiguous run of a
+//! file. The calling thread reads while a writer thread writes the slab of the
 //! completed write block that the previous step finished, so the disk and
 //! both cores work at once, even when the whole array is one read block (a
 //! split or a merge); the bytes held are exactly what the planner
@@ -36,8 +35,9 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::format::hdf5::Hdf5BlockReader;
 use crate::format::Storage;
-use crate::geometry::{strides, IndexBox, Partition, Region};
+use crate::geometry::{IndexBox, Partition, Region};
 use crate::input::{HeaderCheck, InputArray};
+use crate::pieces::{PieceGrid, RowLayout, PACKED_BYTES};
 use crate::plan::Plan;
 use crate::seekio::{self, FileKey, SeekCounter, SeekLog};
 
@@ -842,20 +842,14 @@ impl<'a> Executor<'a> {
         if let Storage::Absent { fill } = &block.storage {
             // Nothing to read: count what a present chunk would cost, and
             // lay the fill value into the pieces.
-            let counter = &mut self.counter;
-            let key = FileKey::Input(rank);
-            return walk_segments(
-                region,
-                file_box,
-                self.elem,
-                grid,
-                |offset, len, fragments| {
-                    counter.read(key, offset, len);
-                    self.stats.fill_bytes += len;
-                    fill_fragments(buffers, fragments, fill);
-                    Ok(())
-                },
-            );
+            let layout = RowLayout::new(region, file_box, self.elem, grid);
+            for segment in layout.segments() {
+                self.counter
+                    .read(FileKey::Input(rank), segment.offset, segment.len);
+                self.stats.fill_bytes += segment.len;
+                layout.fill_segment(&segment, buffers, fill)?;
+            }
+            return Ok(());
         }
         let handle = match self.inputs.pop(&rank) {
             Some(InputHandle::Opened(file)) => InputHandle::open(self.input, rank, Some(file))?,
@@ -869,35 +863,30 @@ impl<'a> Executor<'a> {
                 "input handle vanished from cache",
             ));
         };
-        let counter = &mut self.reads;
-        let scratch = &mut self.read_scratch;
         let key = FileKey::Input(rank);
+        let layout = RowLayout::new(region, file_box, self.elem, grid);
         match handle {
-            InputHandle::Contiguous { file, data_offset } => walk_segments(
-                region,
-                file_box,
-                self.elem,
-                grid,
-                |offset, len, fragments| {
-                    let mut targets = scatter_targets(buffers, fragments);
-                    seekio::read_packed_at(
+            InputHandle::Contiguous { file, data_offset } => {
+                for segment in layout.segments() {
+                    layout.read_segment(
                         file,
                         &block.path,
-                        &mut targets,
-                        data_offset + offset,
-                        scratch,
+                        *data_offset,
+                        &segment,
+                        buffers,
+                        &mut self.read_scratch,
                     )?;
-                    counter.read(key, data_offset + offset, len);
-                    Ok(())
-                },
-            ),
+                    self.reads
+                        .read(key, data_offset + segment.offset, segment.len);
+                }
+                Ok(())
+            }
             InputHandle::Hdf5(reader) => {
                 // libhdf5 moves the bytes; count the same segments a
                 // contiguous read would make, so plans stay comparable.
-                walk_segments(region, file_box, self.elem, grid, |offset, len, _| {
-                    counter.read(key, offset, len);
-                    Ok(())
-                })?;
+                for segment in layout.segments() {
+                    self.reads.read(key, segment.offset, segment.len);
+                }
                 for (local, buffer) in buffers.iter_mut().enumerate() {
                     let piece = grid.piece_box(local);
                     if let Some(part) = piece.intersect(region) {
@@ -972,7 +961,7 @@ impl<'a> Writer<'a> {
             plan,
             elem,
             remaining: HashMap::new(),
-            scratch: Vec::with_capacity(seekio::PACKED_BYTES),
+            scratch: Vec::with_capacity(PACKED_BYTES),
         }
     }
 
@@ -1012,25 +1001,23 @@ impl<'a> Writer<'a> {
                 });
             }
             let file_box = Region::new(block.origin.clone(), target.file_shape.to_vec());
-            let scratch = &mut self.scratch;
-            let log = &mut writes;
+            let layout = RowLayout::new(&region, &file_box, self.elem, &grid);
             let key = FileKey::Output(rank);
-            walk_segments(
-                &region,
-                &file_box,
-                self.elem,
-                &grid,
-                |offset, len, fragments| {
-                    let sources = gather_sources(pieces, fragments);
-                    let at = target.data_offset + offset;
-                    seekio::write_packed_at(target.file, target.path, &sources, at, scratch)?;
-                    if len >= WRITEBACK_MIN_BYTES {
-                        seekio::start_writeback_of(target.file, at, len);
-                    }
-                    log.write(key, at, len);
-                    Ok(())
-                },
-            )?;
+            for segment in layout.segments() {
+                layout.write_segment(
+                    target.file,
+                    target.path,
+                    target.data_offset,
+                    &segment,
+                    pieces,
+                    &mut self.scratch,
+                )?;
+                let at = target.data_offset + segment.offset;
+                if segment.len >= WRITEBACK_MIN_BYTES {
+                    seekio::start_writeback_of(target.file, at, segment.len);
+                }
+                writes.write(key, at, segment.len);
+            }
             let remaining = self.remaining.entry(rank).or_insert(block.volume());
             *remaining -= region.volume();
             if *remaining == 0 {
@@ -1084,23 +1071,20 @@ pub fn read_region(
         let rank = grid_of_inputs.linear(&input_index);
         let block = &input.blocks[rank as usize];
         let key = FileKey::Input(rank);
+        let layout = RowLayout::new(&part, &file_box, elem, &grid);
+        let segments = layout.segments();
         if let Storage::Absent { fill } = &block.storage {
-            walk_segments(&part, &file_box, elem, &grid, |offset, len, fragments| {
-                counter.read(key, offset, len);
-                fill_fragments(buffers, fragments, fill);
-                Ok(())
-            })?;
+            for segment in &segments {
+                counter.read(key, segment.offset, segment.len);
+                layout.fill_segment(segment, buffers, fill)?;
+            }
             continue;
         }
         // One read of the span from the part's first byte to its last, then
         // rows copied out: an out-of-order extraction pays in seeks, and a
         // row-by-row read of a partial input block would make one per row.
-        let (mut first, mut end) = (u64::MAX, 0u64);
-        walk_segments(&part, &file_box, elem, &grid, |offset, len, _| {
-            first = first.min(offset);
-            end = end.max(offset + len);
-            Ok(())
-        })?;
+        let first = segments.first().map_or(0, |s| s.offset);
+        let end = segments.last().map_or(0, |s| s.offset + s.len);
         let opened = match (&block.check, &block.storage) {
             // A header still to be checked is asked for with the span, or
             // the check's small read would fetch it alone (the kernel reads
@@ -1125,22 +1109,14 @@ pub fn read_region(
                 let at = data_offset + first;
                 seekio::read_exact_at(&file, &block.path, &mut [IoSliceMut::new(&mut span)], at)?;
                 counter.read(key, at, end - first);
-                walk_segments(&part, &file_box, elem, &grid, |offset, _, fragments| {
-                    let mut from = (offset - first) as usize;
-                    for fragment in fragments {
-                        let target = &mut buffers[fragment.piece]
-                            [fragment.offset..fragment.offset + fragment.len];
-                        target.copy_from_slice(&span[from..from + fragment.len]);
-                        from += fragment.len;
-                    }
-                    Ok(())
-                })?;
+                for segment in &segments {
+                    layout.copy_segment_from(&span, first, segment, buffers)?;
+                }
             }
             InputHandle::Hdf5(reader) => {
-                walk_segments(&part, &file_box, elem, &grid, |offset, len, _| {
-                    counter.read(key, offset, len);
-                    Ok(())
-                })?;
+                for segment in &segments {
+                    counter.read(key, segment.offset, segment.len);
+                }
                 let in_file = part.relative_to(&file_box);
                 let in_region = part.relative_to(region);
                 reader.read_box(
@@ -1160,240 +1136,6 @@ pub fn read_region(
         }
     }
     Ok(())
-}
-
-/// The pieces a container box (a read block, or a write block) is cut into
-/// by another partition (write blocks, or read blocks): one C-order buffer
-/// per cell of the cutting partition that overlaps the container.
-struct PieceGrid {
-    /// Per dimension: index range of the cutting axis overlapping the container.
-    ranges: Vec<Range<usize>>,
-    /// Per dimension: the pieces' intervals, clipped to the container.
-    intervals: Vec<Vec<(u64, u64)>>,
-}
-
-impl PieceGrid {
-    fn new(cut: &Partition, container: &Region) -> PieceGrid {
-        let ranges = cut.overlapping(container);
-        let intervals = ranges
-            .iter()
-            .enumerate()
-            .map(|(d, range)| {
-                range
-                    .clone()
-                    .map(|i| {
-                        let axis = cut.axis(d);
-                        (
-                            axis.start(i).max(container.origin[d]),
-                            axis.end(i).min(container.end(d)),
-                        )
-                    })
-                    .collect()
-            })
-            .collect();
-        PieceGrid { ranges, intervals }
-    }
-
-    fn count(&self) -> usize {
-        self.intervals.iter().map(Vec::len).product()
-    }
-
-    fn local_index(&self, local: usize) -> Vec<usize> {
-        let mut index = vec![0; self.intervals.len()];
-        let mut rest = local;
-        for d in (0..self.intervals.len()).rev() {
-            index[d] = rest % self.intervals[d].len();
-            rest /= self.intervals[d].len();
-        }
-        index
-    }
-
-    /// Index, in the cutting partition, of piece `local`.
-    fn cut_index(&self, local: usize) -> Vec<usize> {
-        self.local_index(local)
-            .iter()
-            .zip(&self.ranges)
-            .map(|(i, r)| r.start + i)
-            .collect()
-    }
-
-    fn piece_box(&self, local: usize) -> Region {
-        let index = self.local_index(local);
-        let (origin, shape) = index
-            .iter()
-            .enumerate()
-            .map(|(d, &i)| {
-                let (start, end) = self.intervals[d][i];
-                (start, end - start)
-            })
-            .unzip();
-        Region::new(origin, shape)
-    }
-
-    fn volumes(&self) -> impl Iterator<Item = u64> + '_ {
-        (0..self.count()).map(|local| self.piece_box(local).volume())
-    }
-}
-
-/// A run of bytes inside one piece buffer.
-#[derive(Clone, Copy, Debug)]
-struct Fragment {
-    piece: usize,
-    offset: usize,
-    len: usize,
-}
-
-/// Walks `region` (inside the file block `file_box`) in C order, grouping
-/// its rows into contiguous file segments, and calls `visit(file offset,
-/// length, fragments)` once per segment, offsets and lengths in bytes
-/// relative to the file's data. Fragments say where each byte of the segment
-/// lives among the pieces of `grid`, in order; adjacent ones are merged.
-fn walk_segments(
-    region: &Region,
-    file_box: &Region,
-    elem: u64,
-    grid: &PieceGrid,
-    mut visit: impl FnMut(u64, u64, &[Fragment]) -> Result<()>,
-) -> Result<()> {
-    let n = region.ndim();
-    let last = n - 1;
-    let file_strides = strides(&file_box.shape);
-    // Per dimension and coordinate: which piece interval holds it.
-    let along: Vec<Vec<usize>> = (0..n)
-        .map(|d| {
-            (region.origin[d]..region.end(d))
-                .map(|x| grid.intervals[d].partition_point(|&(_, end)| end <= x))
-                .collect()
-        })
-        .collect();
-    let piece_strides: Vec<Vec<u64>> = (0..grid.count())
-        .map(|local| strides(&grid.piece_box(local).shape))
-        .collect();
-    let grid_strides: Vec<usize> = {
-        let lens: Vec<u64> = grid.intervals.iter().map(|v| v.len() as u64).collect();
-        strides(&lens).into_iter().map(|s| s as usize).collect()
-    };
-
-    // Per dimension and coordinate: the element offset it contributes in
-    // the file, and its coordinate inside its piece. Rows are visited with
-    // an odometer over these tables: no allocation per row.
-    let file_part: Vec<Vec<u64>> = (0..n)
-        .map(|d| {
-            (region.origin[d]..region.end(d))
-                .map(|x| (x - file_box.origin[d]) * file_strides[d])
-                .collect()
-        })
-        .collect();
-    let in_piece: Vec<Vec<u64>> = (0..n)
-        .map(|d| {
-            (region.origin[d]..region.end(d))
-                .zip(&along[d])
-                .map(|(x, &i)| x - grid.intervals[d][i].0)
-                .collect()
-        })
-        .collect();
-
-    let mut segment_start = 0u64;
-    let mut segment_len = 0u64;
-    let mut fragments: Vec<Fragment> = Vec::new();
-    let rows: u64 = region.shape[..last].iter().product();
-    let mut row = vec![0usize; last];
-    for row_number in 0..rows {
-        if row_number > 0 {
-            for d in (0..last).rev() {
-                row[d] += 1;
-                if (row[d] as u64) < region.shape[d] {
-                    break;
-                }
-                row[d] = 0;
-            }
-        }
-        let mut file_element = 0u64;
-        let mut piece_base = 0usize;
-        for d in 0..last {
-            file_element += file_part[d][row[d]];
-            piece_base += along[d][row[d]] * grid_strides[d];
-        }
-        file_element += region.origin[last] - file_box.origin[last];
-        let row_offset = file_element * elem;
-        let row_len = region.shape[last] * elem;
-        if segment_len > 0 && row_offset != segment_start + segment_len {
-            visit(segment_start, segment_len, &fragments)?;
-            fragments.clear();
-            segment_len = 0;
-        }
-        if segment_len == 0 {
-            segment_start = row_offset;
-        }
-        segment_len += row_len;
-
-        // Split the row along the last dimension among the pieces.
-        let first_interval = along[last][0];
-        let last_interval = along[last][(region.shape[last] - 1) as usize];
-        for interval in first_interval..=last_interval {
-            let (start, end) = grid.intervals[last][interval];
-            let from = start.max(region.origin[last]);
-            let to = end.min(region.end(last));
-            let piece = piece_base + interval * grid_strides[last];
-            let pstrides = &piece_strides[piece];
-            let mut element = from - start;
-            for d in 0..last {
-                element += in_piece[d][row[d]] * pstrides[d];
-            }
-            let offset = (element * elem) as usize;
-            let len = ((to - from) * elem) as usize;
-            match fragments.last_mut() {
-                Some(prev) if prev.piece == piece && prev.offset + prev.len == offset => {
-                    prev.len += len
-                }
-                _ => fragments.push(Fragment { piece, offset, len }),
-            }
-        }
-    }
-    if segment_len > 0 {
-        visit(segment_start, segment_len, &fragments)?;
-    }
-    Ok(())
-}
-
-/// Mutable slices of the piece buffers, one per fragment, in order. Within
-/// one segment a piece's fragments come at increasing offsets, so each
-/// buffer is split front to back.
-fn scatter_targets<'b>(buffers: &'b mut [Vec<u8>], fragments: &[Fragment]) -> Vec<IoSliceMut<'b>> {
-    let mut rests: Vec<(usize, &'b mut [u8])> = buffers
-        .iter_mut()
-        .map(|b| (0usize, b.as_mut_slice()))
-        .collect();
-    let mut targets = Vec::with_capacity(fragments.len());
-    for fragment in fragments {
-        let (base, rest) = &mut rests[fragment.piece];
-        let taken = std::mem::take(rest);
-        let (_, from_offset) = taken.split_at_mut(fragment.offset - *base);
-        let (slice, after) = from_offset.split_at_mut(fragment.len);
-        *rest = after;
-        *base = fragment.offset + fragment.len;
-        targets.push(IoSliceMut::new(slice));
-    }
-    targets
-}
-
-/// Writes the element `fill` (its bytes) over every fragment: fragments
-/// start and end on element boundaries.
-fn fill_fragments(buffers: &mut [Vec<u8>], fragments: &[Fragment], fill: &[u8]) {
-    // Piece buffers may be reused ones (BufferPool): zeros are written too.
-    for fragment in fragments {
-        let bytes = &mut buffers[fragment.piece][fragment.offset..fragment.offset + fragment.len];
-        for element in bytes.chunks_exact_mut(fill.len()) {
-            element.copy_from_slice(fill);
-        }
-    }
-}
-
-fn gather_sources<'b>(pieces: &'b [Vec<u8>], fragments: &[Fragment]) -> Vec<&'b [u8]> {
-    fragments
-        .iter()
-        .map(|f| &pieces[f.piece][f.offset..f.offset + f.len])
-        .collect()
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ pub mod geometry;
 pub mod input;
 pub mod materialise;
 pub mod mount;
+pub mod pieces;
 pub mod plan;
 pub mod rechunk;
 pub mod sample;

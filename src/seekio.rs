@@ -1,7 +1,7 @@
 //! The one I/O layer all array data goes through: positioned, vectored
 //! reads and writes (`preadv`/`pwritev`: one call gathers or scatters many
-//! memory pieces for one file segment, or small rows packed through a
-//! buffer) that count seeks.
+//! memory pieces for one file segment; [`crate::pieces`] decides which, or
+//! packs small rows through a buffer), and the seek counting.
 //!
 //! The convention is keep.md's: a seek is an I/O call that does not start
 //! exactly where the previous call ended in the same file, like a disk head
@@ -135,62 +135,6 @@ pub fn read_exact_at(
     Ok(())
 }
 
-/// Reads into `targets` the bytes starting at `offset`, like
-/// [`read_exact_at`]. Many small targets are filled from `scratch`, read in
-/// calls of up to [`PACKED_BYTES`] that each continue where the last ended
-/// (so still one seek): the kernel copies a `preadv` iovec at a time, and
-/// for rows of tens of bytes its per-iovec cost (~0.2 µs) dwarfs a
-/// user-space copy of the row. Large targets are read into directly.
-pub fn read_packed_at(
-    file: &File,
-    path: &Path,
-    targets: &mut [IoSliceMut<'_>],
-    offset: u64,
-    scratch: &mut Vec<u8>,
-) -> Result<()> {
-    read_packed_in(file, path, targets, offset, scratch, PACKED_BYTES)
-}
-
-fn read_packed_in(
-    file: &File,
-    path: &Path,
-    targets: &mut [IoSliceMut<'_>],
-    offset: u64,
-    scratch: &mut Vec<u8>,
-    capacity: usize,
-) -> Result<()> {
-    let total: usize = targets.iter().map(|t| t.len()).sum();
-    if targets.len() <= 2 || total / targets.len() >= PACK_BELOW_BYTES {
-        return read_exact_at(file, path, targets, offset);
-    }
-    scratch.resize(capacity.min(total), 0);
-    let (mut target, mut within) = (0usize, 0usize);
-    let mut done = 0usize;
-    while done < total {
-        let chunk = &mut scratch[..(total - done).min(capacity)];
-        read_exact_at(
-            file,
-            path,
-            &mut [IoSliceMut::new(chunk)],
-            offset + done as u64,
-        )?;
-        done += chunk.len();
-        let mut source: &[u8] = chunk;
-        while !source.is_empty() {
-            let into = &mut targets[target][within..];
-            let n = into.len().min(source.len());
-            into[..n].copy_from_slice(&source[..n]);
-            source = &source[n..];
-            within += n;
-            while target < targets.len() && within == targets[target].len() {
-                target += 1;
-                within = 0;
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Drops `file`'s clean pages from the page cache. rechunkfs reads each
 /// input byte once and never reads its output back, so once an input is
 /// fully read or an output synced its pages only crowd the cache: one grown
@@ -288,53 +232,6 @@ pub fn write_all_at(
     Ok(())
 }
 
-/// Writes the concatenation of `sources` at `offset`. Many small sources
-/// are first packed into `scratch` (up to its capacity per call): the
-/// kernel's per-iovec cost on the write path dwarfs a user-space copy of a
-/// row, so one packed `pwrite` beats a `pwritev` of hundreds of rows.
-/// Large sources go out as they are.
-pub fn write_packed_at(
-    file: &File,
-    path: &Path,
-    sources: &[&[u8]],
-    mut offset: u64,
-    scratch: &mut Vec<u8>,
-) -> Result<()> {
-    let capacity = scratch.capacity().max(PACKED_BYTES);
-    let total: usize = sources.iter().map(|s| s.len()).sum();
-    if sources.len() <= 2 || total / sources.len() >= PACK_BELOW_BYTES {
-        let mut slices: Vec<IoSlice> = sources.iter().map(|s| IoSlice::new(s)).collect();
-        return write_all_at(file, path, &mut slices, offset);
-    }
-    scratch.clear();
-    for source in sources {
-        let mut rest: &[u8] = source;
-        while !rest.is_empty() {
-            let room = capacity - scratch.len();
-            let (now, later) = rest.split_at(rest.len().min(room));
-            scratch.extend_from_slice(now);
-            rest = later;
-            if scratch.len() == capacity {
-                write_all_at(file, path, &mut [IoSlice::new(scratch)], offset)?;
-                offset += scratch.len() as u64;
-                scratch.clear();
-            }
-        }
-    }
-    if !scratch.is_empty() {
-        write_all_at(file, path, &mut [IoSlice::new(scratch)], offset)?;
-        scratch.clear();
-    }
-    Ok(())
-}
-
-/// Most bytes packed per read or write call (a fixed buffer per thread,
-/// outside `--mem`'s array bytes).
-pub const PACKED_BYTES: usize = 1 << 20;
-
-/// Pieces averaging less than this are packed.
-const PACK_BELOW_BYTES: usize = 16 << 10;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,23 +280,6 @@ mod tests {
         let mut targets: Vec<IoSliceMut> = back.chunks_mut(2).map(IoSliceMut::new).collect();
         read_exact_at(&file, &path, &mut targets, 7).unwrap();
         assert_eq!(back, data);
-        let pieces: Vec<&[u8]> = data.chunks(3).collect();
-        let mut scratch = Vec::with_capacity(PACKED_BYTES);
-        write_packed_at(&file, &path, &pieces, 7, &mut scratch).unwrap();
-        let mut again = vec![0u8; 3000];
-        read_exact_at(&file, &path, &mut [IoSliceMut::new(&mut again)], 7).unwrap();
-        assert_eq!(again, data);
-        // Packed reads, in scratch chunks that split rows, match direct ones.
-        for capacity in [5, 64, PACKED_BYTES] {
-            let mut packed = vec![0u8; 2990];
-            let mut targets: Vec<IoSliceMut> = packed.chunks_mut(7).map(IoSliceMut::new).collect();
-            read_packed_in(&file, &path, &mut targets, 17, &mut scratch, capacity).unwrap();
-            assert_eq!(packed, data[10..]);
-        }
-        let mut short = [0u8; 40];
-        let mut targets: Vec<IoSliceMut> = short.chunks_mut(4).map(IoSliceMut::new).collect();
-        let err = read_packed_at(&file, &path, &mut targets, 2980, &mut scratch).unwrap_err();
-        assert!(err.to_string().contains("truncated"));
         let mut past_end = [0u8; 4];
         let err =
             read_exact_at(&file, &path, &mut [IoSliceMut::new(&mut past_end)], 3005).unwrap_err();

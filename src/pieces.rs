@@ -1,0 +1,847 @@
+//! How one box of the array lies twice: in a block file, as rows grouped
+//! into contiguous segments (one I/O call each, so at most one seek), and
+//! among piece buffers, the cells of another partition that the executor
+//! holds in memory (C order each). And moving bytes between the two, row
+//! part by row part, without listing the parts first: W1 moves 26 million
+//! parts of 35 to 100 bytes.
+//!
+//! Small parts go through a packing buffer of [`PACKED_BYTES`], one call
+//! per buffer-full that continues where the last ended: the kernel copies
+//! a `preadv`/`pwritev` iovec at a time, and for rows of tens of bytes its
+//! per-iovec cost (~0.2 µs) dwarfs a user-space copy of the row. Parts of
+//! [`PACK_BELOW_BYTES`] or more on average go straight between the file
+//! and the pieces in one vectored call.
+
+use std::fs::File;
+use std::io::{IoSlice, IoSliceMut};
+use std::ops::Range;
+use std::path::Path;
+
+use crate::error::Result;
+use crate::geometry::{strides, Partition, Region};
+use crate::seekio;
+
+/// Most bytes packed per read or write call (a fixed buffer per thread,
+/// outside `--mem`'s array bytes).
+pub const PACKED_BYTES: usize = 1 << 20;
+
+/// Parts averaging less than this are packed.
+const PACK_BELOW_BYTES: u64 = 16 << 10;
+
+/// The pieces a container box (a read block, or a write block) is cut into
+/// by another partition (write blocks, or read blocks): one C-order buffer
+/// per cell of the cutting partition that overlaps the container.
+pub struct PieceGrid {
+    /// Per dimension: index range of the cutting axis overlapping the container.
+    ranges: Vec<Range<usize>>,
+    /// Per dimension: the pieces' intervals, clipped to the container.
+    intervals: Vec<Vec<(u64, u64)>>,
+}
+
+impl PieceGrid {
+    pub fn new(cut: &Partition, container: &Region) -> PieceGrid {
+        let ranges = cut.overlapping(container);
+        let intervals = ranges
+            .iter()
+            .enumerate()
+            .map(|(d, range)| {
+                range
+                    .clone()
+                    .map(|i| {
+                        let axis = cut.axis(d);
+                        (
+                            axis.start(i).max(container.origin[d]),
+                            axis.end(i).min(container.end(d)),
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        PieceGrid { ranges, intervals }
+    }
+
+    pub fn count(&self) -> usize {
+        self.intervals.iter().map(Vec::len).product()
+    }
+
+    fn local_index(&self, local: usize) -> Vec<usize> {
+        let mut index = vec![0; self.intervals.len()];
+        let mut rest = local;
+        for d in (0..self.intervals.len()).rev() {
+            index[d] = rest % self.intervals[d].len();
+            rest /= self.intervals[d].len();
+        }
+        index
+    }
+
+    /// Index, in the cutting partition, of piece `local`.
+    pub fn cut_index(&self, local: usize) -> Vec<usize> {
+        self.local_index(local)
+            .iter()
+            .zip(&self.ranges)
+            .map(|(i, r)| r.start + i)
+            .collect()
+    }
+
+    pub fn piece_box(&self, local: usize) -> Region {
+        let index = self.local_index(local);
+        let (origin, shape) = index
+            .iter()
+            .enumerate()
+            .map(|(d, &i)| {
+                let (start, end) = self.intervals[d][i];
+                (start, end - start)
+            })
+            .unzip();
+        Region::new(origin, shape)
+    }
+
+    pub fn volumes(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.count()).map(|local| self.piece_box(local).volume())
+    }
+}
+
+/// A run of a file's bytes that one I/O call moves: `len` bytes at `offset`
+/// of the file's data, holding `rows` of the region (numbered in C order
+/// over every dimension but the last).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub offset: u64,
+    pub len: u64,
+    pub rows: Range<u64>,
+}
+
+/// Where `len` bytes found `at` bytes into a run of rows live: at `offset`
+/// in piece `piece`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub at: usize,
+    pub piece: usize,
+    pub offset: usize,
+    pub len: usize,
+}
+
+/// Where each row of `region` lies in its file block and among the pieces
+/// of a [`PieceGrid`]: per dimension and coordinate tables, so that a row
+/// costs a few additions and no allocation.
+pub struct RowLayout {
+    elem: u64,
+    /// The region's shape without its last dimension: the rows' grid.
+    row_shape: Vec<u64>,
+    row_bytes: u64,
+    /// Per dimension but the last, per coordinate: element offset in the file.
+    file_part: Vec<Vec<u64>>,
+    /// Element offset in the file of a row's first element, within its row.
+    file_column: u64,
+    /// Per dimension but the last, per coordinate: what it adds to the
+    /// piece's index (the piece interval it falls in, times its stride).
+    piece_part: Vec<Vec<usize>>,
+    /// Per dimension but the last, per coordinate: coordinate inside its piece.
+    in_piece: Vec<Vec<u64>>,
+    /// Per piece: its element strides.
+    piece_strides: Vec<Vec<u64>>,
+    /// The parts every row is cut into along the last dimension.
+    columns: Vec<Column>,
+    /// Whether the region is one run of the file: it spans the file block
+    /// in every dimension but the first.
+    contiguous: bool,
+}
+
+/// One part of every row: the pieces of one interval along the last dimension.
+struct Column {
+    /// What it adds to the piece's index.
+    piece_step: usize,
+    /// Byte offset in the row.
+    at: usize,
+    /// Element offset in the piece's row.
+    in_piece: u64,
+    len: usize,
+    /// Whether it is the piece's whole row, so that successive rows may
+    /// continue each other in the piece.
+    whole_row: bool,
+}
+
+impl RowLayout {
+    /// The layout of `region` (inside the file block `file_box`, a C-order
+    /// array of elements of `elem` bytes) among the pieces of `grid`.
+    pub fn new(region: &Region, file_box: &Region, elem: u64, grid: &PieceGrid) -> RowLayout {
+        let n = region.ndim();
+        let last = n - 1;
+        let file_strides = strides(&file_box.shape);
+        let grid_strides: Vec<usize> = {
+            let lens: Vec<u64> = grid.intervals.iter().map(|v| v.len() as u64).collect();
+            strides(&lens).into_iter().map(|s| s as usize).collect()
+        };
+        // Per dimension and coordinate: which piece interval holds it.
+        let interval_of =
+            |d: usize, x: u64| grid.intervals[d].partition_point(|&(_, end)| end <= x);
+        let coordinates = |d: usize| region.origin[d]..region.end(d);
+        let file_part = (0..last)
+            .map(|d| {
+                coordinates(d)
+                    .map(|x| (x - file_box.origin[d]) * file_strides[d])
+                    .collect()
+            })
+            .collect();
+        let piece_part = (0..last)
+            .map(|d| {
+                coordinates(d)
+                    .map(|x| interval_of(d, x) * grid_strides[d])
+                    .collect()
+            })
+            .collect();
+        let in_piece = (0..last)
+            .map(|d| {
+                coordinates(d)
+                    .map(|x| x - grid.intervals[d][interval_of(d, x)].0)
+                    .collect()
+            })
+            .collect();
+        let piece_strides = (0..grid.count())
+            .map(|local| strides(&grid.piece_box(local).shape))
+            .collect();
+        let first = interval_of(last, region.origin[last]);
+        let end = interval_of(last, region.end(last) - 1) + 1;
+        let columns = (first..end)
+            .map(|interval| {
+                let (start, stop) = grid.intervals[last][interval];
+                let from = start.max(region.origin[last]);
+                let to = stop.min(region.end(last));
+                Column {
+                    piece_step: interval * grid_strides[last],
+                    at: ((from - region.origin[last]) * elem) as usize,
+                    in_piece: from - start,
+                    len: ((to - from) * elem) as usize,
+                    whole_row: from == start && to == stop,
+                }
+            })
+            .collect();
+        RowLayout {
+            elem,
+            row_shape: region.shape[..last].to_vec(),
+            row_bytes: region.shape[last] * elem,
+            file_part,
+            file_column: region.origin[last] - file_box.origin[last],
+            piece_part,
+            in_piece,
+            piece_strides,
+            columns,
+            contiguous: (1..n).all(|d| region.shape[d] == file_box.shape[d]),
+        }
+    }
+
+    fn rows(&self) -> u64 {
+        self.row_shape.iter().product()
+    }
+
+    /// The coordinates of row `number` in the rows' grid.
+    fn row_coordinates(&self, number: u64) -> Vec<usize> {
+        let mut row = vec![0usize; self.row_shape.len()];
+        let mut rest = number;
+        for d in (0..row.len()).rev() {
+            row[d] = (rest % self.row_shape[d]) as usize;
+            rest /= self.row_shape[d];
+        }
+        row
+    }
+
+    /// Moves `row` to the next row in C order.
+    fn advance(&self, row: &mut [usize]) {
+        for d in (0..row.len()).rev() {
+            row[d] += 1;
+            if (row[d] as u64) < self.row_shape[d] {
+                return;
+            }
+            row[d] = 0;
+        }
+    }
+
+    /// Byte offset in the file's data of the row at `row`.
+    fn file_offset(&self, row: &[usize]) -> u64 {
+        let element: u64 = row
+            .iter()
+            .zip(&self.file_part)
+            .map(|(&i, part)| part[i])
+            .sum::<u64>()
+            + self.file_column;
+        element * self.elem
+    }
+
+    /// The file's contiguous runs of the region's rows, in C order.
+    pub fn segments(&self) -> Vec<Segment> {
+        if self.contiguous {
+            let rows = self.rows();
+            return vec![Segment {
+                offset: self.file_offset(&vec![0; self.row_shape.len()]),
+                len: rows * self.row_bytes,
+                rows: 0..rows,
+            }];
+        }
+        let mut segments: Vec<Segment> = Vec::new();
+        let mut row = vec![0usize; self.row_shape.len()];
+        for number in 0..self.rows() {
+            if number > 0 {
+                self.advance(&mut row);
+            }
+            let offset = self.file_offset(&row);
+            match segments.last_mut() {
+                Some(segment) if segment.offset + segment.len == offset => {
+                    segment.len += self.row_bytes;
+                    segment.rows.end = number + 1;
+                }
+                _ => segments.push(Segment {
+                    offset,
+                    len: self.row_bytes,
+                    rows: number..number + 1,
+                }),
+            }
+        }
+        segments
+    }
+
+    /// Calls `visit` with the parts of `rows`, in order (`Part::at` counts
+    /// from the first row's start), each part of a piece that continues the
+    /// one before it in the rows and in the piece merged with it.
+    ///
+    /// Rows are taken a run at a time: the rows that differ only in the
+    /// innermost row dimension. Within a run, while that coordinate stays
+    /// in one piece interval, each column's part moves by a fixed stride in
+    /// its piece, so a row costs one multiply-add per column.
+    pub fn for_each_part(
+        &self,
+        rows: Range<u64>,
+        mut visit: impl FnMut(Part) -> Result<()>,
+    ) -> Result<()> {
+        let mut pending: Option<Part> = None;
+        let mut emit = |part: Part| -> Result<()> {
+            match &mut pending {
+                Some(p)
+                    if p.piece == part.piece
+                        && p.offset + p.len == part.offset
+                        && p.at + p.len == part.at =>
+                {
+                    p.len += part.len;
+                    Ok(())
+                }
+                _ => match pending.replace(part) {
+                    Some(done) => visit(done),
+                    None => Ok(()),
+                },
+            }
+        };
+        let row_bytes = self.row_bytes as usize;
+        let Some(inner) = self.row_shape.len().checked_sub(1) else {
+            // One dimension: a single row.
+            if rows.contains(&0) {
+                for column in &self.columns {
+                    emit(Part {
+                        at: column.at,
+                        piece: column.piece_step,
+                        offset: (column.in_piece * self.elem) as usize,
+                        len: column.len,
+                    })?;
+                }
+            }
+            return flush(pending, visit);
+        };
+        let inner_len = self.row_shape[inner] as usize;
+        // Per column, for the current interval of the inner coordinate:
+        // (piece, element offset of the run's outer coordinates, stride).
+        let mut placed: Vec<(usize, u64, u64)> = Vec::with_capacity(self.columns.len());
+        let mut row = self.row_coordinates(rows.start.min(self.rows()));
+        let mut number = rows.start;
+        let mut row_at = 0usize;
+        while number < rows.end {
+            let first = row[inner];
+            let stop = inner_len.min(first + (rows.end - number) as usize);
+            let outer = &row[..inner];
+            let outer_base: usize = outer
+                .iter()
+                .zip(&self.piece_part)
+                .map(|(&i, part)| part[i])
+                .sum();
+            let mut interval = usize::MAX;
+            for j in first..stop {
+                if self.piece_part[inner][j] != interval {
+                    interval = self.piece_part[inner][j];
+                    placed.clear();
+                    for column in &self.columns {
+                        let piece = outer_base + interval + column.piece_step;
+                        let piece_strides = &self.piece_strides[piece];
+                        let base = column.in_piece
+                            + outer
+                                .iter()
+                                .zip(&self.in_piece)
+                                .zip(piece_strides)
+                                .map(|((&i, within), stride)| within[i] * stride)
+                                .sum::<u64>();
+                        placed.push((piece, base, piece_strides[inner]));
+                    }
+                }
+                let within = self.in_piece[inner][j];
+                for (column, &(piece, base, stride)) in self.columns.iter().zip(&placed) {
+                    emit(Part {
+                        at: row_at + column.at,
+                        piece,
+                        offset: ((base + within * stride) * self.elem) as usize,
+                        len: column.len,
+                    })?;
+                }
+                row_at += row_bytes;
+            }
+            number += (stop - first) as u64;
+            row[inner] = stop - 1;
+            self.advance(&mut row);
+        }
+        flush(pending, visit)
+    }
+
+    /// Whether `segment`'s parts average [`PACK_BELOW_BYTES`] or more, and
+    /// so are better moved by one vectored call than packed. Parts merge
+    /// across rows only where a row is one whole row of its piece; only
+    /// then are they counted.
+    fn parts_are_large(&self, segment: &Segment) -> Result<bool> {
+        let rows = segment.rows.end - segment.rows.start;
+        let mut parts = rows * self.columns.len() as u64;
+        if parts > 2 && self.columns.len() == 1 && self.columns[0].whole_row {
+            let mut merged = 0u64;
+            self.for_each_part(segment.rows.clone(), |_| {
+                merged += 1;
+                Ok(())
+            })?;
+            parts = merged;
+        }
+        Ok(parts <= 2 || segment.len / parts >= PACK_BELOW_BYTES)
+    }
+
+    /// Reads `segment` from `file` (its data at `data_offset`) into the
+    /// pieces `buffers`.
+    pub fn read_segment(
+        &self,
+        file: &File,
+        path: &Path,
+        data_offset: u64,
+        segment: &Segment,
+        buffers: &mut [Vec<u8>],
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
+        self.read_segment_in(
+            file,
+            path,
+            data_offset,
+            segment,
+            buffers,
+            scratch,
+            PACKED_BYTES,
+        )
+    }
+
+    /// [`read_segment`](Self::read_segment), packing at most `capacity`
+    /// bytes per call.
+    #[allow(clippy::too_many_arguments)]
+    fn read_segment_in(
+        &self,
+        file: &File,
+        path: &Path,
+        data_offset: u64,
+        segment: &Segment,
+        buffers: &mut [Vec<u8>],
+        scratch: &mut Vec<u8>,
+        capacity: usize,
+    ) -> Result<()> {
+        let at_file = data_offset + segment.offset;
+        if self.parts_are_large(segment)? {
+            let parts = self.parts_of(segment)?;
+            let mut targets = scatter_targets(buffers, &parts);
+            return seekio::read_exact_at(file, path, &mut targets, at_file);
+        }
+        let total = segment.len as usize;
+        scratch.resize(capacity.min(total), 0);
+        // The bytes of the segment in `scratch`: [chunk_at, chunk_at + chunk_len).
+        let (mut chunk_at, mut chunk_len) = (0usize, 0usize);
+        self.for_each_part(segment.rows.clone(), |part| {
+            let mut done = 0;
+            while done < part.len {
+                let at = part.at + done;
+                if at == chunk_at + chunk_len {
+                    chunk_at = at;
+                    chunk_len = capacity.min(total - at);
+                    let chunk = &mut scratch[..chunk_len];
+                    seekio::read_exact_at(
+                        file,
+                        path,
+                        &mut [IoSliceMut::new(chunk)],
+                        at_file + at as u64,
+                    )?;
+                }
+                let n = (part.len - done).min(chunk_at + chunk_len - at);
+                let from = at - chunk_at;
+                buffers[part.piece][part.offset + done..part.offset + done + n]
+                    .copy_from_slice(&scratch[from..from + n]);
+                done += n;
+            }
+            Ok(())
+        })
+    }
+
+    /// Writes `segment` to `file` (its data at `data_offset`) from the
+    /// pieces `pieces`.
+    pub fn write_segment(
+        &self,
+        file: &File,
+        path: &Path,
+        data_offset: u64,
+        segment: &Segment,
+        pieces: &[Vec<u8>],
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
+        self.write_segment_in(
+            file,
+            path,
+            data_offset,
+            segment,
+            pieces,
+            scratch,
+            PACKED_BYTES,
+        )
+    }
+
+    /// [`write_segment`](Self::write_segment), packing at most `capacity`
+    /// bytes per call.
+    #[allow(clippy::too_many_arguments)]
+    fn write_segment_in(
+        &self,
+        file: &File,
+        path: &Path,
+        data_offset: u64,
+        segment: &Segment,
+        pieces: &[Vec<u8>],
+        scratch: &mut Vec<u8>,
+        capacity: usize,
+    ) -> Result<()> {
+        let at_file = data_offset + segment.offset;
+        if self.parts_are_large(segment)? {
+            let parts = self.parts_of(segment)?;
+            let mut sources: Vec<IoSlice> = parts
+                .iter()
+                .map(|p| IoSlice::new(&pieces[p.piece][p.offset..p.offset + p.len]))
+                .collect();
+            return seekio::write_all_at(file, path, &mut sources, at_file);
+        }
+        scratch.clear();
+        scratch.reserve(capacity.min(segment.len as usize));
+        let mut flushed = 0u64;
+        self.for_each_part(segment.rows.clone(), |part| {
+            let mut done = 0;
+            while done < part.len {
+                let n = (part.len - done).min(capacity - scratch.len());
+                let from = part.offset + done;
+                scratch.extend_from_slice(&pieces[part.piece][from..from + n]);
+                done += n;
+                if scratch.len() == capacity {
+                    seekio::write_all_at(
+                        file,
+                        path,
+                        &mut [IoSlice::new(scratch)],
+                        at_file + flushed,
+                    )?;
+                    flushed += capacity as u64;
+                    scratch.clear();
+                }
+            }
+            Ok(())
+        })?;
+        if !scratch.is_empty() {
+            seekio::write_all_at(file, path, &mut [IoSlice::new(scratch)], at_file + flushed)?;
+            scratch.clear();
+        }
+        Ok(())
+    }
+
+    /// Copies `segment`'s bytes from `span`, which holds the file's data
+    /// from byte `span_offset` on, into the pieces `buffers`.
+    pub fn copy_segment_from(
+        &self,
+        span: &[u8],
+        span_offset: u64,
+        segment: &Segment,
+        buffers: &mut [Vec<u8>],
+    ) -> Result<()> {
+        let base = (segment.offset - span_offset) as usize;
+        self.for_each_part(segment.rows.clone(), |part| {
+            let from = base + part.at;
+            buffers[part.piece][part.offset..part.offset + part.len]
+                .copy_from_slice(&span[from..from + part.len]);
+            Ok(())
+        })
+    }
+
+    /// Writes the element `fill` (its bytes) over `segment`'s parts of the
+    /// pieces `buffers`.
+    pub fn fill_segment(
+        &self,
+        segment: &Segment,
+        buffers: &mut [Vec<u8>],
+        fill: &[u8],
+    ) -> Result<()> {
+        // Piece buffers may be reused ones (the executor's pool): zeros are
+        // written too.
+        self.for_each_part(segment.rows.clone(), |part| {
+            let bytes = &mut buffers[part.piece][part.offset..part.offset + part.len];
+            for element in bytes.chunks_exact_mut(fill.len()) {
+                element.copy_from_slice(fill);
+            }
+            Ok(())
+        })
+    }
+
+    fn parts_of(&self, segment: &Segment) -> Result<Vec<Part>> {
+        let mut parts = Vec::new();
+        self.for_each_part(segment.rows.clone(), |part| {
+            parts.push(part);
+            Ok(())
+        })?;
+        Ok(parts)
+    }
+}
+
+/// Hands the last merged part, if any, to `visit`.
+fn flush(pending: Option<Part>, mut visit: impl FnMut(Part) -> Result<()>) -> Result<()> {
+    match pending {
+        Some(part) => visit(part),
+        None => Ok(()),
+    }
+}
+
+/// Mutable slices of the piece buffers, one per part, in order. Within one
+/// segment a piece's parts come at increasing offsets, so each buffer is
+/// split front to back.
+fn scatter_targets<'b>(buffers: &'b mut [Vec<u8>], parts: &[Part]) -> Vec<IoSliceMut<'b>> {
+    let mut rests: Vec<(usize, &'b mut [u8])> = buffers
+        .iter_mut()
+        .map(|b| (0usize, b.as_mut_slice()))
+        .collect();
+    let mut targets = Vec::with_capacity(parts.len());
+    for part in parts {
+        let (base, rest) = &mut rests[part.piece];
+        let taken = std::mem::take(rest);
+        let (_, from_offset) = taken.split_at_mut(part.offset - *base);
+        let (slice, after) = from_offset.split_at_mut(part.len);
+        *rest = after;
+        *base = part.offset + part.len;
+        targets.push(IoSliceMut::new(slice));
+    }
+    targets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::geometry::{linear_offset, Axis, IndexBox};
+    use proptest::prelude::*;
+    use std::os::unix::fs::FileExt;
+
+    /// One dimension of a case: the array's length, then numbers that
+    /// place the region, the container (around the region), the file block
+    /// (around the region, maybe past the array: a padded edge chunk) and
+    /// the cutting step.
+    type Dim = (u64, [u64; 7]);
+
+    struct Case {
+        region: Region,
+        container: Region,
+        file_box: Region,
+        grid: PieceGrid,
+    }
+
+    fn case(dims: &[Dim]) -> Case {
+        let (mut region, mut container, mut file_box, mut axes) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for &(len, n) in dims {
+            let lo = n[0] % len;
+            let hi = lo + 1 + n[1] % (len - lo);
+            region.push((lo, hi));
+            container.push((n[2] % (lo + 1), hi + n[3] % (len - hi + 1)));
+            file_box.push((n[4] % (lo + 1), hi + n[5] % (len - hi + 3)));
+            axes.push(Axis::regular(len, 1 + n[6] % len));
+        }
+        let boxed = |b: Vec<(u64, u64)>| {
+            Region::new(
+                b.iter().map(|&(lo, _)| lo).collect(),
+                b.iter().map(|&(lo, hi)| hi - lo).collect(),
+            )
+        };
+        let container = boxed(container);
+        Case {
+            grid: PieceGrid::new(&Partition::new(axes), &container),
+            region: boxed(region),
+            container,
+            file_box: boxed(file_box),
+        }
+    }
+
+    fn inside(region: &Region, point: &[u64]) -> bool {
+        (0..region.ndim()).all(|d| region.origin[d] <= point[d] && point[d] < region.end(d))
+    }
+
+    /// A distinct 4-byte value per element of the array.
+    fn value(point: &[u64]) -> [u8; 4] {
+        let id = point.iter().fold(0u64, |acc, &x| acc * 64 + x + 1);
+        (id as u32).to_le_bytes()
+    }
+
+    fn point_of(region: &Region, index: &[usize]) -> Vec<u64> {
+        index
+            .iter()
+            .zip(&region.origin)
+            .map(|(&i, o)| o + i as u64)
+            .collect()
+    }
+
+    /// The file block's data: every element's value (also past the region).
+    fn file_bytes(file_box: &Region) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for index in IndexBox::grid(
+            &file_box
+                .shape
+                .iter()
+                .map(|&s| s as usize)
+                .collect::<Vec<_>>(),
+        ) {
+            bytes.extend_from_slice(&value(&point_of(file_box, &index)));
+        }
+        bytes
+    }
+
+    /// The pieces, 0xEE where the region does not reach, as a naive
+    /// element-by-element copy fills them.
+    fn expected_pieces(c: &Case) -> Vec<Vec<u8>> {
+        (0..c.grid.count())
+            .map(|local| {
+                let piece = c.grid.piece_box(local);
+                let mut bytes = vec![0xEE; piece.volume() as usize * 4];
+                let shape: Vec<usize> = piece.shape.iter().map(|&s| s as usize).collect();
+                for index in IndexBox::grid(&shape) {
+                    let point = point_of(&piece, &index);
+                    if inside(&c.region, &point) {
+                        let local: Vec<u64> = index.iter().map(|&i| i as u64).collect();
+                        let at = linear_offset(&local, &strides(&piece.shape)) as usize * 4;
+                        bytes[at..at + 4].copy_from_slice(&value(&point));
+                    }
+                }
+                bytes
+            })
+            .collect()
+    }
+
+    fn empty_pieces(c: &Case) -> Vec<Vec<u8>> {
+        c.grid
+            .volumes()
+            .map(|v| vec![0xEE; v as usize * 4])
+            .collect()
+    }
+
+    fn dims() -> impl Strategy<Value = Vec<Dim>> {
+        prop::collection::vec((1u64..=9, prop::array::uniform7(0u64..64)), 1..=3)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// Segments are the file's maximal runs of the region's rows, and
+        /// their parts put every byte where a naive copy puts it.
+        #[test]
+        fn parts_put_every_byte_where_a_naive_copy_does(dims in dims()) {
+            let c = case(&dims);
+            prop_assert!(inside(&c.container, &c.region.origin));
+            let layout = RowLayout::new(&c.region, &c.file_box, 4, &c.grid);
+            let segments = layout.segments();
+            let row_bytes = c.region.shape[c.region.ndim() - 1] * 4;
+            let mut next_row = 0;
+            for pair in segments.windows(2) {
+                prop_assert!(pair[0].offset + pair[0].len < pair[1].offset, "not maximal: {:?}", pair);
+            }
+            for segment in &segments {
+                prop_assert_eq!(segment.rows.start, next_row);
+                prop_assert_eq!(segment.len, (segment.rows.end - segment.rows.start) * row_bytes);
+                next_row = segment.rows.end;
+            }
+            prop_assert_eq!(next_row, c.region.volume() / c.region.shape[c.region.ndim() - 1]);
+
+            let span = file_bytes(&c.file_box);
+            let mut pieces = empty_pieces(&c);
+            for segment in &segments {
+                layout.copy_segment_from(&span, 0, segment, &mut pieces).unwrap();
+            }
+            prop_assert_eq!(&pieces, &expected_pieces(&c));
+        }
+
+        /// Reading from a file and writing to one, packed through buffers
+        /// of any size or not, move exactly the region's bytes.
+        #[test]
+        fn reads_and_writes_through_any_buffer_move_exactly_the_region(
+            dims in dims(),
+            capacity in 1usize..40,
+        ) {
+            let c = case(&dims);
+            let layout = RowLayout::new(&c.region, &c.file_box, 4, &c.grid);
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("block");
+            let file = File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+            let data = file_bytes(&c.file_box);
+            let data_offset = 3;
+            file.write_all_at(&data, data_offset).unwrap();
+            let expected = expected_pieces(&c);
+            let mut scratch = Vec::new();
+            for capacity in [capacity, PACKED_BYTES] {
+                let mut pieces = empty_pieces(&c);
+                for segment in layout.segments() {
+                    layout
+                        .read_segment_in(&file, &path, data_offset, &segment, &mut pieces, &mut scratch, capacity)
+                        .unwrap();
+                }
+                prop_assert_eq!(&pieces, &expected);
+
+                let out_path = dir.path().join("out");
+                let out = File::create(&out_path).unwrap();
+                for segment in layout.segments() {
+                    layout
+                        .write_segment_in(&out, &out_path, data_offset, &segment, &expected, &mut scratch, capacity)
+                        .unwrap();
+                }
+                let written = std::fs::read(&out_path).unwrap();
+                // The region's elements, and nothing else, hold their values.
+                for (k, index) in IndexBox::grid(
+                    &c.file_box.shape.iter().map(|&s| s as usize).collect::<Vec<_>>(),
+                )
+                .enumerate()
+                {
+                    let point = point_of(&c.file_box, &index);
+                    let at = data_offset as usize + k * 4;
+                    let got = written.get(at..at + 4).unwrap_or(&[]);
+                    if inside(&c.region, &point) {
+                        prop_assert_eq!(got, &value(&point)[..]);
+                    } else {
+                        prop_assert!(got.iter().all(|&b| b == 0), "wrote outside the region at {:?}", point);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_truncated_file_is_reported_not_read_as_zeros() {
+        let c = case(&[(6, [0, 5, 0, 0, 0, 0, 2]), (6, [0, 5, 0, 0, 0, 0, 3])]);
+        let layout = RowLayout::new(&c.region, &c.file_box, 4, &c.grid);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("short");
+        std::fs::write(&path, &file_bytes(&c.file_box)[..100]).unwrap();
+        let file = File::open(&path).unwrap();
+        let mut pieces = empty_pieces(&c);
+        let segment = &layout.segments()[0];
+        let err = layout
+            .read_segment(&file, &path, 0, segment, &mut pieces, &mut Vec::new())
+            .unwrap_err();
+        assert!(err.to_string().contains("truncated"), "{err}");
+    }
+}
