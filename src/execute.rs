@@ -416,13 +416,14 @@ struct WriteReport {
 /// one returns its memory at once.
 pub const OWN_MAPPING_BYTES: usize = 1 << 20;
 
-/// Large piece buffers written and handed back, kept for the next steps of
-/// the same sizes. A fresh buffer of [`OWN_MAPPING_BYTES`] or more costs a
-/// page fault and a zeroed page for every 4 KiB the reader fills, and
-/// freeing it unmaps it, which interrupts the other thread to flush its
-/// TLB. A merge (ten 8.5 MB steps) made 21,800 minor page faults and spent
-/// 0.09-0.13 s in the kernel that way, against 5,100 and 0.05-0.06 s with
-/// reuse. Smaller ones come back from the heap as they are. A grid's
+/// Piece buffers written and handed back, kept for the next steps of the
+/// same sizes. A fresh buffer of [`OWN_MAPPING_BYTES`] or more costs a page
+/// fault and a zeroed page for every 4 KiB the reader fills, and freeing it
+/// unmaps it, which interrupts the other thread to flush its TLB. A merge
+/// (ten 8.5 MB steps) made 21,800 minor page faults and spent 0.09-0.13 s
+/// in the kernel that way, against 5,100 and 0.05-0.06 s with reuse. A
+/// smaller one comes from the heap, which zeroes it: W1's 686 MB of pieces
+/// under 1 MiB were all memset before being read into. A grid's
 /// pieces come in a few sizes, so most are reused. What the pool keeps and
 /// the bytes held fit in the plan's peak, when a buffer is given back and
 /// when a step takes its buffers (kept ones of other sizes are freed then),
@@ -469,7 +470,7 @@ impl BufferPool {
     /// `peak`; frees it otherwise.
     fn give(&mut self, buffer: Vec<u8>, held: u64, peak: u64) {
         let len = buffer.len();
-        if len >= OWN_MAPPING_BYTES && held + self.bytes + len as u64 <= peak {
+        if held + self.bytes + len as u64 <= peak {
             self.bytes += len as u64;
             self.free.entry(len).or_default().push(buffer);
         }
@@ -1144,7 +1145,7 @@ mod tests {
     use crate::plan::{Problem, Strategy};
 
     #[test]
-    fn the_buffer_pool_reuses_large_buffers_within_the_plans_peak() {
+    fn the_buffer_pool_reuses_buffers_within_the_plans_peak() {
         let mib = 1usize << 20;
         let mut pool = BufferPool::default();
         let peak = 4 << 20;
@@ -1153,10 +1154,14 @@ mod tests {
         // Kept: 2 MiB held besides, peak 4 MiB.
         pool.give(first, 2 << 20, peak);
         assert_eq!(pool.bytes, 2 << 20);
-        // Over the peak with it: freed.
+        // Over the peak with it: freed, whatever its size.
         pool.give(vec![0u8; mib], 2 << 20, peak);
-        // Small buffers go back to the heap.
-        pool.give(vec![0u8; mib - 1], 0, peak);
+        pool.give(vec![0u8; 100], (4 << 20) - (2 << 20) - 99, peak);
+        assert_eq!(pool.bytes, 2 << 20);
+        // Small buffers are kept too.
+        pool.give(vec![5u8; 100], 0, peak);
+        assert_eq!(pool.bytes, (2 << 20) + 100);
+        assert_eq!(pool.take_step(&[100], 0, peak)[0][0], 5);
         assert_eq!(pool.bytes, 2 << 20);
         // The same size comes back with its old bytes; another is new.
         let step = pool.take_step(&[2 * mib, 2 * mib], 0, peak);
