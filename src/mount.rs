@@ -177,6 +177,7 @@ fn which(program: &str) -> Option<PathBuf> {
 
 /// Scans, plans and opens the staging area: everything short of mounting.
 pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
+    let started = std::time::Instant::now();
     // Headers are checked as the materialiser reads each block (see
     // crate::input): a bad one stops it, and `status` says why.
     let input = InputArray::scan_with(
@@ -195,6 +196,11 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
             input.ndim()
         )));
     }
+    log::debug!(
+        "scanned {} input blocks in {:.3} s",
+        input.blocks.len(),
+        started.elapsed().as_secs_f64()
+    );
     let format = request
         .format
         .unwrap_or_else(|| input.format.default_output());
@@ -231,7 +237,12 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         crate::format::VIEW_DATA_ALIGNMENT,
         &space,
     )?;
+    let planned = std::time::Instant::now();
     let manifest = Manifest::new(&input, &problem.output_block, format)?;
+    log::debug!(
+        "took the inputs' sizes and times in {:.3} s",
+        planned.elapsed().as_secs_f64()
+    );
     let (staging, done) = Staging::open(&staging_dir, &manifest, request.rebuild)?;
     let layout = ViewLayout {
         source: input.source.clone(),
@@ -247,6 +258,10 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         axis_order: input.axis_order(),
     };
     let core = Arc::new(ViewCore::new(layout, &plan, Arc::new(staging), &done)?);
+    log::debug!(
+        "prepared the view in {:.3} s",
+        started.elapsed().as_secs_f64()
+    );
     Ok(PreparedView {
         core,
         input,
@@ -324,6 +339,7 @@ pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<(
     // threads keep one slow read from delaying the rest.
     config.n_threads = Some(4);
     config.clone_fd = true;
+    let mounting = std::time::Instant::now();
     let mut session = match fuser::Session::new(RechunkFs::new(core.clone()), &view, &config) {
         Ok(session) => session,
         Err(e) => {
@@ -333,6 +349,7 @@ pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<(
             return Err(bad_view(&view, message));
         }
     };
+    log::debug!("mounted in {:.3} s", mounting.elapsed().as_secs_f64());
     let materialiser = Materialiser::start(core.clone(), input, plan, mem, on_demand)?;
 
     let shutdown_core = core.clone();
