@@ -37,7 +37,7 @@ use crate::format::hdf5::Hdf5BlockReader;
 use crate::format::Storage;
 use crate::geometry::{IndexBox, Partition, Region};
 use crate::input::{HeaderCheck, InputArray};
-use crate::pieces::{PieceGrid, RowLayout, PACKED_BYTES};
+use crate::pieces::{PackingBuffer, PieceGrid, RowLayout};
 use crate::plan::Plan;
 use crate::seekio::{self, FileKey, SeekCounter, SeekLog};
 
@@ -371,7 +371,7 @@ pub struct Executor<'a> {
     read_ahead: u64,
     ahead: ReadAheadCursor,
     /// Where small rows are read before being copied to their pieces.
-    read_scratch: Vec<u8>,
+    read_packing: PackingBuffer,
     /// Whether inputs' pages are dropped once read (arrays the page cache
     /// cannot hold: [`crate::cgroup::page_cache_cannot_hold`]).
     drop_inputs: bool,
@@ -478,12 +478,12 @@ impl BufferPool {
 }
 
 /// The writer thread's state: output blocks' remaining volumes, the write
-/// log, and a buffer for packing small row pieces into one call.
+/// log, and the buffer small row parts are packed through.
 struct Writer<'a> {
     plan: &'a Plan,
     elem: u64,
     remaining: HashMap<u64, u64>,
-    scratch: Vec<u8>,
+    packing: PackingBuffer,
 }
 
 impl<'a> Executor<'a> {
@@ -508,7 +508,7 @@ impl<'a> Executor<'a> {
             cancel: None,
             read_ahead: read_ahead_bytes(plan, crate::cgroup::memory_limit()),
             ahead: ReadAheadCursor::default(),
-            read_scratch: Vec::new(),
+            read_packing: PackingBuffer::new(),
             drop_inputs: crate::cgroup::page_cache_cannot_hold(input.nbytes()),
             unread: HashMap::new(),
             pool: BufferPool::default(),
@@ -875,7 +875,7 @@ impl<'a> Executor<'a> {
                         *data_offset,
                         &segment,
                         buffers,
-                        &mut self.read_scratch,
+                        &mut self.read_packing,
                     )?;
                     self.reads
                         .read(key, data_offset + segment.offset, segment.len);
@@ -962,7 +962,7 @@ impl<'a> Writer<'a> {
             plan,
             elem,
             remaining: HashMap::new(),
-            scratch: Vec::with_capacity(PACKED_BYTES),
+            packing: PackingBuffer::new(),
         }
     }
 
@@ -1011,7 +1011,7 @@ impl<'a> Writer<'a> {
                     target.data_offset,
                     &segment,
                     pieces,
-                    &mut self.scratch,
+                    &mut self.packing,
                 )?;
                 let at = target.data_offset + segment.offset;
                 if segment.len >= WRITEBACK_MIN_BYTES {

@@ -28,6 +28,33 @@ pub const PACKED_BYTES: usize = 1 << 20;
 /// Parts averaging less than this are packed.
 const PACK_BELOW_BYTES: u64 = 16 << 10;
 
+/// The buffer small parts are packed through (one per thread), and how
+/// many bytes it takes per call.
+pub struct PackingBuffer {
+    bytes: Vec<u8>,
+    capacity: usize,
+}
+
+impl PackingBuffer {
+    /// One that takes [`PACKED_BYTES`] per call.
+    pub fn new() -> PackingBuffer {
+        PackingBuffer::with_capacity(PACKED_BYTES)
+    }
+
+    fn with_capacity(capacity: usize) -> PackingBuffer {
+        PackingBuffer {
+            bytes: Vec::new(),
+            capacity,
+        }
+    }
+}
+
+impl Default for PackingBuffer {
+    fn default() -> Self {
+        PackingBuffer::new()
+    }
+}
+
 /// The pieces a container box (a read block, or a write block) is cut into
 /// by another partition (write blocks, or read blocks): one C-order buffer
 /// per cell of the cutting partition that overlaps the container.
@@ -423,32 +450,9 @@ impl RowLayout {
         data_offset: u64,
         segment: &Segment,
         buffers: &mut [Vec<u8>],
-        scratch: &mut Vec<u8>,
+        packing: &mut PackingBuffer,
     ) -> Result<()> {
-        self.read_segment_in(
-            file,
-            path,
-            data_offset,
-            segment,
-            buffers,
-            scratch,
-            PACKED_BYTES,
-        )
-    }
-
-    /// [`read_segment`](Self::read_segment), packing at most `capacity`
-    /// bytes per call.
-    #[allow(clippy::too_many_arguments)]
-    fn read_segment_in(
-        &self,
-        file: &File,
-        path: &Path,
-        data_offset: u64,
-        segment: &Segment,
-        buffers: &mut [Vec<u8>],
-        scratch: &mut Vec<u8>,
-        capacity: usize,
-    ) -> Result<()> {
+        let (scratch, capacity) = (&mut packing.bytes, packing.capacity);
         let at_file = data_offset + segment.offset;
         if self.parts_are_large(segment)? {
             let parts = self.parts_of(segment)?;
@@ -493,32 +497,9 @@ impl RowLayout {
         data_offset: u64,
         segment: &Segment,
         pieces: &[Vec<u8>],
-        scratch: &mut Vec<u8>,
+        packing: &mut PackingBuffer,
     ) -> Result<()> {
-        self.write_segment_in(
-            file,
-            path,
-            data_offset,
-            segment,
-            pieces,
-            scratch,
-            PACKED_BYTES,
-        )
-    }
-
-    /// [`write_segment`](Self::write_segment), packing at most `capacity`
-    /// bytes per call.
-    #[allow(clippy::too_many_arguments)]
-    fn write_segment_in(
-        &self,
-        file: &File,
-        path: &Path,
-        data_offset: u64,
-        segment: &Segment,
-        pieces: &[Vec<u8>],
-        scratch: &mut Vec<u8>,
-        capacity: usize,
-    ) -> Result<()> {
+        let (scratch, capacity) = (&mut packing.bytes, packing.capacity);
         let at_file = data_offset + segment.offset;
         if self.parts_are_large(segment)? {
             let parts = self.parts_of(segment)?;
@@ -792,12 +773,12 @@ mod tests {
             let data_offset = 3;
             file.write_all_at(&data, data_offset).unwrap();
             let expected = expected_pieces(&c);
-            let mut scratch = Vec::new();
             for capacity in [capacity, PACKED_BYTES] {
+                let mut packing = PackingBuffer::with_capacity(capacity);
                 let mut pieces = empty_pieces(&c);
                 for segment in layout.segments() {
                     layout
-                        .read_segment_in(&file, &path, data_offset, &segment, &mut pieces, &mut scratch, capacity)
+                        .read_segment(&file, &path, data_offset, &segment, &mut pieces, &mut packing)
                         .unwrap();
                 }
                 prop_assert_eq!(&pieces, &expected);
@@ -806,7 +787,7 @@ mod tests {
                 let out = File::create(&out_path).unwrap();
                 for segment in layout.segments() {
                     layout
-                        .write_segment_in(&out, &out_path, data_offset, &segment, &expected, &mut scratch, capacity)
+                        .write_segment(&out, &out_path, data_offset, &segment, &expected, &mut packing)
                         .unwrap();
                 }
                 let written = std::fs::read(&out_path).unwrap();
@@ -840,7 +821,14 @@ mod tests {
         let mut pieces = empty_pieces(&c);
         let segment = &layout.segments()[0];
         let err = layout
-            .read_segment(&file, &path, 0, segment, &mut pieces, &mut Vec::new())
+            .read_segment(
+                &file,
+                &path,
+                0,
+                segment,
+                &mut pieces,
+                &mut PackingBuffer::new(),
+            )
             .unwrap_err();
         assert!(err.to_string().contains("truncated"), "{err}");
     }
