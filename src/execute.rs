@@ -844,13 +844,12 @@ impl<'a> Executor<'a> {
             // Nothing to read: count what a present chunk would cost, and
             // lay the fill value into the pieces.
             let layout = RowLayout::new(region, file_box, self.elem, grid);
-            for segment in layout.segments() {
-                self.counter
-                    .read(FileKey::Input(rank), segment.offset, segment.len);
-                self.stats.fill_bytes += segment.len;
-                layout.fill_segment(&segment, buffers, fill)?;
-            }
-            return Ok(());
+            let (counter, fill_bytes) = (&mut self.counter, &mut self.stats.fill_bytes);
+            return layout.for_each_segment(|segment| {
+                counter.read(FileKey::Input(rank), segment.offset, segment.len);
+                *fill_bytes += segment.len;
+                layout.fill_segment(segment, buffers, fill)
+            });
         }
         let handle = match self.inputs.pop(&rank) {
             Some(InputHandle::Opened(file)) => InputHandle::open(self.input, rank, Some(file))?,
@@ -868,26 +867,28 @@ impl<'a> Executor<'a> {
         let layout = RowLayout::new(region, file_box, self.elem, grid);
         match handle {
             InputHandle::Contiguous { file, data_offset } => {
-                for segment in layout.segments() {
+                let (reads, packing) = (&mut self.reads, &mut self.read_packing);
+                layout.for_each_segment(|segment| {
                     layout.read_segment(
                         file,
                         &block.path,
                         *data_offset,
-                        &segment,
+                        segment,
                         buffers,
-                        &mut self.read_packing,
+                        packing,
                     )?;
-                    self.reads
-                        .read(key, data_offset + segment.offset, segment.len);
-                }
-                Ok(())
+                    reads.read(key, data_offset + segment.offset, segment.len);
+                    Ok(())
+                })
             }
             InputHandle::Hdf5(reader) => {
                 // libhdf5 moves the bytes; count the same segments a
                 // contiguous read would make, so plans stay comparable.
-                for segment in layout.segments() {
-                    self.reads.read(key, segment.offset, segment.len);
-                }
+                let reads = &mut self.reads;
+                layout.for_each_segment(|segment| {
+                    reads.read(key, segment.offset, segment.len);
+                    Ok(())
+                })?;
                 for (local, buffer) in buffers.iter_mut().enumerate() {
                     let piece = grid.piece_box(local);
                     if let Some(part) = piece.intersect(region) {
@@ -1004,21 +1005,23 @@ impl<'a> Writer<'a> {
             let file_box = Region::new(block.origin.clone(), target.file_shape.to_vec());
             let layout = RowLayout::new(&region, &file_box, self.elem, &grid);
             let key = FileKey::Output(rank);
-            for segment in layout.segments() {
+            let packing = &mut self.packing;
+            layout.for_each_segment(|segment| {
                 layout.write_segment(
                     target.file,
                     target.path,
                     target.data_offset,
-                    &segment,
+                    segment,
                     pieces,
-                    &mut self.packing,
+                    packing,
                 )?;
                 let at = target.data_offset + segment.offset;
                 if segment.len >= WRITEBACK_MIN_BYTES {
                     seekio::start_writeback_of(target.file, at, segment.len);
                 }
                 writes.write(key, at, segment.len);
-            }
+                Ok(())
+            })?;
             let remaining = self.remaining.entry(rank).or_insert(block.volume());
             *remaining -= region.volume();
             if *remaining == 0 {
@@ -1073,19 +1076,22 @@ pub fn read_region(
         let block = &input.blocks[rank as usize];
         let key = FileKey::Input(rank);
         let layout = RowLayout::new(&part, &file_box, elem, &grid);
-        let segments = layout.segments();
         if let Storage::Absent { fill } = &block.storage {
-            for segment in &segments {
+            layout.for_each_segment(|segment| {
                 counter.read(key, segment.offset, segment.len);
-                layout.fill_segment(segment, buffers, fill)?;
-            }
+                layout.fill_segment(segment, buffers, fill)
+            })?;
             continue;
         }
         // One read of the span from the part's first byte to its last, then
         // rows copied out: an out-of-order extraction pays in seeks, and a
         // row-by-row read of a partial input block would make one per row.
-        let first = segments.first().map_or(0, |s| s.offset);
-        let end = segments.last().map_or(0, |s| s.offset + s.len);
+        let (mut first, mut end) = (u64::MAX, 0);
+        layout.for_each_segment(|segment| {
+            first = first.min(segment.offset);
+            end = end.max(segment.offset + segment.len);
+            Ok(())
+        })?;
         let opened = match (&block.check, &block.storage) {
             // A header still to be checked is asked for with the span, or
             // the check's small read would fetch it alone (the kernel reads
@@ -1110,14 +1116,15 @@ pub fn read_region(
                 let at = data_offset + first;
                 seekio::read_exact_at(&file, &block.path, &mut [IoSliceMut::new(&mut span)], at)?;
                 counter.read(key, at, end - first);
-                for segment in &segments {
-                    layout.copy_segment_from(&span, first, segment, buffers)?;
-                }
+                layout.for_each_segment(|segment| {
+                    layout.copy_segment_from(&span, first, segment, buffers)
+                })?;
             }
             InputHandle::Hdf5(reader) => {
-                for segment in &segments {
+                layout.for_each_segment(|segment| {
                     counter.read(key, segment.offset, segment.len);
-                }
+                    Ok(())
+                })?;
                 let in_file = part.relative_to(&file_box);
                 let in_region = part.relative_to(region);
                 reader.read_box(

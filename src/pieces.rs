@@ -12,6 +12,7 @@
 //! [`PACK_BELOW_BYTES`] or more on average go straight between the file
 //! and the pieces in one vectored call.
 
+use std::cell::RefCell;
 use std::fs::File;
 use std::io::{IoSlice, IoSliceMut};
 use std::ops::Range;
@@ -172,6 +173,17 @@ pub struct RowLayout {
     /// Whether the region is one run of the file: it spans the file block
     /// in every dimension but the first.
     contiguous: bool,
+    /// [`for_each_part`](Self::for_each_part)'s working space, kept so
+    /// that a call makes no allocation: a baseline plan calls it once per
+    /// row of W2 (49 million times).
+    cursor: RefCell<Cursor>,
+}
+
+/// Where [`RowLayout::for_each_part`] is: the row's coordinates, and each
+/// column's piece, element offset and stride in the current interval.
+struct Cursor {
+    row: Vec<usize>,
+    placed: Vec<(usize, u64, u64)>,
 }
 
 /// One part of every row: the pieces of one interval along the last dimension.
@@ -242,7 +254,8 @@ impl RowLayout {
                     whole_row: from == start && to == stop,
                 }
             })
-            .collect();
+            .collect::<Vec<Column>>();
+        let columns_count = columns.len();
         RowLayout {
             elem,
             row_shape: region.shape[..last].to_vec(),
@@ -254,6 +267,10 @@ impl RowLayout {
             piece_strides,
             columns,
             contiguous: (1..n).all(|d| region.shape[d] == file_box.shape[d]),
+            cursor: RefCell::new(Cursor {
+                row: vec![0; last],
+                placed: Vec::with_capacity(columns_count),
+            }),
         }
     }
 
@@ -261,15 +278,13 @@ impl RowLayout {
         self.row_shape.iter().product()
     }
 
-    /// The coordinates of row `number` in the rows' grid.
-    fn row_coordinates(&self, number: u64) -> Vec<usize> {
-        let mut row = vec![0usize; self.row_shape.len()];
+    /// Sets `row` to the coordinates of row `number` in the rows' grid.
+    fn set_row(&self, row: &mut [usize], number: u64) {
         let mut rest = number;
         for d in (0..row.len()).rev() {
             row[d] = (rest % self.row_shape[d]) as usize;
             rest /= self.row_shape[d];
         }
-        row
     }
 
     /// Moves `row` to the next row in C order.
@@ -294,36 +309,46 @@ impl RowLayout {
         element * self.elem
     }
 
-    /// The file's contiguous runs of the region's rows, in C order.
-    pub fn segments(&self) -> Vec<Segment> {
+    /// Calls `visit` with the file's contiguous runs of the region's rows,
+    /// in C order. They are not collected: a baseline plan's region of a
+    /// W2 block is 30,000 one-row runs.
+    pub fn for_each_segment(&self, mut visit: impl FnMut(&Segment) -> Result<()>) -> Result<()> {
+        let rows = self.rows();
         if self.contiguous {
-            let rows = self.rows();
-            return vec![Segment {
+            return visit(&Segment {
                 offset: self.file_offset(&vec![0; self.row_shape.len()]),
                 len: rows * self.row_bytes,
                 rows: 0..rows,
-            }];
+            });
         }
-        let mut segments: Vec<Segment> = Vec::new();
+        let mut current: Option<Segment> = None;
         let mut row = vec![0usize; self.row_shape.len()];
-        for number in 0..self.rows() {
+        for number in 0..rows {
             if number > 0 {
                 self.advance(&mut row);
             }
             let offset = self.file_offset(&row);
-            match segments.last_mut() {
+            match &mut current {
                 Some(segment) if segment.offset + segment.len == offset => {
                     segment.len += self.row_bytes;
                     segment.rows.end = number + 1;
                 }
-                _ => segments.push(Segment {
-                    offset,
-                    len: self.row_bytes,
-                    rows: number..number + 1,
-                }),
+                _ => {
+                    let next = Segment {
+                        offset,
+                        len: self.row_bytes,
+                        rows: number..number + 1,
+                    };
+                    if let Some(done) = current.replace(next) {
+                        visit(&done)?;
+                    }
+                }
             }
         }
-        segments
+        match current {
+            Some(segment) => visit(&segment),
+            None => Ok(()),
+        }
     }
 
     /// Calls `visit` with the parts of `rows`, in order (`Part::at` counts
@@ -374,8 +399,9 @@ impl RowLayout {
         let inner_len = self.row_shape[inner] as usize;
         // Per column, for the current interval of the inner coordinate:
         // (piece, element offset of the run's outer coordinates, stride).
-        let mut placed: Vec<(usize, u64, u64)> = Vec::with_capacity(self.columns.len());
-        let mut row = self.row_coordinates(rows.start.min(self.rows()));
+        let mut cursor = self.cursor.borrow_mut();
+        let Cursor { row, placed } = &mut *cursor;
+        self.set_row(row, rows.start.min(self.rows()));
         let mut number = rows.start;
         let mut row_at = 0usize;
         while number < rows.end {
@@ -406,7 +432,7 @@ impl RowLayout {
                     }
                 }
                 let within = self.in_piece[inner][j];
-                for (column, &(piece, base, stride)) in self.columns.iter().zip(&placed) {
+                for (column, &(piece, base, stride)) in self.columns.iter().zip(placed.iter()) {
                     emit(Part {
                         at: row_at + column.at,
                         piece,
@@ -418,7 +444,7 @@ impl RowLayout {
             }
             number += (stop - first) as u64;
             row[inner] = stop - 1;
-            self.advance(&mut row);
+            self.advance(row);
         }
         flush(pending, visit)
     }
@@ -438,7 +464,7 @@ impl RowLayout {
             })?;
             parts = merged;
         }
-        Ok(parts <= 2 || segment.len / parts >= PACK_BELOW_BYTES)
+        Ok(segment.len / parts >= PACK_BELOW_BYTES)
     }
 
     /// Reads `segment` from `file` (its data at `data_offset`) into the
@@ -661,6 +687,17 @@ mod tests {
         }
     }
 
+    fn segments(layout: &RowLayout) -> Vec<Segment> {
+        let mut segments = Vec::new();
+        layout
+            .for_each_segment(|segment| {
+                segments.push(segment.clone());
+                Ok(())
+            })
+            .unwrap();
+        segments
+    }
+
     fn inside(region: &Region, point: &[u64]) -> bool {
         (0..region.ndim()).all(|d| region.origin[d] <= point[d] && point[d] < region.end(d))
     }
@@ -736,7 +773,7 @@ mod tests {
             let c = case(&dims);
             prop_assert!(inside(&c.container, &c.region.origin));
             let layout = RowLayout::new(&c.region, &c.file_box, 4, &c.grid);
-            let segments = layout.segments();
+            let segments = segments(&layout);
             let row_bytes = c.region.shape[c.region.ndim() - 1] * 4;
             let mut next_row = 0;
             for pair in segments.windows(2) {
@@ -776,7 +813,7 @@ mod tests {
             for capacity in [capacity, PACKED_BYTES] {
                 let mut packing = PackingBuffer::with_capacity(capacity);
                 let mut pieces = empty_pieces(&c);
-                for segment in layout.segments() {
+                for segment in segments(&layout) {
                     layout
                         .read_segment(&file, &path, data_offset, &segment, &mut pieces, &mut packing)
                         .unwrap();
@@ -785,7 +822,7 @@ mod tests {
 
                 let out_path = dir.path().join("out");
                 let out = File::create(&out_path).unwrap();
-                for segment in layout.segments() {
+                for segment in segments(&layout) {
                     layout
                         .write_segment(&out, &out_path, data_offset, &segment, &expected, &mut packing)
                         .unwrap();
@@ -819,7 +856,7 @@ mod tests {
         std::fs::write(&path, &file_bytes(&c.file_box)[..100]).unwrap();
         let file = File::open(&path).unwrap();
         let mut pieces = empty_pieces(&c);
-        let segment = &layout.segments()[0];
+        let segment = &segments(&layout)[0];
         let err = layout
             .read_segment(
                 &file,
