@@ -449,22 +449,30 @@ impl RowLayout {
         flush(pending, visit)
     }
 
-    /// Whether `segment`'s parts average [`PACK_BELOW_BYTES`] or more, and
-    /// so are better moved by one vectored call than packed. Parts merge
-    /// across rows only where a row is one whole row of its piece; only
-    /// then are they counted.
-    fn parts_are_large(&self, segment: &Segment) -> Result<bool> {
+    /// `segment`'s parts, if they average [`PACK_BELOW_BYTES`] or more and
+    /// so are better moved by one vectored call than packed; None if they
+    /// are to be packed. Parts merge across rows only where a row is one
+    /// whole row of its piece; only then are they counted first.
+    fn vectored_parts(&self, segment: &Segment) -> Result<Option<Vec<Part>>> {
         let rows = segment.rows.end - segment.rows.start;
-        let mut parts = rows * self.columns.len() as u64;
-        if parts > 2 && self.columns.len() == 1 && self.columns[0].whole_row {
+        let mut count = rows * self.columns.len() as u64;
+        if count > 2 && self.columns.len() == 1 && self.columns[0].whole_row {
             let mut merged = 0u64;
             self.for_each_part(segment.rows.clone(), |_| {
                 merged += 1;
                 Ok(())
             })?;
-            parts = merged;
+            count = merged;
         }
-        Ok(segment.len / parts >= PACK_BELOW_BYTES)
+        if segment.len / count < PACK_BELOW_BYTES {
+            return Ok(None);
+        }
+        let mut parts = Vec::new();
+        self.for_each_part(segment.rows.clone(), |part| {
+            parts.push(part);
+            Ok(())
+        })?;
+        Ok(Some(parts))
     }
 
     /// Reads `segment` from `file` (its data at `data_offset`) into the
@@ -480,8 +488,7 @@ impl RowLayout {
     ) -> Result<()> {
         let (scratch, capacity) = (&mut packing.bytes, packing.capacity);
         let at_file = data_offset + segment.offset;
-        if self.parts_are_large(segment)? {
-            let parts = self.parts_of(segment)?;
+        if let Some(parts) = self.vectored_parts(segment)? {
             let mut targets = scatter_targets(buffers, &parts);
             return seekio::read_exact_at(file, path, &mut targets, at_file);
         }
@@ -527,8 +534,7 @@ impl RowLayout {
     ) -> Result<()> {
         let (scratch, capacity) = (&mut packing.bytes, packing.capacity);
         let at_file = data_offset + segment.offset;
-        if self.parts_are_large(segment)? {
-            let parts = self.parts_of(segment)?;
+        if let Some(parts) = self.vectored_parts(segment)? {
             let mut sources: Vec<IoSlice> = parts
                 .iter()
                 .map(|p| IoSlice::new(&pieces[p.piece][p.offset..p.offset + p.len]))
@@ -600,15 +606,6 @@ impl RowLayout {
             }
             Ok(())
         })
-    }
-
-    fn parts_of(&self, segment: &Segment) -> Result<Vec<Part>> {
-        let mut parts = Vec::new();
-        self.for_each_part(segment.rows.clone(), |part| {
-            parts.push(part);
-            Ok(())
-        })?;
-        Ok(parts)
     }
 }
 
