@@ -35,7 +35,22 @@ fn main() {
         }
     }
     if let Err(error) = rechunkfs::cli::run(cli) {
-        eprintln!("rechunkfs: error: {error:#}");
+        eprintln!("rechunkfs: error: {}", message_of(&error));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes, each once: the library's messages already end
+/// with their cause (so they read whole in a log), and a context such as
+/// `--shape` does not.
+fn message_of(error: &anyhow::Error) -> String {
+    let mut message = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !message.ends_with(&cause) {
+            message.push_str(": ");
+            message.push_str(&cause);
+        }
+    }
+    message
 }

@@ -452,6 +452,30 @@ fn refuses_an_empty_directory_and_a_bad_shape() {
 }
 
 #[test]
+fn an_os_error_says_where_and_what_once() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = fresh_grid(root.path(), BlockFormat::Npy);
+    // The output's parent is a file: the OS refuses to make it.
+    let file = root.path().join("a-file");
+    fs::write(&file, b"").unwrap();
+    let output = rechunkfs(&[
+        "rechunk",
+        dir.to_str().unwrap(),
+        file.join("out").to_str().unwrap(),
+        "--shape",
+        "4,4,4",
+    ]);
+    assert!(!output.status.success());
+    let message = stderr(&output);
+    assert!(message.contains(file.to_str().unwrap()), "{message}");
+    assert_eq!(
+        message.matches("Not a directory").count(),
+        1,
+        "the cause once: {message}"
+    );
+}
+
+#[test]
 fn numpy_and_h5py_read_every_output_block_exactly() {
     let root = tempfile::tempdir().unwrap();
     for (fmt, dt) in [
