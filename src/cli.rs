@@ -63,7 +63,8 @@ pub enum Command {
 #[command(
     after_help = concat!("The view holds one file per output block, named {i}_{j}_{k}.{ext} by grid \
 index, plus rechunkfs.json (the array, its dtype and the new grid) and .rechunkfs-status.json \
-(live progress). Sizes are exact from the first stat. Reading a block that is not done yet waits \
+(live progress); a read of the unlisted .rechunkfs-wait.json returns the status once \
+materialising has ended (what status --wait waits on). Sizes are exact from the first stat. Reading a block that is not done yet waits \
 for that block only; its header bytes are served at once. Each block file carries the extended \
 attribute user.rechunkfs.state (done or pending).\n\nBlocks are written into a staging directory \
 (default: ~/.cache/rechunkfs/...). Mounting again with the same arguments resumes: completed \
@@ -337,19 +338,37 @@ fn spawn_progress(core: std::sync::Arc<crate::view::ViewCore>) {
         });
 }
 
-/// How often `status --wait` looks: reading the status file is one small
-/// FUSE read, and a finer poll makes the wait end closer to completion.
-const WAIT_POLL: Duration = Duration::from_millis(10);
+/// How often `status --wait` moves its progress bar. The wait itself ends
+/// when the daemon answers (see [`crate::mount::wait_status`]), not on a tick.
+const PROGRESS_TICK: Duration = Duration::from_millis(200);
 
 fn status_command(args: StatusArgs) -> anyhow::Result<()> {
     let mut status = crate::mount::read_status(&args.view)?;
-    if args.wait {
+    if args.wait && status.state == "materialising" {
         let bar = progress_bar(status.bytes_total, args.json);
-        while status.state == "materialising" {
-            bar.set_position(status.bytes_done);
-            std::thread::sleep(WAIT_POLL);
-            status = crate::mount::read_status(&args.view)?;
-        }
+        let (ended, end) = std::sync::mpsc::channel();
+        let view = args.view.clone();
+        std::thread::Builder::new()
+            .name("wait".into())
+            .spawn(move || {
+                let _ = ended.send(crate::mount::wait_status(&view));
+            })?;
+        status = loop {
+            match end.recv_timeout(PROGRESS_TICK) {
+                Ok(result) => break result?,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if !bar.is_hidden() {
+                        bar.set_position(crate::mount::read_status(&args.view)?.bytes_done);
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    bail!(
+                        "{}: the wait for the view ended without an answer",
+                        args.view.display()
+                    )
+                }
+            }
+        };
         bar.finish_and_clear();
     }
     if args.json {

@@ -23,7 +23,7 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::view::{CacheMode, NodeAttr, NodeKind, ViewCore, STATUS_INO};
+use crate::view::{CacheMode, NodeAttr, NodeKind, ViewCore, STATUS_INO, WAIT_INO};
 
 /// Block files never change, so the kernel may trust their attributes long.
 const STABLE_TTL: Duration = Duration::from_secs(3600);
@@ -122,7 +122,7 @@ impl RechunkFs {
     }
 
     fn ttl(ino: u64) -> Duration {
-        if ino == STATUS_INO {
+        if ino == STATUS_INO || ino == WAIT_INO {
             Duration::ZERO
         } else {
             STABLE_TTL

@@ -19,7 +19,7 @@ use crate::input::{HeaderChecks, InputArray};
 use crate::materialise::Materialiser;
 use crate::plan::{self, Plan, Problem, Strategy};
 use crate::staging::{Manifest, Staging};
-use crate::view::{Status, ViewCore, ViewLayout, STATUS_NAME};
+use crate::view::{Status, ViewCore, ViewLayout, STATUS_NAME, WAIT_NAME};
 
 /// What `rechunkfs mount` was asked for.
 #[derive(Clone, Debug)]
@@ -379,10 +379,23 @@ pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<(
 
 /// Reads a mounted view's status file.
 pub fn read_status(view: &Path) -> Result<Status> {
-    let path = view.join(STATUS_NAME);
+    read_status_file(view, STATUS_NAME)
+}
+
+/// Waits until a mounted view has stopped materialising (every block done,
+/// a failure, or an unmount), and returns its status then. The wait is one
+/// read that the daemon answers when that happens, so it ends at once.
+pub fn wait_status(view: &Path) -> Result<Status> {
+    read_status_file(view, WAIT_NAME)
+}
+
+fn read_status_file(view: &Path, name: &str) -> Result<Status> {
+    let path = view.join(name);
     let bytes = match fs::read(&path) {
         Ok(bytes) => bytes,
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+        // ENOTCONN once the daemon is gone; ECONNABORTED for a read it had
+        // parked (a wait) when it died.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) => {
             return Err(bad_view(
                 view,
                 format!(

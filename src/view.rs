@@ -44,13 +44,18 @@ use crate::sweep::Sweeps;
 pub const ROOT_INO: u64 = 1;
 pub const METADATA_INO: u64 = 2;
 pub const STATUS_INO: u64 = 3;
+pub const WAIT_INO: u64 = 4;
 /// Further static files (a Zarr array's metadata) take inodes from here.
-const FIRST_EXTRA_STATIC_INO: u64 = 4;
+const FIRST_EXTRA_STATIC_INO: u64 = 5;
 const FIRST_BLOCK_INO: u64 = 16;
 /// The metadata file: the whole array and its new grid, as JSON.
 pub const METADATA_NAME: &str = crate::rechunk::METADATA_NAME;
 /// Live progress, as JSON (what `rechunkfs status` reads).
 pub const STATUS_NAME: &str = ".rechunkfs-status.json";
+/// The status once materialising has ended: a read of it waits until then
+/// (what `rechunkfs status --wait` reads, instead of polling). Not listed
+/// in the root, so a tool copying the whole view does not wait on it.
+pub const WAIT_NAME: &str = ".rechunkfs-wait.json";
 /// Extended attribute of each block file: `done`, `pending` or `failed`.
 pub const STATE_XATTR: &str = "user.rechunkfs.state";
 
@@ -113,6 +118,14 @@ struct Waiter {
     reply: ReadReply,
 }
 
+/// A read of the wait file, parked until materialising ends.
+struct EndWaiter {
+    handle: u64,
+    offset: u64,
+    size: u32,
+    reply: ReadReply,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     Materialising,
@@ -127,6 +140,7 @@ struct ViewState {
     done_bytes: u64,
     resumed: u64,
     waiters: HashMap<u64, Vec<Waiter>>,
+    end_waiters: Vec<EndWaiter>,
     phase: Phase,
     failure: Option<String>,
     run: RunStats,
@@ -268,6 +282,7 @@ impl ViewCore {
                 done_bytes: 0,
                 resumed: 0,
                 waiters: HashMap::new(),
+                end_waiters: Vec::new(),
                 phase: Phase::Materialising,
                 failure: None,
                 run: RunStats::default(),
@@ -452,7 +467,7 @@ impl ViewCore {
     }
 
     fn node_attr(&self, ino: u64) -> std::result::Result<NodeAttr, Errno> {
-        let (kind, size) = if ino == STATUS_INO {
+        let (kind, size) = if ino == STATUS_INO || ino == WAIT_INO {
             (NodeKind::File, self.status_bytes().len() as u64)
         } else if let Some(file) = self.static_file(ino) {
             (NodeKind::File, file.bytes.len() as u64)
@@ -487,6 +502,9 @@ impl ViewCore {
         if dir == Dir::Root {
             if name == STATUS_NAME {
                 return self.node_attr(STATUS_INO);
+            }
+            if name == WAIT_NAME {
+                return self.node_attr(WAIT_INO);
             }
             if let Some(file) = self.statics.iter().find(|file| file.name == name) {
                 return self.node_attr(file.ino);
@@ -557,6 +575,10 @@ impl ViewCore {
                 .insert(handle, self.status_bytes());
             return Ok((handle, CacheMode::Direct));
         }
+        if ino == WAIT_INO {
+            // Its snapshot is taken when materialising has ended.
+            return Ok((handle, CacheMode::Direct));
+        }
         Ok((handle, CacheMode::KeepCache))
     }
 
@@ -567,16 +589,25 @@ impl ViewCore {
     /// Reads `size` bytes at `offset`. `reply` is called now, or later when
     /// the block the bytes belong to completes (or the view fails).
     pub fn read(&self, ino: u64, handle: u64, offset: u64, size: u32, reply: ReadReply) {
-        let fixed = |bytes: &[u8]| -> Vec<u8> {
-            let start = (offset as usize).min(bytes.len());
-            let end = (offset as usize)
-                .saturating_add(size as usize)
-                .min(bytes.len());
-            bytes[start..end].to_vec()
-        };
+        let fixed = |bytes: &[u8]| slice_at(bytes, offset, size);
         if ino == STATUS_INO {
             let snapshot = self.status_snapshots.lock().get(&handle).cloned();
             return reply(Ok(fixed(&snapshot.unwrap_or_else(|| self.status_bytes()))));
+        }
+        if ino == WAIT_INO {
+            {
+                let mut state = self.state.lock();
+                if state.phase == Phase::Materialising {
+                    state.end_waiters.push(EndWaiter {
+                        handle,
+                        offset,
+                        size,
+                        reply,
+                    });
+                    return;
+                }
+            }
+            return reply(Ok(fixed(&self.end_snapshot(handle))));
         }
         if let Some(file) = self.static_file(ino) {
             return reply(Ok(fixed(&file.bytes)));
@@ -627,6 +658,25 @@ impl ViewCore {
             }
         }
         reply(self.read_staged(rank, offset, end));
+    }
+
+    /// The wait file's contents for `handle`: the status when it was first
+    /// read after materialising ended, the same for every later read.
+    fn end_snapshot(&self, handle: u64) -> Vec<u8> {
+        self.status_snapshots
+            .lock()
+            .entry(handle)
+            .or_insert_with(|| self.status_bytes())
+            .clone()
+    }
+
+    /// Answers the reads of the wait file: materialising has ended.
+    fn answer_end_waiters(&self) {
+        let end_waiters = std::mem::take(&mut self.state.lock().end_waiters);
+        for waiter in end_waiters {
+            let snapshot = self.end_snapshot(waiter.handle);
+            (waiter.reply)(Ok(slice_at(&snapshot, waiter.offset, waiter.size)));
+        }
     }
 
     fn read_staged(&self, rank: u64, offset: u64, end: u64) -> std::result::Result<Vec<u8>, Errno> {
@@ -761,6 +811,7 @@ impl ViewCore {
         for waiter in left {
             (waiter.reply)(Err(libc::EIO));
         }
+        self.answer_end_waiters();
     }
 
     /// The materialiser failed: pending blocks cannot be served; parked and
@@ -789,6 +840,7 @@ impl ViewCore {
         for waiter in left {
             (waiter.reply)(Err(libc::EIO));
         }
+        self.answer_end_waiters();
     }
 
     /// Extended attribute `name` of `ino`.
@@ -864,6 +916,15 @@ impl ViewCore {
         bytes.push(b'\n');
         bytes
     }
+}
+
+/// The `size` bytes of `bytes` at `offset`, fewer at its end.
+fn slice_at(bytes: &[u8], offset: u64, size: u32) -> Vec<u8> {
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    let end = start.saturating_add(size as usize).min(bytes.len());
+    bytes[start..end].to_vec()
 }
 
 fn geometry_bytes(array: &[u64], dtype: DType) -> u64 {

@@ -445,10 +445,22 @@ fn kill_9_then_umount_and_remount_resumes_without_rewriting_done_blocks() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let pid = mounted.status()["pid"].as_i64().unwrap();
-    Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .unwrap();
+    // A `status --wait` parked on the daemon when it dies.
+    let waiting = std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| mounted.wait());
+        std::thread::sleep(Duration::from_millis(100));
+        Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .unwrap();
+        waiter.join().expect("status --wait thread")
+    });
+    assert!(!waiting.status.success());
+    assert!(
+        stderr(&waiting).contains("not running"),
+        "{}",
+        stderr(&waiting)
+    );
     // The dead daemon's mount answers ENOTCONN; status says what to do.
     let deadline = Instant::now() + Duration::from_secs(10);
     let dead = loop {

@@ -18,7 +18,9 @@ use rechunkfs::input::InputArray;
 use rechunkfs::materialise::StagingSink;
 use rechunkfs::plan::{self, Plan, Problem, Strategy};
 use rechunkfs::staging::{Manifest, Staging};
-use rechunkfs::view::{CacheMode, ReadReply, ViewCore, ViewLayout, METADATA_INO, ROOT_INO};
+use rechunkfs::view::{
+    CacheMode, ReadReply, ViewCore, ViewLayout, METADATA_INO, ROOT_INO, WAIT_NAME,
+};
 use rechunkfs::DType;
 
 use common::{dtype, expected_view_file, make_blocks, TestRng};
@@ -112,6 +114,36 @@ fn read_into(
     });
     core.read(ino, 0, offset, size, reply);
     rx
+}
+
+/// Opens `name` in the view's root and reads `size` bytes at `offset`
+/// through that handle; the reply lands in a channel.
+fn read_handle(
+    core: &ViewCore,
+    handle: u64,
+    ino: u64,
+    offset: u64,
+    size: u32,
+) -> mpsc::Receiver<Result<Vec<u8>, i32>> {
+    let (tx, rx) = mpsc::channel();
+    core.read(
+        ino,
+        handle,
+        offset,
+        size,
+        Box::new(move |result| {
+            let _ = tx.send(result);
+        }),
+    );
+    rx
+}
+
+/// Opens the wait file: its inode and a handle.
+fn open_wait_file(core: &ViewCore) -> (u64, u64) {
+    let ino = core.lookup(ROOT_INO, OsStr::new(WAIT_NAME)).unwrap().ino;
+    let (handle, mode) = core.open(ino, false).unwrap();
+    assert_eq!(mode, CacheMode::Direct);
+    (ino, handle)
 }
 
 fn expected(f: &Fixture, core: &ViewCore, rank: u64) -> Vec<u8> {
@@ -365,6 +397,78 @@ fn shutdown_answers_parked_reads_with_an_error() {
             Err(libc::EIO)
         );
     }
+}
+
+#[test]
+fn the_wait_file_is_answered_when_every_block_is_done() {
+    let f = fixture(&[24, 20, 18], &[6, 5, 9], &[8, 10, 6], BlockFormat::Npy);
+    let (core, _) = open_core(&f);
+    let (ino, handle) = open_wait_file(&core);
+    // Read in two parts through one handle, as a reader with a small
+    // buffer would: both parts must come from the same snapshot.
+    let head = read_handle(&core, handle, ino, 0, 40);
+    let (go, runner) = stepped_run(&f, core.clone());
+    while !core.is_done(0) {
+        go.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        head.try_recv().is_err(),
+        "the wait must not end while blocks are pending"
+    );
+    drop(go);
+    runner.join().unwrap();
+    let mut bytes = head.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!(bytes.len(), 40);
+    let tail = read_handle(&core, handle, ino, 40, 1 << 20)
+        .try_recv()
+        .unwrap()
+        .unwrap();
+    bytes.extend(tail);
+    let status: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(status["state"], "complete");
+    assert_eq!(status["blocks_done"], core.output().count());
+    core.release(handle);
+    // Once complete, a new wait is answered at once.
+    let (ino, handle) = open_wait_file(&core);
+    let again = read_handle(&core, handle, ino, 0, 1 << 20)
+        .try_recv()
+        .unwrap()
+        .unwrap();
+    let again: serde_json::Value = serde_json::from_slice(&again).unwrap();
+    assert_eq!(again["state"], "complete");
+    // It is not listed: a tool copying the view must not wait on it.
+    assert!(core
+        .readdir(ROOT_INO, 0)
+        .unwrap()
+        .all(|(_, entry)| entry.name != WAIT_NAME));
+}
+
+#[test]
+fn the_wait_file_says_why_when_the_view_fails_or_stops() {
+    let f = fixture(&[12, 12], &[5, 5], &[4, 4], BlockFormat::Npy);
+    let (core, _) = open_core(&f);
+    let (ino, handle) = open_wait_file(&core);
+    let waiting = read_handle(&core, handle, ino, 0, 1 << 20);
+    core.fail("input vanished: test".into());
+    let status = waiting
+        .recv_timeout(Duration::from_secs(5))
+        .unwrap()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status).unwrap();
+    assert_eq!(status["state"], "failed");
+    assert_eq!(status["error"], "input vanished: test");
+
+    let (core, _) = open_core(&f);
+    let (ino, handle) = open_wait_file(&core);
+    let waiting = read_handle(&core, handle, ino, 0, 1 << 20);
+    core.shutdown();
+    let status = waiting
+        .recv_timeout(Duration::from_secs(5))
+        .unwrap()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status).unwrap();
+    assert_eq!(status["state"], "stopping");
 }
 
 fn journal_ranks(dir: &Path) -> Vec<u64> {
