@@ -177,7 +177,7 @@ fn which(program: &str) -> Option<PathBuf> {
 
 /// Scans, plans and opens the staging area: everything short of mounting.
 pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
-    let started = std::time::Instant::now();
+    let mut laps = Laps::new();
     // Headers are checked as the materialiser reads each block (see
     // crate::input): a bad one stops it, and `status` says why.
     let input = InputArray::scan_with(
@@ -196,11 +196,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
             input.ndim()
         )));
     }
-    log::debug!(
-        "scanned {} input blocks in {:.3} s",
-        input.blocks.len(),
-        started.elapsed().as_secs_f64()
-    );
+    laps.mark("scan");
     let format = request
         .format
         .unwrap_or_else(|| input.format.default_output());
@@ -214,6 +210,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
     let problem = problem.with_files(input.files.clone(), output_files);
     let cgroup_limit = crate::cgroup::memory_limit();
     let (plan, mem) = plan::plan_within(&problem, request.strategy, request.mem, cgroup_limit)?;
+    laps.mark("plan");
     if mem != request.mem {
         log::info!(
             "planning within {} bytes, half of the memory cgroup's {} bytes (--mem: {:?})",
@@ -237,13 +234,11 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         crate::format::VIEW_DATA_ALIGNMENT,
         &space,
     )?;
-    let planned = std::time::Instant::now();
+    laps.mark("format check");
     let manifest = Manifest::new(&input, &problem.output_block, format)?;
-    log::debug!(
-        "took the inputs' sizes and times in {:.3} s",
-        planned.elapsed().as_secs_f64()
-    );
+    laps.mark("inputs' sizes and times");
     let (staging, done) = Staging::open(&staging_dir, &manifest, request.rebuild)?;
+    laps.mark("staging");
     let layout = ViewLayout {
         source: input.source.clone(),
         array: input.shape.clone(),
@@ -258,9 +253,10 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         axis_order: input.axis_order(),
     };
     let core = Arc::new(ViewCore::new(layout, &plan, Arc::new(staging), &done)?);
+    laps.mark("templates");
     log::debug!(
-        "prepared the view in {:.3} s",
-        started.elapsed().as_secs_f64()
+        "prepared the view of {} input blocks: {laps}",
+        input.blocks.len()
     );
     Ok(PreparedView {
         core,
@@ -445,6 +441,45 @@ pub fn unmount(view: &Path) -> Result<()> {
 /// Where a background daemon writes its log: beside its staging area.
 pub fn log_path(prepared: &PreparedView) -> PathBuf {
     prepared.core.staging().dir().join("daemon.log")
+}
+
+/// Where the time of a few steps went, for a debug log line.
+struct Laps {
+    started: Instant,
+    last: Instant,
+    steps: Vec<(&'static str, Duration)>,
+}
+
+impl Laps {
+    fn new() -> Laps {
+        let now = Instant::now();
+        Laps {
+            started: now,
+            last: now,
+            steps: Vec::new(),
+        }
+    }
+
+    /// The step that ends now.
+    fn mark(&mut self, step: &'static str) {
+        let now = Instant::now();
+        self.steps.push((step, now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Laps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.1} ms", self.started.elapsed().as_secs_f64() * 1e3)?;
+        for (i, (step, took)) in self.steps.iter().enumerate() {
+            let open = if i == 0 { " (" } else { ", " };
+            write!(f, "{open}{step} {:.1}", took.as_secs_f64() * 1e3)?;
+        }
+        if !self.steps.is_empty() {
+            write!(f, ")")?;
+        }
+        Ok(())
+    }
 }
 
 /// Forks a daemon that serves the view, and returns its pid once the view
