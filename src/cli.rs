@@ -68,8 +68,8 @@ materialising has ended (what status --wait waits on). Sizes are exact from the 
 for that block only; its header bytes are served at once. Each block file carries the extended \
 attribute user.rechunkfs.state (done or pending).\n\nBlocks are written into a staging directory \
 (default: ~/.cache/rechunkfs/...). Mounting again with the same arguments resumes: completed \
-blocks are kept, the rest are redone. If the input changed since, the mount is refused; \
---rebuild starts over.\n\nInput headers are checked as in rechunk: a few at the mount, each \
+blocks are kept, the rest are redone. If an input file changed after the view read it (its size \
+or mtime, journaled as it was first read), the mount is refused; --rebuild starts over.\n\nInput headers are checked as in rechunk: a few at the mount, each \
 other one when the materialiser first reads its block; a bad block fails the view (status says \
 which and why), and reads of blocks not done get an error.\n\nNIfTI blocks (--format nii) carry the input's voxel sizes and an \
 affine placing each block in the whole image (identity for HDF5 and npy input); raw blocks \

@@ -36,10 +36,19 @@ use crate::error::{Error, Result};
 use crate::format::hdf5::Hdf5BlockReader;
 use crate::format::Storage;
 use crate::geometry::{IndexBox, Partition, Region};
-use crate::input::{HeaderCheck, InputArray};
+use crate::input::{HeaderCheck, InputArray, InputBlock};
 use crate::pieces::{PackingBuffer, PieceGrid, RowLayout};
 use crate::plan::Plan;
 use crate::seekio::{self, FileKey, SeekCounter, SeekLog};
+
+/// Told of each input file just before its bytes are first read (a view's
+/// staging area records the file's size and mtime, so that a remount can
+/// tell whether an input it read has changed since).
+pub trait InputWitness: Sync {
+    /// Input block `rank` is about to be read; `file` is its file when the
+    /// reader has it open (libhdf5 opens its own, and absent chunks have none).
+    fn reading(&self, rank: u64, block: &InputBlock, file: Option<&File>) -> Result<()>;
+}
 
 /// An output block file open for positioned writes of its data.
 pub struct OutputTarget<'a> {
@@ -264,8 +273,15 @@ impl InputHandle {
     /// Readies input block `rank` for reading (in `opened` if the file is
     /// open already), checking its header if the scan did not
     /// ([`InputArray::confirmed_storage`]).
-    fn open(input: &InputArray, rank: u64, opened: Option<File>) -> Result<InputHandle> {
+    fn open(
+        input: &InputArray,
+        rank: u64,
+        opened: Option<File>,
+        witness: Option<&dyn InputWitness>,
+    ) -> Result<InputHandle> {
         let block = &input.blocks[rank as usize];
+        let witness =
+            |file: Option<&File>| witness.map_or(Ok(()), |w| w.reading(rank, block, file));
         let hdf5 = |dataset: &str| {
             Ok(InputHandle::Hdf5(Hdf5BlockReader::open(
                 &block.path,
@@ -274,12 +290,14 @@ impl InputHandle {
         };
         if let (None, Storage::Hdf5Dataset { dataset }) = (&block.check, &block.storage) {
             // Nothing to check, and libhdf5 opens the file itself.
+            witness(None)?;
             return hdf5(dataset);
         }
         let file = match opened {
             Some(file) => file,
             None => File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?,
         };
+        witness(Some(&file))?;
         match input.confirmed_storage(rank as usize, &file)? {
             Storage::Contiguous { data_offset } => {
                 Ok(InputHandle::Contiguous { file, data_offset })
@@ -367,6 +385,7 @@ pub struct Executor<'a> {
     held: u64,
     stats: RunStats,
     cancel: Option<&'a AtomicBool>,
+    witness: Option<&'a dyn InputWitness>,
     /// How many input bytes to ask the kernel for ahead of the reads.
     read_ahead: u64,
     ahead: ReadAheadCursor,
@@ -506,6 +525,7 @@ impl<'a> Executor<'a> {
                 ..RunStats::default()
             },
             cancel: None,
+            witness: None,
             read_ahead: read_ahead_bytes(plan, crate::cgroup::memory_limit()),
             ahead: ReadAheadCursor::default(),
             read_packing: PackingBuffer::new(),
@@ -517,6 +537,12 @@ impl<'a> Executor<'a> {
 
     pub fn with_cancel(mut self, cancel: &'a AtomicBool) -> Self {
         self.cancel = Some(cancel);
+        self
+    }
+
+    /// Tells `witness` of each input file before it is first read.
+    pub fn with_witness(mut self, witness: &'a dyn InputWitness) -> Self {
+        self.witness = Some(witness);
         self
     }
 
@@ -842,7 +868,11 @@ impl<'a> Executor<'a> {
         let block = &self.input.blocks[rank as usize];
         if let Storage::Absent { fill } = &block.storage {
             // Nothing to read: count what a present chunk would cost, and
-            // lay the fill value into the pieces.
+            // lay the fill value into the pieces. Its absence is what was
+            // read: a chunk written later is a change.
+            if let Some(witness) = self.witness {
+                witness.reading(rank, block, None)?;
+            }
             let layout = RowLayout::new(region, file_box, self.elem, grid);
             let (counter, fill_bytes) = (&mut self.counter, &mut self.stats.fill_bytes);
             return layout.for_each_segment(|segment| {
@@ -852,9 +882,11 @@ impl<'a> Executor<'a> {
             });
         }
         let handle = match self.inputs.pop(&rank) {
-            Some(InputHandle::Opened(file)) => InputHandle::open(self.input, rank, Some(file))?,
+            Some(InputHandle::Opened(file)) => {
+                InputHandle::open(self.input, rank, Some(file), self.witness)?
+            }
             Some(handle) => handle,
-            None => InputHandle::open(self.input, rank, None)?,
+            None => InputHandle::open(self.input, rank, None, self.witness)?,
         };
         self.inputs.put(rank, handle);
         let Some(handle) = self.inputs.get(&rank) else {
@@ -1041,13 +1073,15 @@ impl<'a> Writer<'a> {
 
 /// Reads `region` of the whole array into `dest`, a C-order buffer of the
 /// region's shape, straight from the input blocks it overlaps: one read
-/// per input block (the span of its part), counted in `counter`. For
-/// extracting one output block ahead of the plan.
+/// per input block (the span of its part), counted in `counter`, each
+/// input told to `witness` first. For extracting one output block ahead
+/// of the plan.
 pub fn read_region(
     input: &InputArray,
     region: &Region,
     dest: &mut Vec<u8>,
     counter: &mut SeekCounter,
+    witness: Option<&dyn InputWitness>,
 ) -> Result<()> {
     let grid_of_inputs = input.grid();
     let elem = input.dtype.size as u64;
@@ -1077,6 +1111,9 @@ pub fn read_region(
         let key = FileKey::Input(rank);
         let layout = RowLayout::new(&part, &file_box, elem, &grid);
         if let Storage::Absent { fill } = &block.storage {
+            if let Some(witness) = witness {
+                witness.reading(rank, block, None)?;
+            }
             layout.for_each_segment(|segment| {
                 counter.read(key, segment.offset, segment.len);
                 layout.fill_segment(segment, buffers, fill)
@@ -1110,7 +1147,7 @@ pub fn read_region(
             }
             _ => None,
         };
-        match InputHandle::open(input, rank, opened)? {
+        match InputHandle::open(input, rank, opened, witness)? {
             InputHandle::Contiguous { file, data_offset } => {
                 let mut span = vec![0u8; (end - first) as usize];
                 let at = data_offset + first;

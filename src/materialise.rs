@@ -101,7 +101,13 @@ impl StagingSink {
         let file_shape = self.core.files().file_shape(rank);
         let mut data = vec![0u8; region.volume() as usize * input.dtype.size];
         let mut counter = SeekCounter::default();
-        read_region(input, &region, &mut data, &mut counter)?;
+        read_region(
+            input,
+            &region,
+            &mut data,
+            &mut counter,
+            Some(self.core.staging().as_ref()),
+        )?;
         if file_shape != region.shape {
             data = pad(&data, &region.shape, &file_shape, input.dtype.size);
         }
@@ -292,9 +298,10 @@ impl Materialiser {
                 let step_delay = step_delay();
                 let mut read_blocks_done = 0;
                 let running = Instant::now();
-                let result = Executor::new(&plan, &input).with_cancel(&stop).run(
-                    &mut sink,
-                    |stats: &RunStats| {
+                let result = Executor::new(&plan, &input)
+                    .with_cancel(&stop)
+                    .with_witness(core.staging().as_ref())
+                    .run(&mut sink, |stats: &RunStats| {
                         progress_core.update_run(stats);
                         // Progress also comes within a read block's steps;
                         // the delay is per read block.
@@ -304,8 +311,7 @@ impl Materialiser {
                                 std::thread::sleep(delay);
                             }
                         }
-                    },
-                );
+                    });
                 log::debug!("ran the plan in {:.3} s", running.elapsed().as_secs_f64());
                 // Whatever completed is made durable, also when stopping.
                 let flushing = Instant::now();

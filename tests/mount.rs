@@ -418,11 +418,7 @@ fn many_concurrent_random_readers_get_correct_bytes_without_deadlock() {
 }
 
 fn journal_ranks(staging: &Path) -> Vec<u64> {
-    fs::read(staging.join("done.journal"))
-        .unwrap_or_default()
-        .chunks_exact(16)
-        .map(|r| u64::from_le_bytes(r[..8].try_into().unwrap()))
-        .collect()
+    rechunkfs::staging::Journal::read(staging).unwrap().done
 }
 
 #[test]

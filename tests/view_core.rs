@@ -17,7 +17,7 @@ use rechunkfs::format::BlockFormat;
 use rechunkfs::input::InputArray;
 use rechunkfs::materialise::StagingSink;
 use rechunkfs::plan::{self, Plan, Problem, Strategy};
-use rechunkfs::staging::{Manifest, Staging};
+use rechunkfs::staging::{Journal, Manifest, Staging};
 use rechunkfs::view::{
     CacheMode, ReadReply, ViewCore, ViewLayout, METADATA_INO, ROOT_INO, WAIT_NAME,
 };
@@ -63,7 +63,7 @@ fn fixture(
     let output_files = rechunkfs::filetree::output_file_shape(format, &problem.output());
     let problem = problem.with_files(input.files.clone(), output_files);
     let plan = plan::plan(&problem, Strategy::Keep, None).unwrap();
-    let manifest = Manifest::new(&input, output_block, format).unwrap();
+    let manifest = Manifest::new(&input, output_block, format);
     Fixture {
         staging_dir: root.path().join("staging"),
         _root: root,
@@ -179,6 +179,7 @@ fn stepped_run_with(
         }
         let result = Executor::new(&plan, &input)
             .with_cancel(&cancel)
+            .with_witness(core.staging().as_ref())
             .run(&mut sink, |_| {
                 let _ = wait.recv();
             });
@@ -472,11 +473,38 @@ fn the_wait_file_says_why_when_the_view_fails_or_stops() {
 }
 
 fn journal_ranks(dir: &Path) -> Vec<u64> {
-    std::fs::read(dir.join("done.journal"))
-        .unwrap()
-        .chunks_exact(16)
-        .map(|r| u64::from_le_bytes(r[..8].try_into().unwrap()))
-        .collect()
+    Journal::read(dir).unwrap().done
+}
+
+/// Every prefix of the journal (what a crash can leave) records each
+/// input file a completed block was made from before that block, so a
+/// remount checks every input the block depends on.
+fn assert_blocks_journaled_after_their_inputs(f: &Fixture, core: &ViewCore) {
+    let bytes = std::fs::read(f.staging_dir.join("done.journal")).unwrap();
+    let prefix_dir = tempfile::tempdir().unwrap();
+    let inputs = f.input.grid();
+    for len in (0..=bytes.len()).step_by(8) {
+        std::fs::write(prefix_dir.path().join("done.journal"), &bytes[..len]).unwrap();
+        let journal = Journal::read(prefix_dir.path()).unwrap();
+        let read: std::collections::HashSet<u64> =
+            journal.inputs_read.iter().map(|&(rank, _)| rank).collect();
+        for &rank in &journal.done {
+            let region = core.output().block(&core.output().unravel(rank));
+            for index in rechunkfs::geometry::IndexBox::new(inputs.overlapping(&region)) {
+                let input = inputs.linear(&index);
+                assert!(
+                    read.contains(&input),
+                    "block {} recorded before its input {} ({len} journal bytes)",
+                    core.block_name(rank),
+                    input
+                );
+            }
+        }
+    }
+    // And the identities are the files' own.
+    for (rank, identity) in Journal::read(&f.staging_dir).unwrap().inputs_read {
+        assert_eq!(identity, f.input.blocks[rank as usize].identity().unwrap());
+    }
 }
 
 #[test]
@@ -496,6 +524,7 @@ fn resume_keeps_completed_blocks_and_redoes_only_the_rest() {
     drop(go);
     runner.join().unwrap();
     let done_before = journal_ranks(&f.staging_dir);
+    assert_blocks_journaled_after_their_inputs(&f, &core);
     assert!(
         !done_before.is_empty() && (done_before.len() as u64) < core.output().count(),
         "{} of {} done when abandoned",
@@ -597,6 +626,27 @@ fn a_waited_for_block_is_extracted_ahead_of_the_plan_and_not_written_twice() {
     // blocks whole), so the plan's run made exactly one seek fewer.
     let status = core.status();
     assert_eq!(status.seeks_made + 1, status.seeks_planned);
+    assert_blocks_journaled_after_their_inputs(&f, &core);
+}
+
+#[test]
+fn a_block_extracted_ahead_of_the_plan_is_journaled_after_its_inputs() {
+    let f = fixture(&[30, 28, 26], &[10, 7, 13], &[12, 9, 8], BlockFormat::Hdf5);
+    let (core, _) = open_core(&f);
+    let last = core.output().count() - 1;
+    let parked = read_into(&core, block_ino(&core, last), 0, 1 << 22);
+    let cancel = Arc::new(AtomicBool::new(false));
+    let (go, runner) = stepped_run_with(&f, core.clone(), cancel.clone(), Some(None));
+    go.send(()).unwrap();
+    let answered = parked.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(answered.unwrap(), expected(&f, &core, last));
+    // Stopped now, the plan has read only its first read block's inputs:
+    // the extracted block's own must have been recorded by the extraction.
+    cancel.store(true, Ordering::Relaxed);
+    drop(go);
+    runner.join().unwrap();
+    assert!(journal_ranks(&f.staging_dir).contains(&last));
+    assert_blocks_journaled_after_their_inputs(&f, &core);
 }
 
 #[test]
