@@ -18,9 +18,7 @@ use rechunkfs::input::InputArray;
 use rechunkfs::materialise::StagingSink;
 use rechunkfs::plan::{self, Plan, Problem, Strategy};
 use rechunkfs::staging::{Journal, Manifest, Staging};
-use rechunkfs::view::{
-    CacheMode, ReadReply, ViewCore, ViewLayout, METADATA_INO, ROOT_INO, WAIT_NAME,
-};
+use rechunkfs::view::{CacheMode, ViewCore, ViewLayout, METADATA_INO, ROOT_INO, WAIT_NAME};
 use rechunkfs::DType;
 
 use common::{dtype, expected_view_file, make_blocks, TestRng};
@@ -108,16 +106,11 @@ fn read_into(
     offset: u64,
     size: u32,
 ) -> mpsc::Receiver<Result<Vec<u8>, i32>> {
-    let (tx, rx) = mpsc::channel();
-    let reply: ReadReply = Box::new(move |result| {
-        let _ = tx.send(result);
-    });
-    core.read(ino, 0, offset, size, reply);
-    rx
+    read_handle(core, 0, ino, offset, size)
 }
 
-/// Opens `name` in the view's root and reads `size` bytes at `offset`
-/// through that handle; the reply lands in a channel.
+/// Reads `size` bytes at `offset` of `ino` through `handle`; the reply
+/// lands in a channel.
 fn read_handle(
     core: &ViewCore,
     handle: u64,
