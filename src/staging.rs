@@ -235,8 +235,7 @@ impl Journal {
 }
 
 fn record_check(words: &[u64]) -> u64 {
-    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    fnv1a(&bytes) ^ RECORD_CHECK
+    fnv1a(words.iter().flat_map(|w| w.to_le_bytes())) ^ RECORD_CHECK
 }
 
 fn push_record(bytes: &mut Vec<u8>, kind: u64, [a, b, c, d]: [u64; 4]) {
@@ -280,7 +279,7 @@ impl Staging {
         Ok(cache.join("rechunkfs").join(format!(
             "{leaf}-{}-{:016x}",
             show_shape(output_block).replace('×', "x"),
-            fnv1a(key.as_bytes())
+            fnv1a(key.bytes())
         )))
     }
 
@@ -452,8 +451,8 @@ fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// FNV-1a: a stable 64-bit hash for directory keys (std's hasher may
 /// change between Rust releases, and keys must survive upgrades).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &b| {
+fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, b| {
         (hash ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }
