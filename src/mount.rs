@@ -381,7 +381,17 @@ pub fn read_status(view: &Path) -> Result<Status> {
 /// a failure, or an unmount), and returns its status then. The wait is one
 /// read that the daemon answers when that happens, so it ends at once.
 pub fn wait_status(view: &Path) -> Result<Status> {
-    read_status_file(view, WAIT_NAME)
+    match fs::symlink_metadata(view.join(WAIT_NAME)) {
+        // A daemon of an earlier version serves no wait file: poll it.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => loop {
+            let status = read_status(view)?;
+            if status.state != "materialising" {
+                return Ok(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        },
+        _ => read_status_file(view, WAIT_NAME),
+    }
 }
 
 fn read_status_file(view: &Path, name: &str) -> Result<Status> {

@@ -465,6 +465,28 @@ fn the_wait_file_says_why_when_the_view_fails_or_stops() {
     assert_eq!(status["state"], "stopping");
 }
 
+#[test]
+fn status_wait_polls_a_daemon_that_serves_no_wait_file() {
+    // What a daemon of an earlier version shows: the status file only.
+    let f = fixture(&[12, 12], &[5, 5], &[4, 4], BlockFormat::Npy);
+    let (core, _) = open_core(&f);
+    let old_view = tempfile::tempdir().unwrap();
+    let status_path = old_view.path().join(rechunkfs::view::STATUS_NAME);
+    let mut status = core.status();
+    std::fs::write(&status_path, serde_json::to_vec(&status).unwrap()).unwrap();
+    let view = old_view.path().to_path_buf();
+    let waiter = std::thread::spawn(move || rechunkfs::mount::wait_status(&view));
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(!waiter.is_finished(), "returned while materialising");
+    status.state = "complete".into();
+    // Replaced whole, as a poll must never see half a file.
+    let next = old_view.path().join("next.json");
+    std::fs::write(&next, serde_json::to_vec(&status).unwrap()).unwrap();
+    std::fs::rename(&next, &status_path).unwrap();
+    let waited = waiter.join().unwrap().unwrap();
+    assert_eq!(waited.state, "complete");
+}
+
 fn journal_ranks(dir: &Path) -> Vec<u64> {
     Journal::read(dir).unwrap().done
 }
