@@ -50,6 +50,16 @@ pub trait InputWitness: Sync {
     fn reading(&self, rank: u64, block: &InputBlock, file: Option<&File>) -> Result<()>;
 }
 
+/// Tells `witness`, if there is one, that input block `rank` is about to be read.
+fn tell_witness(
+    witness: Option<&dyn InputWitness>,
+    rank: u64,
+    block: &InputBlock,
+    file: Option<&File>,
+) -> Result<()> {
+    witness.map_or(Ok(()), |witness| witness.reading(rank, block, file))
+}
+
 /// An output block file open for positioned writes of its data.
 pub struct OutputTarget<'a> {
     pub file: &'a File,
@@ -280,8 +290,6 @@ impl InputHandle {
         witness: Option<&dyn InputWitness>,
     ) -> Result<InputHandle> {
         let block = &input.blocks[rank as usize];
-        let witness =
-            |file: Option<&File>| witness.map_or(Ok(()), |w| w.reading(rank, block, file));
         let hdf5 = |dataset: &str| {
             Ok(InputHandle::Hdf5(Hdf5BlockReader::open(
                 &block.path,
@@ -290,14 +298,14 @@ impl InputHandle {
         };
         if let (None, Storage::Hdf5Dataset { dataset }) = (&block.check, &block.storage) {
             // Nothing to check, and libhdf5 opens the file itself.
-            witness(None)?;
+            tell_witness(witness, rank, block, None)?;
             return hdf5(dataset);
         }
         let file = match opened {
             Some(file) => file,
             None => File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?,
         };
-        witness(Some(&file))?;
+        tell_witness(witness, rank, block, Some(&file))?;
         match input.confirmed_storage(rank as usize, &file)? {
             Storage::Contiguous { data_offset } => {
                 Ok(InputHandle::Contiguous { file, data_offset })
@@ -870,9 +878,7 @@ impl<'a> Executor<'a> {
             // Nothing to read: count what a present chunk would cost, and
             // lay the fill value into the pieces. Its absence is what was
             // read: a chunk written later is a change.
-            if let Some(witness) = self.witness {
-                witness.reading(rank, block, None)?;
-            }
+            tell_witness(self.witness, rank, block, None)?;
             let layout = RowLayout::new(region, file_box, self.elem, grid);
             let (counter, fill_bytes) = (&mut self.counter, &mut self.stats.fill_bytes);
             return layout.for_each_segment(|segment| {
@@ -1111,9 +1117,7 @@ pub fn read_region(
         let key = FileKey::Input(rank);
         let layout = RowLayout::new(&part, &file_box, elem, &grid);
         if let Storage::Absent { fill } = &block.storage {
-            if let Some(witness) = witness {
-                witness.reading(rank, block, None)?;
-            }
+            tell_witness(witness, rank, block, None)?;
             layout.for_each_segment(|segment| {
                 counter.read(key, segment.offset, segment.len);
                 layout.fill_segment(segment, buffers, fill)
