@@ -188,6 +188,15 @@ fn stepped_run_with(
     (go, handle)
 }
 
+/// Lets a stepped run go one read block at a time until output block
+/// `rank` is done.
+fn step_until_done(core: &ViewCore, go: &mpsc::Sender<()>, rank: u64) {
+    while !core.is_done(rank) {
+        go.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn stepped_run(
     f: &Fixture,
     core: Arc<ViewCore>,
@@ -271,10 +280,7 @@ fn a_pending_read_waits_for_its_block_while_done_blocks_are_served() {
     );
 
     let (go, runner) = stepped_run(&f, core.clone());
-    while !core.is_done(0) {
-        go.send(()).unwrap();
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    step_until_done(&core, &go, 0);
     // Block 0 is done, the last one is not: reading block 0 is answered
     // during the read call itself, while the other read stays parked.
     assert!(!core.is_done(last));
@@ -343,10 +349,7 @@ fn a_failed_materialiser_fails_pending_reads_and_keeps_done_blocks() {
     let last = core.output().count() - 1;
     let parked = read_into(&core, block_ino(&core, last), 0, 1 << 20);
     let (go, runner) = stepped_run(&f, core.clone());
-    while !core.is_done(0) {
-        go.send(()).unwrap();
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    step_until_done(&core, &go, 0);
     core.fail("input vanished: test".into());
     assert_eq!(
         parked.recv_timeout(Duration::from_secs(5)).unwrap(),
@@ -402,10 +405,7 @@ fn the_wait_file_is_answered_when_every_block_is_done() {
     // buffer would: both parts must come from the same snapshot.
     let head = read_handle(&core, handle, ino, 0, 40);
     let (go, runner) = stepped_run(&f, core.clone());
-    while !core.is_done(0) {
-        go.send(()).unwrap();
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    step_until_done(&core, &go, 0);
     assert!(
         head.try_recv().is_err(),
         "the wait must not end while blocks are pending"
