@@ -334,7 +334,7 @@ pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<(
     // threads keep one slow read from delaying the rest.
     config.n_threads = Some(4);
     config.clone_fd = true;
-    let mounting = std::time::Instant::now();
+    let mounting = Instant::now();
     let mut session = match fuser::Session::new(RechunkFs::new(core.clone()), &view, &config) {
         Ok(session) => session,
         Err(e) => {
