@@ -19,7 +19,7 @@ use crate::input::{HeaderChecks, InputArray};
 use crate::materialise::Materialiser;
 use crate::plan::{self, Plan, Problem, Strategy};
 use crate::staging::{Manifest, Staging};
-use crate::view::{Status, ViewCore, ViewLayout, STATUS_NAME, WAIT_NAME};
+use crate::view::{BlockTemplates, Status, ViewCore, ViewLayout, STATUS_NAME, WAIT_NAME};
 
 /// What `rechunkfs mount` was asked for.
 #[derive(Clone, Debug)]
@@ -223,21 +223,6 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         Some(dir) => dir.clone(),
         None => Staging::default_dir(&input.source, &input.dataset, &problem.output_block, format)?,
     };
-    // Refuse what the format cannot hold (NIfTI's limits, MINC2 scaling)
-    // before a staging area is made for it: the first block is the largest.
-    let space = input.space()?;
-    crate::format::template_in_space(
-        format,
-        &plan.output.block(&vec![0; plan.output.ndim()]).shape,
-        input.dtype,
-        &request.dataset,
-        crate::format::VIEW_DATA_ALIGNMENT,
-        &space,
-    )?;
-    laps.mark("format check");
-    let manifest = Manifest::new(&input, &problem.output_block, format);
-    let (staging, done) = Staging::open(&staging_dir, &manifest, request.rebuild)?;
-    laps.mark("staging");
     let layout = ViewLayout {
         source: input.source.clone(),
         array: input.shape.clone(),
@@ -248,11 +233,24 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         // The dataset asked for: also what an HDF5 view of a Zarr or MINC2
         // input (whose image has no /data of its own) names its dataset.
         dataset: request.dataset.clone(),
-        space,
+        space: input.space()?,
         axis_order: input.axis_order(),
     };
-    let core = Arc::new(ViewCore::new(layout, &plan, Arc::new(staging), &done)?);
+    // Before the staging area: what the format cannot hold is refused
+    // with nothing made.
+    let templates = BlockTemplates::for_view(&layout, &plan.output)?;
     laps.mark("templates");
+    let manifest = Manifest::new(&input, &problem.output_block, format);
+    let (staging, done) = Staging::open(&staging_dir, &manifest, request.rebuild)?;
+    laps.mark("staging");
+    let core = Arc::new(ViewCore::new(
+        layout,
+        &plan,
+        templates,
+        Arc::new(staging),
+        &done,
+    ));
+    laps.mark("view");
     log::debug!(
         "prepared the view of {} input blocks: {laps}",
         input.blocks.len()
@@ -334,10 +332,16 @@ pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<(
     // threads keep one slow read from delaying the rest.
     config.n_threads = Some(4);
     config.clone_fd = true;
+    // Started first, so its first reads overlap the mount: nothing it
+    // does needs the view mounted, and if mounting fails, what it
+    // completed meanwhile is kept in the staging area like any other.
+    let materialiser = Materialiser::start(core.clone(), input, plan, mem, on_demand)?;
     let mounting = Instant::now();
     let mut session = match fuser::Session::new(RechunkFs::new(core.clone()), &view, &config) {
         Ok(session) => session,
         Err(e) => {
+            core.shutdown();
+            materialiser.stop();
             let error = Error::io(&view, "mounting the view", e);
             let message = error.to_string();
             ready(Err(error));
@@ -345,7 +349,6 @@ pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<(
         }
     };
     log::debug!("mounted in {:.3} s", mounting.elapsed().as_secs_f64());
-    let materialiser = Materialiser::start(core.clone(), input, plan, mem, on_demand)?;
 
     let shutdown_core = core.clone();
     let shutdown_view = view.clone();

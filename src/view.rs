@@ -199,8 +199,7 @@ pub struct ViewCore {
     layout: ViewLayout,
     output: Partition,
     files: FileTree,
-    /// Templates by file shape (interior and edge files may differ).
-    templates: HashMap<Vec<u64>, BlockTemplate>,
+    templates: BlockTemplates,
     staging: Arc<Staging>,
     /// `rechunkfs.json` first, then the format's own metadata files.
     statics: Vec<StaticFile>,
@@ -224,16 +223,17 @@ const OPEN_STAGED_FILES: usize = 256;
 const SWEEP_AHEAD_BLOCKS: u64 = 4;
 const SWEEP_AHEAD_BYTES: u64 = 32 << 20;
 
-impl ViewCore {
-    /// A view of `plan`'s output, staged in `staging`, with `done` blocks
-    /// already complete there.
-    pub fn new(
-        layout: ViewLayout,
-        plan: &Plan,
-        staging: Arc<Staging>,
-        done: &[u64],
-    ) -> Result<ViewCore> {
-        let output = plan.output.clone();
+/// The header bytes and layout of every distinct block file shape a view
+/// serves (interior and edge files may differ).
+///
+/// Made before the staging area, so that a format that cannot hold the
+/// blocks (NIfTI's limits, MINC2 scaling) is refused with nothing made.
+pub struct BlockTemplates {
+    by_file_shape: HashMap<Vec<u64>, BlockTemplate>,
+}
+
+impl BlockTemplates {
+    pub fn for_view(layout: &ViewLayout, output: &Partition) -> Result<BlockTemplates> {
         let files = FileTree::for_output(layout.format, output.clone(), layout.axis_order);
         // Distinct file shapes: per dimension the interior and the edge
         // extent, so at most 2^N, found without walking a huge grid.
@@ -248,7 +248,7 @@ impl ViewCore {
                 list
             })
             .collect();
-        let mut templates = HashMap::new();
+        let mut by_file_shape = HashMap::new();
         let counts: Vec<usize> = extents.iter().map(Vec::len).collect();
         for choice in IndexBox::grid(&counts) {
             let shape: Vec<u64> = choice
@@ -264,8 +264,24 @@ impl ViewCore {
                 format::VIEW_DATA_ALIGNMENT,
                 &layout.space,
             )?;
-            templates.insert(shape, template);
+            by_file_shape.insert(shape, template);
         }
+        Ok(BlockTemplates { by_file_shape })
+    }
+}
+
+impl ViewCore {
+    /// A view of `plan`'s output, its files made from `templates`, staged
+    /// in `staging`, with `done` blocks already complete there.
+    pub fn new(
+        layout: ViewLayout,
+        plan: &Plan,
+        templates: BlockTemplates,
+        staging: Arc<Staging>,
+        done: &[u64],
+    ) -> ViewCore {
+        let output = plan.output.clone();
+        let files = FileTree::for_output(layout.format, output.clone(), layout.axis_order);
         let block_bytes = output.block(&output.unravel(0)).volume() * layout.dtype.size as u64;
         let sweeps = Sweeps::new(
             output.count(),
@@ -344,7 +360,7 @@ impl ViewCore {
                 state.phase = Phase::Complete;
             }
         }
-        Ok(core)
+        core
     }
 
     pub fn layout(&self) -> &ViewLayout {
@@ -371,7 +387,7 @@ impl ViewCore {
         let region = self.output.block(&self.output.unravel(rank));
         let file_shape = self.files.file_shape(rank);
         // Every file shape was templated at construction.
-        let template = &self.templates[&file_shape];
+        let template = &self.templates.by_file_shape[&file_shape];
         format::place(
             template,
             self.layout.format,

@@ -18,7 +18,9 @@ use rechunkfs::input::InputArray;
 use rechunkfs::materialise::StagingSink;
 use rechunkfs::plan::{self, Plan, Problem, Strategy};
 use rechunkfs::staging::{Journal, Manifest, Staging};
-use rechunkfs::view::{CacheMode, ViewCore, ViewLayout, METADATA_INO, ROOT_INO, WAIT_NAME};
+use rechunkfs::view::{
+    BlockTemplates, CacheMode, ViewCore, ViewLayout, METADATA_INO, ROOT_INO, WAIT_NAME,
+};
 use rechunkfs::DType;
 
 use common::{dtype, expected_view_file, make_blocks, TestRng};
@@ -87,8 +89,15 @@ fn open_core(f: &Fixture) -> (Arc<ViewCore>, Vec<u64>) {
         space: rechunkfs::format::space::Space::identity(f.array.len()),
         axis_order: rechunkfs::axes::AxisOrder::C,
     };
+    let templates = BlockTemplates::for_view(&layout, &f.plan.output).unwrap();
     (
-        Arc::new(ViewCore::new(layout, &f.plan, Arc::new(staging), &done).unwrap()),
+        Arc::new(ViewCore::new(
+            layout,
+            &f.plan,
+            templates,
+            Arc::new(staging),
+            &done,
+        )),
         done,
     )
 }
