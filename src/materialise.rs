@@ -137,17 +137,12 @@ impl StagingSink {
         Ok(counter.seeks())
     }
 
-    /// Syncs every completed block's data, then records them all in the
-    /// journal (synced too): the order that makes a record trustworthy.
+    /// Records every completed block in the journal, which syncs their data
+    /// first: the order that makes a record trustworthy.
     pub fn flush(&mut self) -> Result<()> {
         if self.unsynced.is_empty() {
             return Ok(());
         }
-        // The staging files share one filesystem: one syncfs covers them
-        // all (an fdatasync each cost a journal commit each).
-        let dir = self.core.staging().dir();
-        let dir_file = std::fs::File::open(dir).map_err(|e| Error::io(dir, "opening", e))?;
-        crate::rechunk::sync_filesystem(&dir_file, dir)?;
         self.core.staging().record_done(&self.unsynced)?;
         // Synced: readers of these blocks now read them from the disk, like
         // blocks done in an earlier session (see seekio::drop_cached_pages).

@@ -303,30 +303,44 @@ impl Staging {
         }
         fs::create_dir_all(dir.join(BLOCKS))
             .map_err(|e| Error::io(dir, "creating the staging area", e))?;
-        let fresh = !manifest_path.exists();
+        let journal_path = dir.join(JOURNAL);
+        let fresh = match fs::read(&manifest_path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+            Err(e) => return Err(Error::io(&manifest_path, "reading", e)),
+            Ok(bytes) => match serde_json::from_slice::<Manifest>(&bytes) {
+                Ok(found) => {
+                    if let Some(why) = found.mismatch(manifest) {
+                        return Err(cannot_resume(dir, &why));
+                    }
+                    false
+                }
+                // A crash before the first record can leave the manifest
+                // unwritten (it is made durable by that record's sync), and
+                // then nothing was recorded: the area starts afresh.
+                Err(_) if journal_is_empty(&journal_path)? => true,
+                Err(e) => {
+                    return Err(Error::BadOutput {
+                        path: manifest_path.clone(),
+                        problem: format!(
+                            "is not a readable staging manifest ({e}); pass --rebuild to start over"
+                        ),
+                    })
+                }
+            },
+        };
         if fresh {
             let bytes = serde_json::to_vec_pretty(manifest)
                 .map_err(|e| Error::BadArgument(format!("encoding the manifest: {e}")))?;
-            write_durably(&manifest_path, &bytes)?;
+            // Not synced here: record_done syncs the filesystem before it
+            // appends the first record, and only a record makes the area
+            // worth resuming. That keeps two syncs off a view's start.
+            write_replacing(&manifest_path, &bytes)?;
             // A journal left without its manifest belongs to nothing.
-            let journal = dir.join(JOURNAL);
-            if journal.exists() {
-                fs::remove_file(&journal).map_err(|e| Error::io(&journal, "removing", e))?;
-            }
-        } else {
-            let bytes =
-                fs::read(&manifest_path).map_err(|e| Error::io(&manifest_path, "reading", e))?;
-            let found: Manifest = serde_json::from_slice(&bytes).map_err(|e| Error::BadOutput {
-                path: manifest_path.clone(),
-                problem: format!(
-                    "is not a readable staging manifest ({e}); pass --rebuild to start over"
-                ),
-            })?;
-            if let Some(why) = found.mismatch(manifest) {
-                return Err(cannot_resume(dir, &why));
+            if journal_path.exists() {
+                fs::remove_file(&journal_path)
+                    .map_err(|e| Error::io(&journal_path, "removing", e))?;
             }
         }
-        let journal_path = dir.join(JOURNAL);
         let journal = if fresh {
             Journal::default()
         } else {
@@ -376,11 +390,16 @@ impl Staging {
         self.dir.join(BLOCKS).join(name)
     }
 
-    /// Records blocks as complete. Their data must already be synced.
-    /// The identities of the input files read so far go first, in the same
-    /// write and sync: every input a block was made from is recorded
-    /// before the block, since it was read before the block completed.
+    /// Records blocks as complete, once everything written to the staging
+    /// area's filesystem is synced (one syncfs: the blocks' data, the
+    /// manifest, the directories; an fdatasync per block cost a journal
+    /// commit each). The identities of the input files read so far go
+    /// first, in the same write and sync: every input a block was made from
+    /// is recorded before the block, since it was read before the block
+    /// completed.
     pub fn record_done(&self, ranks: &[u64]) -> Result<()> {
+        let dir = File::open(&self.dir).map_err(|e| Error::io(&self.dir, "opening", e))?;
+        crate::rechunk::sync_filesystem(&dir, &self.dir)?;
         let mut journal = self.journal.lock();
         let mut bytes = std::mem::take(&mut self.inputs_read.lock().unwritten);
         bytes.reserve(ranks.len() * RECORD_BYTES);
@@ -433,20 +452,23 @@ fn cannot_resume(dir: &Path, why: &str) -> Error {
     }
 }
 
-fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Writes `path` whole under another name, then renames it into place:
+/// a reader never sees it half written.
+fn write_replacing(path: &Path, bytes: &[u8]) -> Result<()> {
     let partial = path.with_extension("partial");
     let mut file = File::create(&partial).map_err(|e| Error::io(&partial, "creating", e))?;
     file.write_all(bytes)
         .map_err(|e| Error::io(&partial, "writing", e))?;
-    file.sync_all()
-        .map_err(|e| Error::io(&partial, "syncing", e))?;
-    fs::rename(&partial, path).map_err(|e| Error::io(path, "renaming into place", e))?;
-    if let Some(parent) = path.parent() {
-        File::open(parent)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io(parent, "syncing", e))?;
+    fs::rename(&partial, path).map_err(|e| Error::io(path, "renaming into place", e))
+}
+
+/// Whether the journal at `path` holds no record (or does not exist).
+fn journal_is_empty(path: &Path) -> Result<bool> {
+    match fs::metadata(path) {
+        Ok(meta) => Ok(meta.len() < RECORD_BYTES as u64),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(Error::io(path, "checking the journal", e)),
     }
-    Ok(())
 }
 
 /// FNV-1a: a stable 64-bit hash for directory keys (std's hasher may
@@ -583,5 +605,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("input file 0_1.npy is now 0_2.npy"), "{err}");
+    }
+
+    #[test]
+    fn a_manifest_lost_before_any_record_starts_the_area_afresh() {
+        let (root, manifest) = input_and_manifest();
+        let dir = staging_dir(&root);
+        drop(Staging::open(&dir, &manifest, false).unwrap());
+        // What a crash can leave of a manifest written but not yet synced.
+        fs::write(dir.join(MANIFEST), b"").unwrap();
+        let (staging, done) = Staging::open(&dir, &manifest, false).unwrap();
+        assert!(done.is_empty());
+        let written: Manifest =
+            serde_json::from_slice(&fs::read(dir.join(MANIFEST)).unwrap()).unwrap();
+        assert_eq!(written.mismatch(&manifest), None);
+        // Once a record is written the manifest was synced before it, so
+        // an unreadable one then is damage, not a crash: refused.
+        staging.record_done(&[1]).unwrap();
+        drop(staging);
+        fs::write(dir.join(MANIFEST), b"{").unwrap();
+        let err = Staging::open(&dir, &manifest, false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is not a readable staging manifest"), "{err}");
+        assert!(err.contains("--rebuild"), "{err}");
     }
 }
