@@ -60,6 +60,30 @@ fn tell_witness(
     witness.map_or(Ok(()), |witness| witness.reading(rank, block, file))
 }
 
+/// Reads absent chunk `rank` (of `block`) into the pieces `buffers`: there
+/// is nothing to read, so the segments a present chunk would cost are
+/// counted in `counter` and the fill value is laid into the pieces. Its
+/// absence is what `witness` is told of: a chunk written later is a
+/// change. Returns the bytes filled.
+fn fill_absent(
+    witness: Option<&dyn InputWitness>,
+    rank: u64,
+    block: &InputBlock,
+    fill: &[u8],
+    layout: &RowLayout,
+    buffers: &mut [Vec<u8>],
+    counter: &mut SeekCounter,
+) -> Result<u64> {
+    tell_witness(witness, rank, block, None)?;
+    let mut filled = 0;
+    layout.for_each_segment(|segment| {
+        counter.read(FileKey::Input(rank), segment.offset, segment.len);
+        filled += segment.len;
+        layout.fill_segment(segment, buffers, fill)
+    })?;
+    Ok(filled)
+}
+
 /// An output block file open for positioned writes of its data.
 pub struct OutputTarget<'a> {
     pub file: &'a File,
@@ -875,17 +899,17 @@ impl<'a> Executor<'a> {
     ) -> Result<()> {
         let block = &self.input.blocks[rank as usize];
         if let Storage::Absent { fill } = &block.storage {
-            // Nothing to read: count what a present chunk would cost, and
-            // lay the fill value into the pieces. Its absence is what was
-            // read: a chunk written later is a change.
-            tell_witness(self.witness, rank, block, None)?;
             let layout = RowLayout::new(region, file_box, self.elem, grid);
-            let (counter, fill_bytes) = (&mut self.counter, &mut self.stats.fill_bytes);
-            return layout.for_each_segment(|segment| {
-                counter.read(FileKey::Input(rank), segment.offset, segment.len);
-                *fill_bytes += segment.len;
-                layout.fill_segment(segment, buffers, fill)
-            });
+            self.stats.fill_bytes += fill_absent(
+                self.witness,
+                rank,
+                block,
+                fill,
+                &layout,
+                buffers,
+                &mut self.counter,
+            )?;
+            return Ok(());
         }
         let handle = match self.inputs.pop(&rank) {
             Some(InputHandle::Opened(file)) => {
@@ -1117,11 +1141,7 @@ pub fn read_region(
         let key = FileKey::Input(rank);
         let layout = RowLayout::new(&part, &file_box, elem, &grid);
         if let Storage::Absent { fill } = &block.storage {
-            tell_witness(witness, rank, block, None)?;
-            layout.for_each_segment(|segment| {
-                counter.read(key, segment.offset, segment.len);
-                layout.fill_segment(segment, buffers, fill)
-            })?;
+            fill_absent(witness, rank, block, fill, &layout, buffers, counter)?;
             continue;
         }
         // One read of the span from the part's first byte to its last, then
