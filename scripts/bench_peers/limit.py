@@ -9,9 +9,10 @@ with any python3 and inside the benchmark's memory cgroup).
         (default: the bytes read) as N fresh files in DIR, as evenly as
         possible, with large writes, then syncs DIR's filesystem (syncfs).
         No copy can do less I/O: this is the floor a rechunk is held to.
-    limit.py read --inputs LIST
+    limit.py read --inputs LIST [--advice sequential|none]
         Reads every file named in LIST, as above (used to compare reading a
-        mounted view with reading its staging files).
+        mounted view with reading its staging files); with --advice none,
+        without posix_fadvise, as most tools read (h5py, numpy, nibabel).
 
 Prints one JSON line: bytes read/written, files, and seconds per phase.
 """
@@ -26,17 +27,18 @@ import time
 CHUNK = 8 << 20
 
 
-def read_all(paths):
+def read_all(paths, advise=True):
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     total = 0
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            except (AttributeError, OSError):
-                pass
+            if advise:
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                except (AttributeError, OSError):
+                    pass
             while True:
                 n = os.readv(fd, [view])
                 if n == 0:
@@ -88,11 +90,13 @@ def main():
     p.add_argument("--out")
     p.add_argument("--files", type=int)
     p.add_argument("--bytes", type=int)
+    p.add_argument("--advice", choices=["sequential", "none"], default="sequential",
+                   help="posix_fadvise each file SEQUENTIAL before reading it, or not (default sequential)")
     a = p.parse_args()
     with open(a.inputs) as f:
         paths = [line.rstrip("\n") for line in f if line.strip()]
     t0 = time.monotonic()
-    nread = read_all(paths)
+    nread = read_all(paths, advise=a.advice == "sequential")
     t1 = time.monotonic()
     report = {"mode": a.mode, "files_read": len(paths), "bytes_read": nread, "read_seconds": t1 - t0}
     if a.mode == "physical":
