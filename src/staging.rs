@@ -214,13 +214,9 @@ impl Journal {
             }
             match kind {
                 DONE_RECORD => journal.done.push(a),
-                INPUT_RECORD => journal.inputs_read.push((
-                    a,
-                    FileIdentity {
-                        size: b,
-                        mtime_ns: ((d as i128) << 64) | c as i128,
-                    },
-                )),
+                INPUT_RECORD => journal
+                    .inputs_read
+                    .push((a, identity_from_words([b, c, d]))),
                 _ => {
                     log::warn!(
                         "{}: stopping at a record of unknown kind {kind}",
@@ -431,14 +427,28 @@ impl InputWitness for Staging {
             Some(file) => FileIdentity::of_file(file, &block.path)?,
             None => block.identity()?,
         };
-        let mtime = identity.mtime_ns as u128;
+        let [size, mtime_low, mtime_high] = identity_words(&identity);
         push_record(
             &mut inputs_read.unwritten,
             INPUT_RECORD,
-            [rank, identity.size, mtime as u64, (mtime >> 64) as u64],
+            [rank, size, mtime_low, mtime_high],
         );
         inputs_read.recorded[rank as usize] = true;
         Ok(())
+    }
+}
+
+/// An input's identity as the last three words of its [`INPUT_RECORD`]:
+/// size, then the nanosecond mtime's low and high words.
+fn identity_words(identity: &FileIdentity) -> [u64; 3] {
+    let mtime = identity.mtime_ns as u128;
+    [identity.size, mtime as u64, (mtime >> 64) as u64]
+}
+
+fn identity_from_words([size, mtime_low, mtime_high]: [u64; 3]) -> FileIdentity {
+    FileIdentity {
+        size,
+        mtime_ns: (((mtime_high as u128) << 64) | mtime_low as u128) as i128,
     }
 }
 
@@ -629,5 +639,21 @@ mod tests {
             .to_string();
         assert!(err.contains("is not a readable staging manifest"), "{err}");
         assert!(err.contains("--rebuild"), "{err}");
+    }
+
+    #[test]
+    fn an_input_identity_survives_its_journal_words() {
+        // Before 1970 (negative), now, and past 2554 (beyond 64 bits of ns).
+        for mtime_ns in [
+            -1_500_000_000_123_456_789,
+            1_795_000_000_987_654_321,
+            1 << 70,
+        ] {
+            let identity = FileIdentity {
+                size: 85_752_048,
+                mtime_ns,
+            };
+            assert_eq!(identity_from_words(identity_words(&identity)), identity);
+        }
     }
 }
