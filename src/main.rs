@@ -29,6 +29,7 @@ fn main() {
         );
     }
     rechunkfs::execute::raise_open_file_limit();
+    rechunkfs::execute::reserve_descriptor_table();
     if !matches!(cli.command, rechunkfs::cli::Command::Mount(_)) {
         // Like other Unix tools, end quietly when a reader of our output
         // goes away (`rechunkfs status VIEW | head`) instead of panicking.

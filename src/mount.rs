@@ -540,6 +540,9 @@ pub fn serve_in_background(prepared: PreparedView) -> Result<i32> {
                 let _ = nix::unistd::dup2(file.as_raw_fd(), 1);
                 let _ = nix::unistd::dup2(file.as_raw_fd(), 2);
             }
+            // The copied table ends at the highest open descriptor; grown
+            // again here, before the daemon's threads start.
+            crate::execute::reserve_descriptor_table();
             let mut pipe = fs::File::from(write_end);
             // The parent reads to end of file: the pipe must close as soon
             // as the outcome is written, so the closure owns it.
