@@ -1244,6 +1244,8 @@ pub fn read_region(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::plan::{Problem, Strategy};
 
     /// The size of this process's descriptor table (`FDSize` in /proc).
     fn descriptor_table_size() -> u64 {
@@ -1264,8 +1266,6 @@ mod tests {
         let flags = unsafe { libc::fcntl(wanted as libc::c_int - 1, libc::F_GETFD) };
         assert_eq!(flags, -1, "descriptor {} left open", wanted - 1);
     }
-    use super::*;
-    use crate::plan::{Problem, Strategy};
 
     #[test]
     fn the_buffer_pool_reuses_buffers_within_the_plans_peak() {
