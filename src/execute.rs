@@ -45,9 +45,15 @@ use crate::seekio::{self, FileKey, SeekCounter, SeekLog};
 /// staging area records the file's size and mtime, so that a remount can
 /// tell whether an input it read has changed since).
 pub trait InputWitness: Sync {
-    /// Input block `rank` is about to be read; `file` is its file when the
-    /// reader has it open (libhdf5 opens its own, and absent chunks have none).
-    fn reading(&self, rank: u64, block: &InputBlock, file: Option<&File>) -> Result<()>;
+    /// Input block `rank` is about to be read; `meta` is a stat of its file
+    /// when the reader has it open (libhdf5 opens its own, and absent chunks
+    /// have none).
+    fn reading(
+        &self,
+        rank: u64,
+        block: &InputBlock,
+        meta: Option<&std::fs::Metadata>,
+    ) -> Result<()>;
 }
 
 /// Tells `witness`, if there is one, that input block `rank` is about to be read.
@@ -55,9 +61,9 @@ fn tell_witness(
     witness: Option<&dyn InputWitness>,
     rank: u64,
     block: &InputBlock,
-    file: Option<&File>,
+    meta: Option<&std::fs::Metadata>,
 ) -> Result<()> {
-    witness.map_or(Ok(()), |witness| witness.reading(rank, block, file))
+    witness.map_or(Ok(()), |witness| witness.reading(rank, block, meta))
 }
 
 /// Reads absent chunk `rank` (of `block`) into the pieces `buffers`: there
@@ -364,8 +370,17 @@ impl InputHandle {
             Some(file) => file,
             None => File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?,
         };
-        tell_witness(witness, rank, block, Some(&file))?;
-        match input.confirmed_storage(rank as usize, &file)? {
+        // One stat serves the witness (size and mtime) and the header check
+        // (the length); with neither, none is made.
+        let meta = match (witness, &block.check) {
+            (None, None) => None,
+            _ => Some(
+                file.metadata()
+                    .map_err(|e| Error::io(&block.path, "stat", e))?,
+            ),
+        };
+        tell_witness(witness, rank, block, meta.as_ref())?;
+        match input.confirmed_storage(rank as usize, &file, meta.as_ref())? {
             Storage::Contiguous { data_offset } => {
                 Ok(InputHandle::Contiguous { file, data_offset })
             }

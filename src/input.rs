@@ -144,12 +144,6 @@ impl FileIdentity {
         Ok(FileIdentity::of_metadata(&meta))
     }
 
-    /// The identity of the file open as `file` (at `path`).
-    pub fn of_file(file: &fs::File, path: &Path) -> Result<FileIdentity> {
-        let meta = file.metadata().map_err(|e| Error::io(path, "stat", e))?;
-        Ok(FileIdentity::of_metadata(&meta))
-    }
-
     /// The identity of `path` now, [`ABSENT`](Self::ABSENT) if it does not exist.
     pub fn now(path: &Path) -> Result<FileIdentity> {
         match fs::metadata(path) {
@@ -159,7 +153,8 @@ impl FileIdentity {
         }
     }
 
-    fn of_metadata(meta: &fs::Metadata) -> FileIdentity {
+    /// The identity a stat of the file found.
+    pub fn of_metadata(meta: &fs::Metadata) -> FileIdentity {
         let mtime_ns = meta
             .modified()
             .ok()
@@ -227,15 +222,23 @@ impl InputArray {
     /// header expected. A file that differs is probed now: if it still
     /// holds a block of the right shape and dtype its own storage is used;
     /// if not, the error is the one a full scan gives.
-    pub fn confirmed_storage(&self, rank: usize, file: &fs::File) -> Result<Storage> {
+    pub fn confirmed_storage(
+        &self,
+        rank: usize,
+        file: &fs::File,
+        meta: Option<&fs::Metadata>,
+    ) -> Result<Storage> {
         let block = &self.blocks[rank];
         let Some(check) = &block.check else {
             return Ok(block.storage.clone());
         };
-        let len = file
-            .metadata()
-            .map_err(|e| Error::io(&block.path, "stat", e))?
-            .len();
+        let len = match meta {
+            Some(meta) => meta.len(),
+            None => file
+                .metadata()
+                .map_err(|e| Error::io(&block.path, "stat", e))?
+                .len(),
+        };
         if check.passes(file, len) {
             return Ok(block.storage.clone());
         }

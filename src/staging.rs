@@ -413,9 +413,10 @@ impl Staging {
 }
 
 impl InputWitness for Staging {
-    /// Notes input file `rank`'s identity (of `file` if open, else of its
-    /// path) the first time it is read in this staging area's life.
-    fn reading(&self, rank: u64, block: &InputBlock, file: Option<&File>) -> Result<()> {
+    /// Notes input file `rank`'s identity (from `meta`, the reader's stat of
+    /// the open file, else a stat of its path) the first time it is read in
+    /// this staging area's life.
+    fn reading(&self, rank: u64, block: &InputBlock, meta: Option<&fs::Metadata>) -> Result<()> {
         let mut inputs_read = self.inputs_read.lock();
         match inputs_read.recorded.get(rank as usize) {
             Some(false) => {}
@@ -423,8 +424,8 @@ impl InputWitness for Staging {
             // manifest's file list was checked against the input at open).
             _ => return Ok(()),
         }
-        let identity = match file {
-            Some(file) => FileIdentity::of_file(file, &block.path)?,
+        let identity = match meta {
+            Some(meta) => FileIdentity::of_metadata(meta),
             None => block.identity()?,
         };
         let [size, mtime_low, mtime_high] = identity_words(&identity);
