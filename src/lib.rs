@@ -1,28 +1,31 @@
 //! rechunkfs: rechunk arrays stored as grids of block files, with the keep
 //! plan (fewest seeks in the memory allowed), to real files or as a view.
+//!
+//! Stages, each using only the ones before it (`tests/layers.rs` checks):
+//!
+//! 1. [`error`] and [`sys`]: the error type; what is asked of the OS.
+//! 2. [`array`]: shapes, grids, dtypes, axis order, world space, names.
+//! 3. [`format`]: each block-file format's bytes.
+//! 4. [`input`]: finding an input's block files and checking their grid.
+//! 5. [`plan`]: the keep plan and its exact seek and memory costs.
+//! 6. [`engine`]: running a plan, counting every seek.
+//! 7. [`output`]: the output file tree, and `rechunk` into a directory.
+//! 8. [`view`]: the view as plain methods, its staging area and materialiser.
+//! 9. [`fuse`]: the FUSE adapter and the mount's daemon.
+//! 10. [`cli`]: the commands.
 
-pub mod axes;
-pub mod cgroup;
-pub mod cli;
-pub mod dtype;
 pub mod error;
-pub mod execute;
-pub mod filetree;
+pub mod sys;
+
+pub mod array;
+pub mod cli;
+pub mod engine;
 pub mod format;
 pub mod fuse;
-pub mod geometry;
 pub mod input;
-pub mod materialise;
-pub mod mount;
-pub mod pieces;
+pub mod output;
 pub mod plan;
-pub mod rechunk;
-pub mod sample;
-pub mod seekio;
-pub mod staging;
-pub mod sweep;
-pub mod units;
 pub mod view;
 
-pub use dtype::DType;
+pub use array::dtype::DType;
 pub use error::{Error, Result};

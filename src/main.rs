@@ -16,20 +16,9 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
         .format_timestamp_millis()
         .init();
-    // Array buffers are large and short-lived. glibc raises its mmap
-    // threshold after the first large free, after which such buffers come
-    // from the heap and, once freed, stay resident: RSS then outgrows the
-    // bytes actually held. A fixed threshold keeps every large buffer
-    // mmap'd, so freeing it returns its memory at once.
-    // SAFETY: mallopt only tunes the allocator, before any buffer exists.
-    unsafe {
-        libc::mallopt(
-            libc::M_MMAP_THRESHOLD,
-            rechunkfs::execute::OWN_MAPPING_BYTES as libc::c_int,
-        );
-    }
-    rechunkfs::execute::raise_open_file_limit();
-    rechunkfs::execute::reserve_descriptor_table();
+    rechunkfs::sys::limits::map_large_buffers_separately();
+    rechunkfs::sys::limits::raise_open_file_limit();
+    rechunkfs::sys::limits::reserve_descriptor_table();
     if !matches!(cli.command, rechunkfs::cli::Command::Mount(_)) {
         // Like other Unix tools, end quietly when a reader of our output
         // goes away (`rechunkfs status VIEW | head`) instead of panicking.

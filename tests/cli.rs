@@ -239,8 +239,8 @@ fn refuses_a_duplicated_index() {
 fn refuses_a_block_whose_shape_disagrees_with_its_position() {
     let root = tempfile::tempdir().unwrap();
     let dir = fresh_grid(root.path(), BlockFormat::Npy);
-    let region = rechunkfs::geometry::Region::new(vec![0, 4, 0], vec![4, 3, 4]);
-    rechunkfs::sample::write_block_file(
+    let region = rechunkfs::array::geometry::Region::new(vec![0, 4, 0], vec![4, 3, 4]);
+    rechunkfs::cli::sample::write_block_file(
         &dir.join("0_1_0.npy"),
         &[8, 8, 8],
         &region,
@@ -263,8 +263,8 @@ fn refuses_a_block_whose_shape_disagrees_with_its_position() {
 fn refuses_mixed_dtypes() {
     let root = tempfile::tempdir().unwrap();
     let dir = fresh_grid(root.path(), BlockFormat::Hdf5);
-    let region = rechunkfs::geometry::Region::new(vec![4, 4, 4], vec![4, 4, 4]);
-    rechunkfs::sample::write_block_file(
+    let region = rechunkfs::array::geometry::Region::new(vec![4, 4, 4], vec![4, 4, 4]);
+    rechunkfs::cli::sample::write_block_file(
         &dir.join("1_1_1.h5"),
         &[8, 8, 8],
         &region,
@@ -308,8 +308,10 @@ fn larger_grid(root: &Path, format: BlockFormat) -> std::path::PathBuf {
 
 /// Replaces block `index` of the 13³ sample (3³ blocks) with `shape` of `dt`.
 fn replace_block(dir: &Path, index: [u64; 3], shape: [u64; 3], dt: &str, format: BlockFormat) {
-    let region =
-        rechunkfs::geometry::Region::new(index.iter().map(|i| i * 3).collect(), shape.to_vec());
+    let region = rechunkfs::array::geometry::Region::new(
+        index.iter().map(|i| i * 3).collect(),
+        shape.to_vec(),
+    );
     let name = format!(
         "{}_{}_{}.{}",
         index[0],
@@ -317,7 +319,7 @@ fn replace_block(dir: &Path, index: [u64; 3], shape: [u64; 3], dt: &str, format:
         index[2],
         format.extension()
     );
-    rechunkfs::sample::write_block_file(
+    rechunkfs::cli::sample::write_block_file(
         &dir.join(name),
         &[13, 13, 13],
         &region,
@@ -356,7 +358,7 @@ fn a_block_with_another_header_that_fits_is_read_by_its_own_layout() {
     let root = tempfile::tempdir().unwrap();
     // npy: the same dict with its keys in another order, data at 128.
     let dir = larger_grid(&root.path().join("npy"), BlockFormat::Npy);
-    let region = rechunkfs::geometry::Region::new(vec![3, 6, 9], vec![3, 3, 3]);
+    let region = rechunkfs::array::geometry::Region::new(vec![3, 6, 9], vec![3, 3, 3]);
     let mut header = "{'shape': (3, 3, 3), 'fortran_order': False, 'descr': '<u2'}".to_string();
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(' ');
@@ -365,7 +367,11 @@ fn a_block_with_another_header_that_fits_is_read_by_its_own_layout() {
     let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
     bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
     bytes.extend_from_slice(header.as_bytes());
-    bytes.extend(rechunkfs::sample::region_bytes(&[13, 13, 13], &region, 2));
+    bytes.extend(rechunkfs::cli::sample::region_bytes(
+        &[13, 13, 13],
+        &region,
+        2,
+    ));
     fs::write(dir.join("1_2_3.npy"), bytes).unwrap();
     // HDF5: an attribute added changes the object header.
     let dir5 = larger_grid(&root.path().join("h5"), BlockFormat::Hdf5);

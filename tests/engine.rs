@@ -9,8 +9,8 @@ use std::path::Path;
 use proptest::prelude::*;
 use rechunkfs::format::BlockFormat;
 use rechunkfs::input::{HeaderChecks, InputArray};
+use rechunkfs::output::directory::{self, OutputSpec};
 use rechunkfs::plan::{self, Problem, Strategy as PlanStrategy};
-use rechunkfs::rechunk::{self, OutputSpec};
 use rechunkfs::DType;
 
 use common::{dtype, is_zarr, make_blocks, make_zarr, verify_output, verify_zarr_output};
@@ -33,8 +33,8 @@ fn c_order_spec(format: BlockFormat, dtype: DType, ndim: usize) -> OutputSpec {
         format,
         dataset: "/data".into(),
         dtype,
-        space: rechunkfs::format::space::Space::identity(ndim),
-        axis_order: rechunkfs::axes::AxisOrder::C,
+        space: rechunkfs::array::space::Space::identity(ndim),
+        axis_order: rechunkfs::array::axes::AxisOrder::C,
     }
 }
 
@@ -81,7 +81,7 @@ fn run_case(root: &Path, case: &Case) -> (u64, u64) {
     )
     .expect("problem");
     let output_files =
-        rechunkfs::filetree::output_file_shape(case.output_format, &problem.output());
+        rechunkfs::output::filetree::output_file_shape(case.output_format, &problem.output());
     let problem = problem.with_files(input.files.clone(), output_files);
     let mem = case.mem_fraction.map(|f| {
         // The least any plan holds: one element being read while one is
@@ -94,9 +94,9 @@ fn run_case(root: &Path, case: &Case) -> (u64, u64) {
         Err(e) => panic!("plan for {:?} mem {mem:?}: {e}", case.array),
     };
     let out = root.join("out");
-    rechunk::prepare_output_dir(&out, false).expect("out dir");
+    directory::prepare_output_dir(&out, false).expect("out dir");
     let spec = c_order_spec(case.output_format, dtype, case.array.len());
-    let stats = rechunk::rechunk(&input, &plan, &out, spec, None, |_| {}).expect("rechunk");
+    let stats = directory::rechunk(&input, &plan, &out, spec, None, |_| {}).expect("rechunk");
     assert_eq!(
         stats.read_seeks, plan.prediction.read_seeks,
         "read seeks vs plan"
@@ -439,9 +439,9 @@ fn reading_large_blocks_in_parts_asks_the_kernel_for_each_byte_about_once() {
         plan.read_shape
     );
     let out = root.path().join("out");
-    rechunk::prepare_output_dir(&out, false).unwrap();
+    directory::prepare_output_dir(&out, false).unwrap();
     let spec = c_order_spec(BlockFormat::Hdf5, dtype("u16"), 3);
-    let stats = rechunk::rechunk(&input, &plan, &out, spec, None, |_| {}).unwrap();
+    let stats = directory::rechunk(&input, &plan, &out, spec, None, |_| {}).unwrap();
     verify_output(&out, &array, &output, dtype("u16"), BlockFormat::Hdf5);
     // The data once, plus a few KiB of header per file opened.
     let headers = 27 * 4 * (4 << 10);
@@ -474,10 +474,10 @@ fn a_split_read_in_steps_reports_progress_after_each_slab() {
     assert_eq!(plan.read.count(), 1);
     assert_eq!(plan.steps.axis(0).bounds(), &[0, 7, 14, 20]);
     let out = root.path().join("out");
-    rechunk::prepare_output_dir(&out, false).expect("out dir");
+    directory::prepare_output_dir(&out, false).expect("out dir");
     let spec = c_order_spec(BlockFormat::Hdf5, dtype("u8"), 3);
     let mut seen = Vec::new();
-    let stats = rechunk::rechunk(&input, &plan, &out, spec, None, |stats| {
+    let stats = directory::rechunk(&input, &plan, &out, spec, None, |stats| {
         seen.push((stats.bytes_written, stats.read_blocks_done))
     })
     .expect("rechunk");

@@ -243,7 +243,7 @@ fn per_slice_minc2_scaling_refuses_nifti_output_but_not_h5() {
         "{}",
         stderr(&mount)
     );
-    assert!(!rechunkfs::mount::is_mounted(&view));
+    assert!(!rechunkfs::fuse::session::is_mounted(&view));
     assert!(
         !root.path().join("staging").exists(),
         "no staging area for a refused view"
@@ -545,11 +545,11 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        if rechunkfs::mount::is_mounted(&self.view) {
+        if rechunkfs::fuse::session::is_mounted(&self.view) {
             let _ = rechunkfs(&["umount", text(&self.view)]);
         }
-        if rechunkfs::mount::is_mounted(&self.view) {
-            let _ = rechunkfs::mount::detach(&self.view);
+        if rechunkfs::fuse::session::is_mounted(&self.view) {
+            let _ = rechunkfs::fuse::session::detach(&self.view);
         }
     }
 }

@@ -123,11 +123,11 @@ impl MountedView {
 
 impl Drop for MountedView {
     fn drop(&mut self) {
-        if rechunkfs::mount::is_mounted(&self.view) {
+        if rechunkfs::fuse::session::is_mounted(&self.view) {
             let _ = rechunkfs(&["umount", self.view.to_str().unwrap()], 0);
         }
-        if rechunkfs::mount::is_mounted(&self.view) {
-            let _ = rechunkfs::mount::detach(&self.view);
+        if rechunkfs::fuse::session::is_mounted(&self.view) {
+            let _ = rechunkfs::fuse::session::detach(&self.view);
         }
     }
 }
@@ -404,8 +404,11 @@ fn absent_chunks_are_the_fill_value() {
     );
     let (report, bytes) = merge_to_npy(&input, root.path(), "20,15");
     assert_eq!(report["fill_bytes"], (8 * 6 + 8 * 3) * 2, "{report}");
-    let source =
-        rechunkfs::sample::region_bytes(&array, &rechunkfs::geometry::Region::whole(&array), 2);
+    let source = rechunkfs::cli::sample::region_bytes(
+        &array,
+        &rechunkfs::array::geometry::Region::whole(&array),
+        2,
+    );
     for y in 0..20usize {
         for x in 0..15usize {
             let at = (y * 15 + x) * 2;
@@ -453,8 +456,11 @@ fn an_absent_chunk_read_into_a_reused_buffer_is_zeros() {
     let (report, bytes) = merge_to_npy(&input, root.path(), "128,256,256");
     let slab = 32 * 256 * 256 * 2;
     assert_eq!(report["fill_bytes"], slab, "{report}");
-    let mut expected =
-        rechunkfs::sample::region_bytes(&array, &rechunkfs::geometry::Region::whole(&array), 2);
+    let mut expected = rechunkfs::cli::sample::region_bytes(
+        &array,
+        &rechunkfs::array::geometry::Region::whole(&array),
+        2,
+    );
     expected[2 * slab..3 * slab].fill(0);
     assert!(
         bytes == expected,

@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use rechunkfs::array::geometry::{IndexBox, Partition};
+use rechunkfs::array::names::grid_name;
 use rechunkfs::format::BlockFormat;
-use rechunkfs::geometry::{IndexBox, Partition};
-use rechunkfs::input::grid_name;
 
 use common::{dtype, expected_view_file, make_blocks, python, stderr, TestRng};
 
@@ -150,11 +150,11 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        if rechunkfs::mount::is_mounted(&self.view) {
+        if rechunkfs::fuse::session::is_mounted(&self.view) {
             let _ = self.umount();
         }
-        if rechunkfs::mount::is_mounted(&self.view) {
-            let _ = rechunkfs::mount::detach(&self.view);
+        if rechunkfs::fuse::session::is_mounted(&self.view) {
+            let _ = rechunkfs::fuse::session::detach(&self.view);
         }
     }
 }
@@ -289,7 +289,7 @@ fn every_byte_through_the_mount_equals_the_source_for_other_programs_too() {
         );
         let umount = mounted.umount();
         assert!(umount.status.success(), "{}", stderr(&umount));
-        assert!(!rechunkfs::mount::is_mounted(&mounted.view));
+        assert!(!rechunkfs::fuse::session::is_mounted(&mounted.view));
     }
 }
 
@@ -418,7 +418,9 @@ fn many_concurrent_random_readers_get_correct_bytes_without_deadlock() {
 }
 
 fn journal_ranks(staging: &Path) -> Vec<u64> {
-    rechunkfs::staging::Journal::read(staging).unwrap().done
+    rechunkfs::view::staging::Journal::read(staging)
+        .unwrap()
+        .done
 }
 
 #[test]
@@ -493,7 +495,7 @@ fn kill_9_then_umount_and_remount_resumes_without_rewriting_done_blocks() {
         "umount of a dead view: {}",
         stderr(&umount)
     );
-    assert!(!rechunkfs::mount::is_mounted(&view));
+    assert!(!rechunkfs::fuse::session::is_mounted(&view));
 
     let args: Vec<&str> = mounted.args.iter().map(String::as_str).collect();
     let again = run(&args, 0);
@@ -589,7 +591,7 @@ fn park_three_readers_and_unmount(mounted: &Mounted) {
             "a parked read of a pending block must fail, got {result:?}"
         );
     }
-    assert!(!rechunkfs::mount::is_mounted(&mounted.view));
+    assert!(!rechunkfs::fuse::session::is_mounted(&mounted.view));
     assert_eq!(
         fs::read_dir(&mounted.view).unwrap().count(),
         0,
@@ -705,7 +707,7 @@ fn mount_point_and_input_refusals_say_what_is_wrong() {
     let empty_view = root.path().join("empty-view");
     fs::create_dir(&empty_view).unwrap();
     assert!(attempt(&empty_view, &broken).contains("block 0_1 is missing"));
-    assert!(!rechunkfs::mount::is_mounted(&empty_view));
+    assert!(!rechunkfs::fuse::session::is_mounted(&empty_view));
 }
 
 #[test]
@@ -721,8 +723,8 @@ fn a_bad_block_the_materialiser_reaches_fails_the_view_and_status_says_why() {
         dtype("u16"),
         BlockFormat::Npy,
     );
-    let region = rechunkfs::geometry::Region::new(vec![6, 3, 6], vec![3, 2, 3]);
-    rechunkfs::sample::write_block_file(
+    let region = rechunkfs::array::geometry::Region::new(vec![6, 3, 6], vec![3, 2, 3]);
+    rechunkfs::cli::sample::write_block_file(
         &input.join("2_1_2.npy"),
         &[13, 13, 13],
         &region,
@@ -766,9 +768,9 @@ fn a_changed_input_is_refused_until_rebuild() {
         mounted.wait_complete();
     }
     // Rewrite one input block with other content of the same shape.
-    let region = rechunkfs::geometry::Region::new(vec![0, 0], vec![5, 5]);
+    let region = rechunkfs::array::geometry::Region::new(vec![0, 0], vec![5, 5]);
     std::thread::sleep(Duration::from_millis(20));
-    rechunkfs::sample::write_block_file(
+    rechunkfs::cli::sample::write_block_file(
         &input.join("0_0.npy"),
         &[11, 10],
         &region,

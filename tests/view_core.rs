@@ -12,12 +12,12 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rechunkfs::execute::Executor;
+use rechunkfs::engine::Executor;
 use rechunkfs::format::BlockFormat;
 use rechunkfs::input::InputArray;
-use rechunkfs::materialise::StagingSink;
 use rechunkfs::plan::{self, Plan, Problem, Strategy};
-use rechunkfs::staging::{Journal, Manifest, Staging};
+use rechunkfs::view::materialise::StagingSink;
+use rechunkfs::view::staging::{Journal, Manifest, Staging};
 use rechunkfs::view::{
     BlockTemplates, CacheMode, ViewCore, ViewLayout, METADATA_INO, ROOT_INO, WAIT_NAME,
 };
@@ -60,7 +60,7 @@ fn fixture(
         2,
     )
     .unwrap();
-    let output_files = rechunkfs::filetree::output_file_shape(format, &problem.output());
+    let output_files = rechunkfs::output::filetree::output_file_shape(format, &problem.output());
     let problem = problem.with_files(input.files.clone(), output_files);
     let plan = plan::plan(&problem, Strategy::Keep, None).unwrap();
     let manifest = Manifest::new(&input, output_block, format);
@@ -86,8 +86,8 @@ fn open_core(f: &Fixture) -> (Arc<ViewCore>, Vec<u64>) {
         output_block: f.plan.problem.output_block.clone(),
         format: f.format,
         dataset: "/data".into(),
-        space: rechunkfs::format::space::Space::identity(f.array.len()),
-        axis_order: rechunkfs::axes::AxisOrder::C,
+        space: rechunkfs::array::space::Space::identity(f.array.len()),
+        axis_order: rechunkfs::array::axes::AxisOrder::C,
     };
     let templates = BlockTemplates::for_view(&layout, &f.plan.output).unwrap();
     (
@@ -484,7 +484,7 @@ fn status_wait_polls_a_daemon_that_serves_no_wait_file() {
     let mut status = core.status();
     std::fs::write(&status_path, serde_json::to_vec(&status).unwrap()).unwrap();
     let view = old_view.path().to_path_buf();
-    let waiter = std::thread::spawn(move || rechunkfs::mount::wait_status(&view));
+    let waiter = std::thread::spawn(move || rechunkfs::fuse::session::wait_status(&view));
     std::thread::sleep(Duration::from_millis(150));
     assert!(!waiter.is_finished(), "returned while materialising");
     status.state = "complete".into();
@@ -514,7 +514,7 @@ fn assert_blocks_journaled_after_their_inputs(f: &Fixture, core: &ViewCore) {
             journal.inputs_read.iter().map(|&(rank, _)| rank).collect();
         for &rank in &journal.done {
             let region = core.output().block(&core.output().unravel(rank));
-            for index in rechunkfs::geometry::IndexBox::new(inputs.overlapping(&region)) {
+            for index in rechunkfs::array::geometry::IndexBox::new(inputs.overlapping(&region)) {
                 let input = inputs.linear(&index);
                 assert!(
                     read.contains(&input),

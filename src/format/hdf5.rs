@@ -38,7 +38,7 @@ use hdf5_sys::h5t::{
 };
 
 use super::{shape_problem, shape_text, BlockInfo, BlockTemplate, Storage};
-use crate::dtype::{DType, Endian, Kind};
+use crate::array::dtype::{DType, Endian, Kind};
 use crate::error::{Error, Result};
 
 /// The element types rechunkfs carries, for refusals.

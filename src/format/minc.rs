@@ -20,9 +20,9 @@ use ::hdf5::sync::sync;
 use ::hdf5::types::{TypeDescriptor, VarLenAscii, VarLenUnicode};
 use hdf5_sys::h5a::H5Aread;
 
-use super::space::{Space, UNITS_MM};
 use super::BlockInfo;
-use crate::dtype::{DType, Kind};
+use crate::array::dtype::{DType, Kind};
+use crate::array::space::{Space, UNITS_MM};
 use crate::error::{Error, Result};
 
 /// Where a MINC2 file keeps its image.

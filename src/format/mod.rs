@@ -19,7 +19,6 @@ pub mod hdf5;
 pub mod minc;
 pub mod nifti;
 pub mod npy;
-pub mod space;
 pub mod zarr;
 
 use std::borrow::Cow;
@@ -28,13 +27,12 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::str::FromStr;
 
-use crate::dtype::DType;
+use crate::array::axes::AxisOrder;
+use crate::array::dtype::DType;
+use crate::array::geometry::MAX_DIMS;
+use crate::array::names::ChunkKey;
+use crate::array::space::Space;
 use crate::error::{Error, Result};
-use space::Space;
-
-/// The most dimensions a block may have; beyond it shapes are almost surely
-/// a misread header, and fixed-size index arithmetic elsewhere can rely on it.
-pub const MAX_DIMS: usize = 8;
 
 /// The on-disk formats of block files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -117,6 +115,25 @@ impl BlockFormat {
         match self {
             BlockFormat::Minc2 => minc::IMAGE,
             _ => requested,
+        }
+    }
+
+    /// How the format names its block files: `{i}_{j}_{k}.{ext}`, or
+    /// Zarr's chunk keys.
+    pub fn chunk_key(self) -> ChunkKey {
+        match self {
+            BlockFormat::Zarr => ChunkKey::zarr_v2(),
+            BlockFormat::Zarr3 => ChunkKey::zarr_v3(),
+            other => ChunkKey::block_files(other.extension()),
+        }
+    }
+
+    /// The order people use for arrays read from this format (see
+    /// [`crate::array::axes`]): NIfTI's (x, y, z), or C order.
+    pub fn axis_order(self) -> AxisOrder {
+        match self {
+            BlockFormat::Nifti => AxisOrder::Nifti,
+            _ => AxisOrder::C,
         }
     }
 
@@ -482,7 +499,7 @@ pub(crate) mod test_python {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::{Endian, Kind};
+    use crate::array::dtype::{Endian, Kind};
 
     #[test]
     fn format_names_and_extensions() {

@@ -15,9 +15,9 @@
 
 use std::path::Path;
 
-use super::space::{affine_of_qform, qform_of, Space};
 use super::{shape_problem, shape_text, BlockInfo, BlockTemplate, Storage};
-use crate::dtype::{DType, Endian, Kind};
+use crate::array::dtype::{DType, Endian, Kind};
+use crate::array::space::{affine_of_qform, qform_of, Space};
 use crate::error::{Error, Result};
 
 /// `sizeof_hdr`: the header's own length.
@@ -404,7 +404,7 @@ fn best_affine(r: &Reader<'_>, dims: &[u64], pixdim: &[f64]) -> [[f64; 4]; 3] {
     }
     if r.i16(252) > 0 {
         let qfac = if pixdim[0] < 0.0 { -1.0 } else { 1.0 };
-        let qform = super::space::Qform {
+        let qform = crate::array::space::Qform {
             b: r.f32(256),
             c: r.f32(260),
             d: r.f32(264),

@@ -12,7 +12,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::{shape_problem, shape_text, BlockInfo, Storage};
-use crate::dtype::{DType, Endian, Kind};
+use crate::array::dtype::{DType, Endian, Kind};
 use crate::error::{Error, Result};
 
 /// The six bytes every npy file starts with.

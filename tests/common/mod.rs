@@ -5,10 +5,10 @@
 
 use std::path::{Path, PathBuf};
 
+use rechunkfs::array::geometry::{IndexBox, Partition};
+use rechunkfs::array::names::grid_name;
+use rechunkfs::cli::sample;
 use rechunkfs::format::{self, hdf5::Hdf5BlockReader, BlockFormat, Storage};
-use rechunkfs::geometry::{IndexBox, Partition};
-use rechunkfs::input::grid_name;
-use rechunkfs::sample;
 use rechunkfs::DType;
 
 pub fn dtype(text: &str) -> DType {
@@ -102,7 +102,7 @@ pub fn verify_output(
 /// view's (page-aligned) template around the sample data.
 pub fn expected_view_file(
     array: &[u64],
-    region: &rechunkfs::geometry::Region,
+    region: &rechunkfs::array::geometry::Region,
     dtype: DType,
     format: BlockFormat,
 ) -> Vec<u8> {
@@ -142,13 +142,13 @@ pub fn is_zarr(format: BlockFormat) -> bool {
 /// chunk (Zarr's edge chunks; the fill value is 0).
 pub fn expected_chunk_file(
     array: &[u64],
-    region: &rechunkfs::geometry::Region,
+    region: &rechunkfs::array::geometry::Region,
     chunk: &[u64],
     dtype: DType,
 ) -> Vec<u8> {
     let data = sample::region_bytes(array, region, dtype.size);
     let elem = dtype.size;
-    let chunk_strides = rechunkfs::geometry::strides(chunk);
+    let chunk_strides = rechunkfs::array::geometry::strides(chunk);
     let mut bytes = vec![0u8; chunk.iter().product::<u64>() as usize * elem];
     let last = region.ndim() - 1;
     let row_len = region.shape[last] as usize * elem;
@@ -188,10 +188,10 @@ pub fn verify_zarr_output(
     assert_eq!(meta.shape, array);
     assert_eq!(meta.chunks, chunk);
     assert_eq!(meta.dtype, dtype);
-    let tree = rechunkfs::filetree::FileTree::for_output(
+    let tree = rechunkfs::output::filetree::FileTree::for_output(
         format,
         Partition::regular(array, &chunk),
-        rechunkfs::axes::AxisOrder::C,
+        rechunkfs::array::axes::AxisOrder::C,
     );
     let mut expected_files = vec![meta
         .path
@@ -260,20 +260,21 @@ pub fn make_zarr(
         dtype.size as u64,
     )
     .expect("problem");
-    let files = rechunkfs::filetree::output_file_shape(format, &problem.output());
+    let files = rechunkfs::output::filetree::output_file_shape(format, &problem.output());
     let problem = problem.with_files(input.files.clone(), files);
     let plan =
         rechunkfs::plan::plan(&problem, rechunkfs::plan::Strategy::Keep, None).expect("plan");
     let out = root.join(name);
-    rechunkfs::rechunk::prepare_output_dir(&out, false).expect("out dir");
-    let spec = rechunkfs::rechunk::OutputSpec {
+    rechunkfs::output::directory::prepare_output_dir(&out, false).expect("out dir");
+    let spec = rechunkfs::output::directory::OutputSpec {
         format,
         dataset: "/data".into(),
         dtype,
-        space: rechunkfs::format::space::Space::identity(array.len()),
-        axis_order: rechunkfs::axes::AxisOrder::C,
+        space: rechunkfs::array::space::Space::identity(array.len()),
+        axis_order: rechunkfs::array::axes::AxisOrder::C,
     };
-    rechunkfs::rechunk::rechunk(&input, &plan, &out, spec, None, |_| {}).expect("rechunk");
+    rechunkfs::output::directory::rechunk(&input, &plan, &out, spec, None, |_| {})
+        .expect("rechunk");
     out
 }
 

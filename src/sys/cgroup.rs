@@ -20,7 +20,7 @@ pub fn memory_limit() -> Option<u64> {
 /// its input and output together (twice `bytes`) would take more than half
 /// of what this process may use (the smaller of the cgroup's limit and the
 /// system's available memory). Then rechunkfs drops the pages it is done
-/// with ([`crate::seekio::drop_cached_pages`]); for smaller arrays that
+/// with ([`crate::engine::seekio::drop_cached_pages`]); for smaller arrays that
 /// would be work for nothing (W1, 654 MiB with 23 GiB free: +0.5 s CPU).
 pub fn page_cache_cannot_hold(bytes: u64) -> bool {
     let available = fs::read_to_string("/proc/meminfo")

@@ -5,17 +5,16 @@
 //! line (`scripts/verify.py` does).
 //!
 //! Shapes here are internal C order; files are named in the user-facing
-//! order of their format (see [`crate::axes`]), so a NIfTI sample's names
+//! order of their format (see [`crate::array::axes`]), so a NIfTI sample's names
 //! and nibabel's shapes agree.
 
 use std::path::Path;
 
-use crate::axes::AxisOrder;
-use crate::dtype::DType;
+use crate::array::dtype::DType;
+use crate::array::geometry::{self, IndexBox, Partition, Region};
+use crate::array::names::grid_name;
 use crate::error::{Error, Result};
 use crate::format::{self, BlockFormat};
-use crate::geometry::{self, IndexBox, Partition, Region};
-use crate::input::grid_name;
 
 /// The splitmix64 finaliser of `n`: a bijection of 64-bit integers with good mixing.
 pub fn splitmix64(n: u64) -> u64 {
@@ -73,7 +72,7 @@ pub fn write_sample(
     let grid = Partition::regular(array, block);
     for index in IndexBox::grid(&grid.grid_shape()) {
         let region = grid.block(&index);
-        let named = AxisOrder::for_input(format).to_user(&index);
+        let named = format.axis_order().to_user(&index);
         let path = dir.join(format!("{}.{}", grid_name(&named), format.extension()));
         write_block_file(&path, array, &region, dtype, format, dataset)?;
     }
@@ -91,7 +90,7 @@ pub fn write_block_file(
 ) -> Result<()> {
     use std::os::unix::fs::FileExt;
     // NIfTI headers place the block in the whole (identity voxel sizes).
-    let space = format::space::Space::identity(array.len());
+    let space = crate::array::space::Space::identity(array.len());
     let template = format::template_in_space(format, &region.shape, dtype, dataset, 1, &space)?;
     let template = format::place(
         &template,

@@ -18,9 +18,9 @@ use std::io::{IoSlice, IoSliceMut};
 use std::ops::Range;
 use std::path::Path;
 
+use crate::array::geometry::{strides, Partition, Region};
+use crate::engine::seekio;
 use crate::error::Result;
-use crate::geometry::{strides, Partition, Region};
-use crate::seekio;
 
 /// Most bytes packed per read or write call (a fixed buffer per thread,
 /// outside `--mem`'s array bytes).
@@ -641,7 +641,7 @@ fn scatter_targets<'b>(buffers: &'b mut [Vec<u8>], parts: &[Part]) -> Vec<IoSlic
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::geometry::{linear_offset, Axis, IndexBox};
+    use crate::array::geometry::{linear_offset, Axis, IndexBox};
     use proptest::prelude::*;
     use std::os::unix::fs::FileExt;
 

@@ -21,6 +21,8 @@
 //! order of the input's format ([`AxisOrder`]); everything stored here is
 //! in internal C order.
 
+mod zarr;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -29,12 +31,14 @@ use std::time::UNIX_EPOCH;
 
 use serde::Serialize;
 
-use crate::axes::AxisOrder;
-use crate::dtype::DType;
+use crate::array::axes::AxisOrder;
+use crate::array::dtype::DType;
+use crate::array::geometry::{self, FileShape, Partition};
+use crate::array::names::{grid_name, parse_grid_index};
+use crate::array::space::Space;
 use crate::error::{Error, Result};
-use crate::format::space::Space;
 use crate::format::{self, BlockFormat, Storage};
-use crate::geometry::{self, FileShape, Partition};
+use crate::sys::pagecache;
 
 /// The HDF5 dataset read when none is named.
 pub const DEFAULT_DATASET: &str = "/data";
@@ -210,7 +214,7 @@ impl InputArray {
             ));
         }
         if let Some(zarr) = format::zarr::read_metadata(path)? {
-            return format::zarr::scan_array(path, zarr);
+            return zarr::scan_array(path, zarr);
         }
         let named = list_block_files(path)?;
         assemble_grid(path, named, dataset, checks)
@@ -287,9 +291,9 @@ impl InputArray {
     }
 
     /// The order of shapes and block indices people use for this input
-    /// (see [`crate::axes`]): the input's format decides it for the whole run.
+    /// (see [`crate::array::axes`]): the input's format decides it for the whole run.
     pub fn axis_order(&self) -> AxisOrder {
-        AxisOrder::for_input(self.format)
+        self.format.axis_order()
     }
 
     /// Where the array lies in the world, for NIfTI outputs: from the headers
@@ -406,28 +410,6 @@ fn refuse_compressed_nifti(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Parses `3_0_12` into `[3, 0, 12]`.
-pub fn parse_grid_index(stem: &str) -> Option<Vec<usize>> {
-    stem.split('_')
-        .map(|part| {
-            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-                None
-            } else {
-                part.parse().ok()
-            }
-        })
-        .collect()
-}
-
-/// Formats a grid index the way block files are named: `3_0_12`.
-pub fn grid_name(index: &[usize]) -> String {
-    index
-        .iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join("_")
-}
-
 /// Block files in `dir` with their grid index and format. Hidden files and
 /// files of other types are skipped (with a log line); a block-file
 /// extension on a name that is not a grid index is an error.
@@ -466,11 +448,7 @@ fn list_block_files(dir: &Path) -> Result<Vec<(Vec<usize>, PathBuf, BlockFormat)
             )
         })?;
         // Names are in the user's order; the grid is kept in C order.
-        named.push((
-            AxisOrder::for_input(format).to_internal(&index),
-            path,
-            format,
-        ));
+        named.push((format.axis_order().to_internal(&index), path, format));
     }
     Ok(named)
 }
@@ -512,7 +490,7 @@ fn assemble(
         ));
     };
     let ndim = first_index.len();
-    let order = AxisOrder::for_input(format);
+    let order = format.axis_order();
     // Grid indices as the file names write them.
     let user_name = |index: &[usize]| grid_name(&order.to_user(index));
     if ndim > geometry::MAX_DIMS {
@@ -841,7 +819,7 @@ impl<'a> HeaderReadahead<'a> {
         let end = (rank + HEADER_READAHEAD_FILES).min(self.paths.len());
         while self.advised < end {
             if let Ok(file) = fs::File::open(self.paths[self.advised]) {
-                crate::seekio::read_ahead(&file, 0, HEADER_READAHEAD_BYTES);
+                pagecache::read_ahead(&file, 0, HEADER_READAHEAD_BYTES);
             }
             self.advised += 1;
         }

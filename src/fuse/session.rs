@@ -16,9 +16,9 @@ use crate::error::{Error, Result};
 use crate::format::BlockFormat;
 use crate::fuse::RechunkFs;
 use crate::input::{HeaderChecks, InputArray};
-use crate::materialise::Materialiser;
 use crate::plan::{self, Plan, Problem, Strategy};
-use crate::staging::{Manifest, Staging};
+use crate::view::materialise::Materialiser;
+use crate::view::staging::{Manifest, Staging};
 use crate::view::{BlockTemplates, Status, ViewCore, ViewLayout, STATUS_NAME, WAIT_NAME};
 
 /// What `rechunkfs mount` was asked for.
@@ -185,14 +185,14 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         Some(&request.dataset),
         HeaderChecks::BeforeUse,
     )?;
-    // --shape is in the input's user-facing order (see crate::axes).
+    // --shape is in the input's user-facing order (see crate::array::axes).
     let output_block = input.axis_order().to_internal(&request.output_block);
     if output_block.len() != input.ndim() {
         return Err(Error::BadArgument(format!(
             "--shape {} has {} dimensions but the input array {} has {}",
-            crate::geometry::show_shape(&request.output_block),
+            crate::array::geometry::show_shape(&request.output_block),
             request.output_block.len(),
-            crate::geometry::show_shape(&input.axis_order().to_user(&input.shape)),
+            crate::array::geometry::show_shape(&input.axis_order().to_user(&input.shape)),
             input.ndim()
         )));
     }
@@ -206,9 +206,9 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         output_block,
         input.dtype.size as u64,
     )?;
-    let output_files = crate::filetree::output_file_shape(format, &problem.output());
+    let output_files = crate::output::filetree::output_file_shape(format, &problem.output());
     let problem = problem.with_files(input.files.clone(), output_files);
-    let cgroup_limit = crate::cgroup::memory_limit();
+    let cgroup_limit = crate::sys::cgroup::memory_limit();
     let (plan, mem) = plan::plan_within(&problem, request.strategy, request.mem, cgroup_limit)?;
     laps.mark("plan");
     if mem != request.mem {
@@ -542,7 +542,7 @@ pub fn serve_in_background(prepared: PreparedView) -> Result<i32> {
             }
             // The copied table ends at the highest open descriptor; grown
             // again here, before the daemon's threads start.
-            crate::execute::reserve_descriptor_table();
+            crate::sys::limits::reserve_descriptor_table();
             let mut pipe = fs::File::from(write_end);
             // The parent reads to end of file: the pipe must close as soon
             // as the outcome is written, so the closure owns it.

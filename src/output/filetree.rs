@@ -9,127 +9,10 @@
 //! nothing here holds a per-file table, so a grid of millions of blocks
 //! costs nothing until a name is asked for. Pure naming; no I/O.
 
-use crate::axes::AxisOrder;
+use crate::array::axes::AxisOrder;
+use crate::array::geometry::{FileShape, Partition};
+use crate::array::names::{parse_component, ChunkKey};
 use crate::format::BlockFormat;
-use crate::geometry::{FileShape, Partition};
-use crate::input::grid_name;
-
-/// How an output block's grid index becomes a path: `prefix`, then the
-/// indices joined by `separator`, then `suffix`. With `/` as separator each
-/// index but the last names a directory (Zarr's nested keys).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ChunkKey {
-    /// A first path component (`c` for Zarr v3 default keys), if any.
-    pub prefix: Option<String>,
-    pub separator: char,
-    /// Appended to the last component (`.h5`), often empty.
-    pub suffix: String,
-    /// The order indices are written in: the user's for block files (see
-    /// [`crate::axes`]); Zarr keys are always in the array's C order.
-    pub order: AxisOrder,
-}
-
-impl ChunkKey {
-    /// Block files: `{i}_{j}_{k}.{ext}`.
-    pub fn block_files(extension: &str) -> ChunkKey {
-        ChunkKey {
-            prefix: None,
-            separator: '_',
-            suffix: format!(".{extension}"),
-            order: AxisOrder::C,
-        }
-    }
-
-    /// Zarr v2's default: `{i}.{j}.{k}` (dimension_separator ".").
-    pub fn zarr_v2() -> ChunkKey {
-        ChunkKey {
-            prefix: None,
-            separator: '.',
-            suffix: String::new(),
-            order: AxisOrder::C,
-        }
-    }
-
-    /// Zarr v3's default chunk key encoding: `c/{i}/{j}/{k}`.
-    pub fn zarr_v3() -> ChunkKey {
-        ChunkKey {
-            prefix: Some("c".into()),
-            separator: '/',
-            suffix: String::new(),
-            order: AxisOrder::C,
-        }
-    }
-
-    /// How `format` names its output blocks.
-    pub fn for_format(format: BlockFormat) -> ChunkKey {
-        match format {
-            BlockFormat::Zarr => ChunkKey::zarr_v2(),
-            BlockFormat::Zarr3 => ChunkKey::zarr_v3(),
-            other => ChunkKey::block_files(other.extension()),
-        }
-    }
-
-    /// The same key, writing indices in `order`.
-    pub fn in_order(mut self, order: AxisOrder) -> ChunkKey {
-        self.order = order;
-        self
-    }
-
-    pub fn is_nested(&self) -> bool {
-        self.separator == '/'
-    }
-
-    /// The path of block `index`, components joined by `/`.
-    pub fn path(&self, index: &[usize]) -> String {
-        let index = &self.order.to_user(index);
-        let joined = if self.separator == '_' {
-            grid_name(index)
-        } else {
-            index
-                .iter()
-                .map(usize::to_string)
-                .collect::<Vec<_>>()
-                .join(&self.separator.to_string())
-        };
-        match &self.prefix {
-            Some(prefix) => format!("{prefix}{}{joined}{}", self.separator, self.suffix),
-            None => format!("{joined}{}", self.suffix),
-        }
-    }
-
-    /// The grid index a flat name stands for, if it is one of `grid`'s
-    /// (no leading zeros, each index inside the grid).
-    pub fn parse_flat(&self, name: &str, grid: &[usize]) -> Option<Vec<usize>> {
-        let mut rest = name.strip_suffix(self.suffix.as_str())?;
-        if let Some(prefix) = &self.prefix {
-            rest = rest
-                .strip_prefix(prefix.as_str())?
-                .strip_prefix(self.separator)?;
-        }
-        let parts: Vec<&str> = rest.split(self.separator).collect();
-        if parts.len() != grid.len() {
-            return None;
-        }
-        let user_grid = self.order.to_user(grid);
-        let user_index: Option<Vec<usize>> = parts
-            .iter()
-            .zip(&user_grid)
-            .map(|(part, &n)| parse_component(part, n))
-            .collect();
-        Some(self.order.to_internal(&user_index?))
-    }
-}
-
-/// A decimal index below `n`, written without leading zeros.
-fn parse_component(text: &str, n: usize) -> Option<usize> {
-    if text.is_empty()
-        || !text.bytes().all(|b| b.is_ascii_digit())
-        || (text.len() > 1 && text.starts_with('0'))
-    {
-        return None;
-    }
-    text.parse().ok().filter(|&i| i < n)
-}
 
 /// A directory of the tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,7 +59,7 @@ impl FileTree {
     /// named in `order` (the user's).
     pub fn for_output(format: BlockFormat, grid: Partition, order: AxisOrder) -> FileTree {
         let files = output_file_shape(format, &grid);
-        let key = ChunkKey::for_format(format);
+        let key = format.chunk_key();
         let key = if format.pads_edge_blocks() {
             key
         } else {

@@ -11,13 +11,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
-use crate::execute::{
+use crate::engine::seekio::{self, FileKey, SeekCounter};
+use crate::engine::{
     read_region, reopen, BlockSink, Executor, OpenOutput, OutputFiles, OutputTarget, RunStats,
 };
+use crate::error::{Error, Result};
 use crate::input::InputArray;
 use crate::plan::Plan;
-use crate::seekio::{self, FileKey, SeekCounter};
+use crate::sys::pagecache;
 use crate::view::ViewCore;
 
 /// Staging files kept open while partially written.
@@ -39,7 +40,7 @@ pub struct StagingSink {
     unsynced_bytes: u64,
     last_flush: Instant,
     /// Whether staged blocks' pages are dropped once synced (arrays the
-    /// page cache cannot hold: [`crate::cgroup::page_cache_cannot_hold`]).
+    /// page cache cannot hold: [`crate::sys::cgroup::page_cache_cannot_hold`]).
     drop_synced: bool,
     /// Set for a view: blocks readers wait for are extracted from this
     /// input ahead of the plan, within this memory limit.
@@ -66,10 +67,10 @@ const SYNC_BATCH_AGE: Duration = Duration::from_secs(2);
 
 impl StagingSink {
     pub fn new(core: Arc<ViewCore>) -> StagingSink {
-        let array_bytes =
-            crate::geometry::volume(&core.output().array_shape()) * core.layout().dtype.size as u64;
+        let array_bytes = crate::array::geometry::volume(&core.output().array_shape())
+            * core.layout().dtype.size as u64;
         StagingSink {
-            drop_synced: crate::cgroup::page_cache_cannot_hold(array_bytes),
+            drop_synced: crate::sys::cgroup::page_cache_cannot_hold(array_bytes),
             core,
             files: OutputFiles::new(OPEN_OUTPUTS),
             unsynced: Vec::new(),
@@ -126,7 +127,7 @@ impl StagingSink {
             template.data_offset,
             data.len() as u64,
         );
-        crate::seekio::start_writeback(&file);
+        pagecache::start_writeback(&file);
         self.unsynced_bytes += template.file_len();
         self.unsynced.push(rank);
         // Counted before waiting readers are woken, so the status they see
@@ -145,10 +146,10 @@ impl StagingSink {
         }
         self.core.staging().record_done(&self.unsynced)?;
         // Synced: readers of these blocks now read them from the disk, like
-        // blocks done in an earlier session (see seekio::drop_cached_pages).
+        // blocks done in an earlier session (see pagecache::drop_cached_pages).
         if self.drop_synced {
             for &rank in &self.unsynced {
-                seekio::drop_cached_pages_of(&self.core.staged_path(rank));
+                pagecache::drop_cached_pages_of(&self.core.staged_path(rank));
             }
         }
         self.unsynced.clear();
@@ -218,7 +219,7 @@ impl BlockSink for StagingSink {
     fn complete(&mut self, rank: u64) -> Result<()> {
         // Closed now: the batch's syncfs needs no open file.
         if let Some(open) = self.files.close(rank) {
-            crate::seekio::start_writeback(&open.file);
+            pagecache::start_writeback(&open.file);
         }
         self.unsynced_bytes += self.core.template(rank).file_len();
         self.unsynced.push(rank);
@@ -239,9 +240,9 @@ fn pad(data: &[u8], shape: &[u64], padded: &[u64], elem: usize) -> Vec<u8> {
     let mut out = vec![0u8; padded.iter().product::<u64>() as usize * elem];
     let last = shape.len() - 1;
     let row = shape[last] as usize * elem;
-    let out_strides = crate::geometry::strides(padded);
+    let out_strides = crate::array::geometry::strides(padded);
     let rows: Vec<usize> = shape[..last].iter().map(|&n| n as usize).collect();
-    for (k, index) in crate::geometry::IndexBox::grid(&rows).enumerate() {
+    for (k, index) in crate::array::geometry::IndexBox::grid(&rows).enumerate() {
         let at: u64 = index
             .iter()
             .zip(&out_strides)

@@ -2,6 +2,8 @@
 //! bars. Each subcommand is a thin layer over the library; messages say
 //! what is wrong and what to do.
 
+pub mod sample;
+
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -12,15 +14,15 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 
-use crate::axes::{axis_order_help, AxisOrder, AXIS_ORDER_HELP};
-use crate::dtype::DType;
-use crate::execute::RunStats;
+use crate::array::axes::{axis_order_help, AxisOrder, AXIS_ORDER_HELP};
+use crate::array::dtype::DType;
+use crate::array::geometry::show_shape;
+use crate::array::units::{parse_bytes, parse_shape, show_bytes};
+use crate::engine::RunStats;
 use crate::format::BlockFormat;
-use crate::geometry::show_shape;
 use crate::input::{HeaderChecks, InputArray};
+use crate::output::directory::{self, OutputSpec};
 use crate::plan::{self, Plan, Problem, Strategy};
-use crate::rechunk::{self, OutputSpec};
-use crate::units::{parse_bytes, parse_shape, show_bytes};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -243,7 +245,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Rechunk(args) => rechunk_command(args),
         Command::Mount(args) => mount_command(args),
         Command::Umount(args) => {
-            crate::mount::unmount(&args.view)?;
+            crate::fuse::session::unmount(&args.view)?;
             eprintln!("unmounted {}", args.view.display());
             Ok(())
         }
@@ -253,9 +255,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn mount_command(args: MountArgs) -> anyhow::Result<()> {
-    use crate::mount::{self, MountRequest};
-    mount::check_mount_point(&args.view)?;
-    mount::check_fuse()?;
+    use crate::fuse::session::{self, MountRequest};
+    session::check_mount_point(&args.view)?;
+    session::check_fuse()?;
     // The daemon outlives this command; absolute paths keep status and
     // logs unambiguous.
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
@@ -276,7 +278,7 @@ fn mount_command(args: MountArgs) -> anyhow::Result<()> {
         allow_other: args.allow_other,
         in_order: args.in_order,
     };
-    let prepared = mount::prepare(&request)?;
+    let prepared = session::prepare(&request)?;
     let status = prepared.core.status();
     let summary = format!(
         "{} blocks of {} ({} done already), staging in {}",
@@ -294,7 +296,7 @@ fn mount_command(args: MountArgs) -> anyhow::Result<()> {
     if args.foreground {
         let core = prepared.core.clone();
         let view = args.view.clone();
-        mount::serve(prepared, move |ready| match ready {
+        session::serve(prepared, move |ready| match ready {
             Ok(()) => {
                 eprintln!("mounted {}: {summary}; Ctrl-C unmounts", view.display());
                 spawn_progress(core);
@@ -303,8 +305,8 @@ fn mount_command(args: MountArgs) -> anyhow::Result<()> {
         })?;
         eprintln!("unmounted {}", args.view.display());
     } else {
-        let log = mount::log_path(&prepared);
-        let pid = mount::serve_in_background(prepared)?;
+        let log = session::log_path(&prepared);
+        let pid = session::serve_in_background(prepared)?;
         eprintln!(
             "mounted {}: {summary}; daemon pid {pid}, log {}",
             args.view.display(),
@@ -339,11 +341,11 @@ fn spawn_progress(core: std::sync::Arc<crate::view::ViewCore>) {
 }
 
 /// How often `status --wait` moves its progress bar. The wait itself ends
-/// when the daemon answers (see [`crate::mount::wait_status`]), not on a tick.
+/// when the daemon answers (see [`crate::fuse::session::wait_status`]), not on a tick.
 const PROGRESS_TICK: Duration = Duration::from_millis(200);
 
 fn status_command(args: StatusArgs) -> anyhow::Result<()> {
-    let mut status = crate::mount::read_status(&args.view)?;
+    let mut status = crate::fuse::session::read_status(&args.view)?;
     if args.wait && status.state == "materialising" {
         let bar = progress_bar(status.bytes_total, args.json);
         let (ended, end) = std::sync::mpsc::channel();
@@ -351,14 +353,14 @@ fn status_command(args: StatusArgs) -> anyhow::Result<()> {
         std::thread::Builder::new()
             .name("wait".into())
             .spawn(move || {
-                let _ = ended.send(crate::mount::wait_status(&view));
+                let _ = ended.send(crate::fuse::session::wait_status(&view));
             })?;
         status = loop {
             match end.recv_timeout(PROGRESS_TICK) {
                 Ok(result) => break result?,
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                     if !bar.is_hidden() {
-                        bar.set_position(crate::mount::read_status(&args.view)?.bytes_done);
+                        bar.set_position(crate::fuse::session::read_status(&args.view)?.bytes_done);
                     }
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
@@ -465,7 +467,7 @@ fn problem_of(input: &InputArray, shape: &str, format: BlockFormat) -> anyhow::R
         output,
         input.dtype.size as u64,
     )?;
-    let output_files = crate::filetree::output_file_shape(format, &problem.output());
+    let output_files = crate::output::filetree::output_file_shape(format, &problem.output());
     Ok(problem.with_files(input.files.clone(), output_files))
 }
 
@@ -498,11 +500,11 @@ fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
             let blocks = parse_shape(args.blocks.as_deref().unwrap_or("")).context("--blocks")?;
             let output = parse_shape(&args.planning.shape).context("--shape")?;
             let problem = Problem::new(array, blocks, output, dtype.size as u64)?;
-            let output_files = crate::filetree::output_file_shape(
+            let output_files = crate::output::filetree::output_file_shape(
                 format.unwrap_or(BlockFormat::Hdf5),
                 &problem.output(),
             );
-            let input_files = crate::geometry::FileShape::Exact;
+            let input_files = crate::array::geometry::FileShape::Exact;
             (
                 problem.with_files(input_files, output_files),
                 dtype,
@@ -513,7 +515,7 @@ fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
     };
     let strategy: Strategy = args.planning.strategy.parse()?;
     let requested = mem_of(&args.planning)?;
-    let cgroup_limit = crate::cgroup::memory_limit();
+    let cgroup_limit = crate::sys::cgroup::memory_limit();
     let (chosen, mem) = plan::plan_within(&problem, strategy, requested, cgroup_limit)?;
     let keep = match strategy {
         Strategy::Keep => Some(chosen.clone()),
@@ -553,7 +555,7 @@ fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn grid_of(partition: &crate::geometry::Partition, order: AxisOrder) -> Vec<usize> {
+fn grid_of(partition: &crate::array::geometry::Partition, order: AxisOrder) -> Vec<usize> {
     order.to_user(&partition.grid_shape())
 }
 
@@ -662,7 +664,7 @@ fn print_plan(
 ) {
     let problem = &chosen.problem;
     let user = |shape: &[u64]| show_shape(&order.to_user(shape));
-    let nbytes = crate::geometry::volume(&problem.array) * problem.elem_size;
+    let nbytes = crate::array::geometry::volume(&problem.array) * problem.elem_size;
     println!(
         "array         {} {dtype} ({}){}",
         user(&problem.array),
@@ -743,7 +745,7 @@ fn print_plan(
     println!("planned in    {:.3} s", elapsed.as_secs_f64());
 }
 
-fn show_grid(partition: &crate::geometry::Partition, order: AxisOrder) -> String {
+fn show_grid(partition: &crate::array::geometry::Partition, order: AxisOrder) -> String {
     grid_of(partition, order)
         .iter()
         .map(|n| n.to_string())
@@ -786,7 +788,7 @@ fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let problem = problem_of(&input, &args.planning.shape, format)?;
     let strategy: Strategy = args.planning.strategy.parse()?;
     let requested = mem_of(&args.planning)?;
-    let cgroup_limit = crate::cgroup::memory_limit();
+    let cgroup_limit = crate::sys::cgroup::memory_limit();
     let planning = Instant::now();
     let (plan, mem) = plan::plan_within(&problem, strategy, requested, cgroup_limit)?;
     log::debug!("planned in {:.3} s", planning.elapsed().as_secs_f64());
@@ -815,8 +817,8 @@ fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     // (NIfTI's limits, MINC2 scaling), it can hold them all. Refuse before
     // OUT is touched.
     spec.template(&plan.output.block(&vec![0; plan.output.ndim()]).shape)?;
-    let created_output = rechunk::prepare_output_dir(&args.output, args.overwrite)?;
-    let metadata = rechunk::metadata_json(
+    let created_output = directory::prepare_output_dir(&args.output, args.overwrite)?;
+    let metadata = directory::metadata_json(
         &input.shape,
         input.dtype,
         &input.block_shape,
@@ -828,7 +830,7 @@ fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     );
     let bar = progress_bar(input.nbytes(), args.quiet || args.json);
     let cancel = Arc::new(AtomicBool::new(false));
-    let run = rechunk::rechunk(&input, &plan, &args.output, spec, Some(&cancel), |stats| {
+    let run = directory::rechunk(&input, &plan, &args.output, spec, Some(&cancel), |stats| {
         bar.set_position(stats.bytes_written);
         bar.set_message(format!(
             "blocks {}/{}",
@@ -842,7 +844,7 @@ fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let stats = run?;
     bar.finish_and_clear();
     if format == BlockFormat::Raw {
-        rechunk::write_metadata(&args.output, &metadata)?;
+        directory::write_metadata(&args.output, &metadata)?;
     }
     let elapsed = started.elapsed();
     report_run(&plan, &stats, input.axis_order(), elapsed, args.json)
@@ -931,11 +933,11 @@ pub fn peak_rss_bytes() -> Option<u64> {
 fn sample_command(args: SampleArgs) -> anyhow::Result<()> {
     let dtype: DType = args.dtype.parse()?;
     let format: BlockFormat = args.format.parse()?;
-    // Written as the format's readers will address it (see crate::axes).
-    let order = AxisOrder::for_input(format);
+    // Written as the format's readers will address it (see crate::array::axes).
+    let order = format.axis_order();
     let array = order.to_internal(&parse_shape(&args.array).context("--array")?);
     let blocks = order.to_internal(&parse_shape(&args.blocks).context("--blocks")?);
-    crate::sample::write_sample(&args.output, &array, &blocks, dtype, format, &args.dataset)?;
+    crate::cli::sample::write_sample(&args.output, &array, &blocks, dtype, format, &args.dataset)?;
     eprintln!(
         "wrote a {} {} array as {} blocks of {} into {}",
         show_shape(&order.to_user(&array)),

@@ -15,22 +15,20 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use crate::axes::AxisOrder;
+use crate::array::axes::AxisOrder;
+use crate::array::geometry::Partition;
+use crate::array::names::parse_grid_index;
+use crate::array::space::Space;
+use crate::engine::{reopen, BlockSink, Executor, OpenOutput, OutputFiles, OutputTarget, RunStats};
 use crate::error::{Error, Result};
-use crate::execute::{
-    reopen, BlockSink, Executor, OpenOutput, OutputFiles, OutputTarget, RunStats,
-};
-use crate::filetree::FileTree;
-use crate::format::space::Space;
 use crate::format::{self, BlockFormat, BlockTemplate};
-use crate::geometry::Partition;
-use crate::input::{grid_name, parse_grid_index, InputArray};
+use crate::input::InputArray;
+use crate::output::filetree::FileTree;
 use crate::plan::Plan;
-use crate::seekio;
+use crate::sys::pagecache;
 use crate::DType;
 
 /// Output blocks kept open while partially written (baseline plans write
@@ -49,7 +47,7 @@ pub struct OutputSpec {
     pub dtype: DType,
     /// Where the whole array lies in the world (NIfTI headers record it).
     pub space: Space,
-    /// The order block file names are written in (the input's; see [`crate::axes`]).
+    /// The order block file names are written in (the input's; see [`crate::array::axes`]).
     pub axis_order: AxisOrder,
 }
 
@@ -66,11 +64,6 @@ impl OutputSpec {
             &self.space,
         )
     }
-}
-
-/// The file name of output block `index`.
-pub fn block_file_name(index: &[usize], format: BlockFormat) -> String {
-    format!("{}.{}", grid_name(index), format.extension())
 }
 
 /// Checks `out` can receive blocks: created if missing; if it holds files,
@@ -178,15 +171,16 @@ pub struct DirectorySink {
     completed: Vec<(PathBuf, PathBuf)>,
     completed_bytes: u64,
     /// Whether outputs' pages are dropped once synced (arrays the page
-    /// cache cannot hold: [`crate::cgroup::page_cache_cannot_hold`]).
+    /// cache cannot hold: [`crate::sys::cgroup::page_cache_cannot_hold`]).
     drop_outputs: bool,
 }
 
 impl DirectorySink {
     pub fn new(dir: &Path, output: Partition, spec: OutputSpec) -> DirectorySink {
-        let array_bytes = crate::geometry::volume(&output.array_shape()) * spec.dtype.size as u64;
+        let array_bytes =
+            crate::array::geometry::volume(&output.array_shape()) * spec.dtype.size as u64;
         DirectorySink {
-            drop_outputs: crate::cgroup::page_cache_cannot_hold(array_bytes),
+            drop_outputs: crate::sys::cgroup::page_cache_cannot_hold(array_bytes),
             dir: dir.to_path_buf(),
             tree: FileTree::for_output(spec.format, output, spec.axis_order),
             spec,
@@ -273,12 +267,12 @@ impl DirectorySink {
         let dir = File::open(&self.dir).map_err(|e| Error::io(&self.dir, "opening", e))?;
         // One syncfs flushes every completed block's data at once; only
         // then may their names say they are complete.
-        sync_filesystem(&dir, &self.dir)?;
+        pagecache::sync_filesystem(&dir, &self.dir)?;
         let mut parents = BTreeSet::new();
         for (partial, done) in self.completed.drain(..) {
             if self.drop_outputs {
                 // Synced, and nothing here reads it again.
-                seekio::drop_cached_pages_of(&partial);
+                pagecache::drop_cached_pages_of(&partial);
             }
             fs::rename(&partial, &done)
                 .map_err(|e| Error::io(&partial, "renaming to its final name", e))?;
@@ -340,7 +334,7 @@ impl BlockSink for DirectorySink {
 
     fn complete(&mut self, rank: u64) -> Result<()> {
         if let Some(open) = self.files.close(rank) {
-            crate::seekio::start_writeback(&open.file);
+            pagecache::start_writeback(&open.file);
         }
         let (partial, done) = self.paths(rank);
         let file_shape = self.tree.file_shape(rank);
@@ -351,16 +345,6 @@ impl BlockSink for DirectorySink {
         }
         Ok(())
     }
-}
-
-/// Flushes every dirty page of the filesystem holding `file` to disk (one
-/// `syncfs`: cheaper than an fsync per file when many files are done).
-pub fn sync_filesystem(file: &File, path: &Path) -> Result<()> {
-    // SAFETY: a valid open descriptor; syncfs only flushes.
-    if unsafe { libc::syncfs(file.as_raw_fd()) } != 0 {
-        return Err(Error::io(path, "syncing", std::io::Error::last_os_error()));
-    }
-    Ok(())
 }
 
 /// Rechunks `input` into block files in `out` (prepared by

@@ -14,6 +14,10 @@
 //! marks its block done, or until the view fails or shuts down, which
 //! answers it with an error.
 
+pub mod materialise;
+pub mod staging;
+pub mod sweep;
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -28,18 +32,20 @@ use lru::LruCache;
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::axes::AxisOrder;
-use crate::dtype::DType;
+use crate::array::axes::AxisOrder;
+use crate::array::dtype::DType;
+use crate::array::geometry::{IndexBox, Partition};
+use crate::array::names::block_file_name;
+use crate::array::space::Space;
+use crate::engine::RunStats;
 use crate::error::Result;
-use crate::execute::RunStats;
-use crate::filetree::{Dir, FileTree, Node};
-use crate::format::space::Space;
 use crate::format::{self, BlockFormat, BlockTemplate};
-use crate::geometry::{IndexBox, Partition};
+use crate::output::directory::metadata_json;
+use crate::output::filetree::{Dir, FileTree, Node};
 use crate::plan::Plan;
-use crate::rechunk::{block_file_name, metadata_json};
-use crate::staging::Staging;
-use crate::sweep::Sweeps;
+use crate::sys::pagecache;
+use crate::view::staging::Staging;
+use crate::view::sweep::Sweeps;
 
 pub const ROOT_INO: u64 = 1;
 pub const METADATA_INO: u64 = 2;
@@ -49,7 +55,7 @@ pub const WAIT_INO: u64 = 4;
 const FIRST_EXTRA_STATIC_INO: u64 = 5;
 const FIRST_BLOCK_INO: u64 = 16;
 /// The metadata file: the whole array and its new grid, as JSON.
-pub const METADATA_NAME: &str = crate::rechunk::METADATA_NAME;
+pub const METADATA_NAME: &str = crate::output::directory::METADATA_NAME;
 /// Live progress, as JSON (what `rechunkfs status` reads).
 pub const STATUS_NAME: &str = ".rechunkfs-status.json";
 /// The status once materialising has ended: a read of it waits until then
@@ -108,7 +114,7 @@ pub struct ViewLayout {
     pub dataset: String,
     /// Where the whole array lies in the world (NIfTI headers record it).
     pub space: Space,
-    /// The order of names and shapes people see (the input's; see [`crate::axes`]).
+    /// The order of names and shapes people see (the input's; see [`crate::array::axes`]).
     pub axis_order: AxisOrder,
 }
 
@@ -414,7 +420,7 @@ impl ViewCore {
     pub fn staged_path(&self, rank: u64) -> std::path::PathBuf {
         self.staging.block_path(&block_file_name(
             &self.output.unravel(rank),
-            self.layout.format,
+            self.layout.format.extension(),
         ))
     }
 
@@ -746,7 +752,7 @@ impl ViewCore {
     pub fn read_ahead(&self, ranks: &[u64]) {
         for &rank in ranks {
             if let Ok(file) = self.staged_file(rank) {
-                crate::seekio::read_ahead(&file, 0, 0);
+                pagecache::read_ahead(&file, 0, 0);
                 self.read_ahead_blocks.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -944,5 +950,5 @@ fn slice_at(bytes: &[u8], offset: u64, size: u32) -> Vec<u8> {
 }
 
 fn geometry_bytes(array: &[u64], dtype: DType) -> u64 {
-    crate::geometry::volume(array) * dtype.size as u64
+    crate::array::geometry::volume(array) * dtype.size as u64
 }

@@ -28,8 +28,8 @@
 
 use serde::Serialize;
 
+use crate::array::geometry::{self, Axis, FileShape, IndexBox, Partition};
 use crate::error::{Error, Result};
-use crate::geometry::{self, Axis, FileShape, IndexBox, Partition};
 
 /// Which plan to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -251,7 +251,7 @@ impl Plan {
     /// The C-order rank of the read block after which `region` (an output
     /// block) is completely written: per dimension, the read interval that
     /// completes the last write interval overlapping it.
-    pub fn completion_step(&self, region: &crate::geometry::Region) -> u64 {
+    pub fn completion_step(&self, region: &crate::array::geometry::Region) -> u64 {
         let index: Vec<usize> = (0..region.ndim())
             .map(|d| {
                 let write = self.write.axis(d);
@@ -744,9 +744,9 @@ pub fn plan(problem: &Problem, strategy: Strategy, mem: Option<u64>) -> Result<P
                     Strategy::Keep => "keep",
                     Strategy::Baseline => "baseline",
                 },
-                crate::units::show_bytes(chosen.prediction.peak_bytes),
-                crate::units::show_bytes(mem),
-                crate::units::show_bytes(chosen.prediction.peak_bytes),
+                crate::array::units::show_bytes(chosen.prediction.peak_bytes),
+                crate::array::units::show_bytes(mem),
+                crate::array::units::show_bytes(chosen.prediction.peak_bytes),
                 match strategy {
                     Strategy::Keep => String::new(),
                     Strategy::Baseline => " (or use --strategy keep, which can work in less)".into(),
@@ -886,8 +886,8 @@ fn search(problem: &Problem, mem: u64) -> Result<Plan> {
     let need = smallest.map_or(u64::MAX, |(p, _)| clamp(p));
     Err(Error::DoesNotFit(format!(
         "no plan fits in --mem {}: the least any plan needs is {}; raise --mem",
-        crate::units::show_bytes(mem),
-        crate::units::show_bytes(need)
+        crate::array::units::show_bytes(mem),
+        crate::array::units::show_bytes(need)
     )))
 }
 

@@ -20,12 +20,13 @@ use std::path::{Path, PathBuf};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::dtype::DType;
+use crate::array::dtype::DType;
+use crate::array::geometry::show_shape;
+use crate::engine::InputWitness;
 use crate::error::{Error, Result};
-use crate::execute::InputWitness;
 use crate::format::BlockFormat;
-use crate::geometry::show_shape;
 use crate::input::{FileIdentity, InputArray, InputBlock};
+use crate::sys::pagecache;
 
 const MANIFEST: &str = "manifest.json";
 const JOURNAL: &str = "done.journal";
@@ -395,7 +396,7 @@ impl Staging {
     /// completed.
     pub fn record_done(&self, ranks: &[u64]) -> Result<()> {
         let dir = File::open(&self.dir).map_err(|e| Error::io(&self.dir, "opening", e))?;
-        crate::rechunk::sync_filesystem(&dir, &self.dir)?;
+        pagecache::sync_filesystem(&dir, &self.dir)?;
         let mut journal = self.journal.lock();
         let mut bytes = std::mem::take(&mut self.inputs_read.lock().unwritten);
         bytes.reserve(ranks.len() * RECORD_BYTES);

@@ -21,8 +21,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::format::BlockFormat;
-
 /// The order of user-facing shapes and indices, relative to C order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -52,14 +50,6 @@ pub(crate) use axis_order_help;
 pub const AXIS_ORDER_HELP: &str = axis_order_help!();
 
 impl AxisOrder {
-    /// The order people use for arrays read from `format`.
-    pub fn for_input(format: BlockFormat) -> AxisOrder {
-        match format {
-            BlockFormat::Nifti => AxisOrder::Nifti,
-            _ => AxisOrder::C,
-        }
-    }
-
     /// Internal C order to the user's order (shapes, indices, origins).
     pub fn to_user<T: Clone>(self, internal: &[T]) -> Vec<T> {
         self.permute(internal)
@@ -125,8 +115,5 @@ mod tests {
         }
         assert_eq!(AxisOrder::Nifti.user_axis(0, 3), 2);
         assert_eq!(AxisOrder::C.user_axis(0, 3), 0);
-        assert_eq!(AxisOrder::for_input(BlockFormat::Nifti), AxisOrder::Nifti);
-        assert_eq!(AxisOrder::for_input(BlockFormat::Minc2), AxisOrder::C);
-        assert_eq!(AxisOrder::for_input(BlockFormat::Hdf5), AxisOrder::C);
     }
 }

@@ -6,7 +6,7 @@
 //! Memory: a read block is read, step by step (`Plan::steps`: slabs of it
 //! along the first dimension), into one buffer per write block each step
 //! touches (its *pieces*); a piece stays until its part of the write block
-//! is written, which gathers from the pieces. [`crate::pieces`] moves the
+//! is written, which gathers from the pieces. [`crate::engine::pieces`] moves the
 //! bytes between files and pieces, one I/O call per contiguous run of a
 //! file. The calling thread reads while a writer thread writes the slab of the
 //! completed write block that the previous step finished, so the disk and
@@ -21,6 +21,9 @@
 //! writes), so tests can hold the executor to that. Steps are cut only
 //! where that count cannot change.
 
+pub mod pieces;
+pub mod seekio;
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::IoSliceMut;
@@ -32,14 +35,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use lru::LruCache;
 use serde::Serialize;
 
+use crate::array::geometry::{IndexBox, Partition, Region};
+use crate::engine::pieces::{PackingBuffer, PieceGrid, RowLayout};
 use crate::error::{Error, Result};
 use crate::format::hdf5::Hdf5BlockReader;
 use crate::format::Storage;
-use crate::geometry::{IndexBox, Partition, Region};
 use crate::input::{HeaderCheck, InputArray, InputBlock};
-use crate::pieces::{PackingBuffer, PieceGrid, RowLayout};
 use crate::plan::Plan;
-use crate::seekio::{self, FileKey, SeekCounter, SeekLog};
+use crate::sys::pagecache;
+use seekio::{FileKey, SeekCounter, SeekLog};
 
 /// Told of each input file just before its bytes are first read (a view's
 /// staging area records the file's size and mtime, so that a remount can
@@ -238,7 +242,7 @@ impl RunStats {
 const PREFETCH_BYTES: u64 = 32 << 20;
 
 /// Output segments at least this long are handed to the disk as soon as
-/// they are written ([`seekio::start_writeback_of`]): a slab of a block
+/// they are written ([`pagecache::start_writeback_of`]): a slab of a block
 /// much larger than a step. Shorter ones wait for their block to complete
 /// (a whole block is one call then, not one per segment).
 const WRITEBACK_MIN_BYTES: u64 = 1 << 20;
@@ -259,77 +263,6 @@ fn read_ahead_bytes(plan: &Plan, cgroup_limit: Option<u64>) -> u64 {
         Some(limit) => {
             let spare = limit.saturating_sub(plan.prediction.peak_bytes + PROCESS_BYTES);
             (spare / 4).min(PREFETCH_BYTES)
-        }
-    }
-}
-
-/// How many input files stay open between reads: HDF5 opens are costly,
-/// and files opened to be read ahead stay open until they are read (W1's
-/// 32 MiB ahead is ~400 blocks), which saves an open and a close per file.
-/// A quarter of the descriptors the process may open, within these bounds.
-fn open_inputs() -> usize {
-    let soft = open_file_limit().map_or(1024, |limit| limit.rlim_cur);
-    (soft / 4).clamp(64, 1024) as usize
-}
-
-/// The process's RLIMIT_NOFILE, if it can be read.
-fn open_file_limit() -> Option<libc::rlimit> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct passed.
-    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0).then_some(limit)
-}
-
-/// The executor keeps the input files it reads ahead open until it reads
-/// them (hundreds of small blocks at once); the usual soft limit of 1,024
-/// descriptors is a default, not a policy, so it is raised to the hard
-/// limit as Go's runtime does. Failure leaves the limit as it was, and
-/// [`open_inputs`] sizes the cache to whatever limit there is.
-pub fn raise_open_file_limit() {
-    if let Some(mut limit) = open_file_limit() {
-        if limit.rlim_cur < limit.rlim_max {
-            limit.rlim_cur = limit.rlim_max.min(1 << 16);
-            // SAFETY: setrlimit reads the struct passed.
-            unsafe {
-                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-            }
-        }
-    }
-}
-
-/// Descriptors the process holds beside the executor's open inputs: output
-/// blocks, the staging area's journal, logs, a view's FUSE channels.
-const OTHER_DESCRIPTORS: usize = 64;
-
-/// Grows the process's descriptor table now to hold the input files the
-/// executor keeps open ([`open_inputs`]) and a margin. The kernel grows the
-/// table when an open needs a slot beyond it, and in a process with
-/// threads it then waits for an RCU grace period before the old table can
-/// go: 5-20 ms on this VM, at 256 and at 512 descriptors, so 20-30 ms of a
-/// 0.15 s merge of 1,000 files (`perf trace`: the reader's 256th and
-/// 512th `openat`). Grown before any thread starts, it waits for nothing;
-/// tables never shrink. Call it single-threaded: at start, and again in a
-/// forked child, whose table is copied only up to its highest open
-/// descriptor. A failure only leaves the growth to later opens.
-pub fn reserve_descriptor_table() {
-    let Some(limit) = open_file_limit() else {
-        return;
-    };
-    let wanted = (open_inputs() + OTHER_DESCRIPTORS) as u64;
-    let Some(highest) = wanted.min(limit.rlim_cur).checked_sub(1) else {
-        return;
-    };
-    for source in 0..=2 {
-        // SAFETY: F_DUPFD_CLOEXEC duplicates `source` (if open) onto the
-        // lowest free descriptor >= `highest`, which is closed at once.
-        let duplicate =
-            unsafe { libc::fcntl(source, libc::F_DUPFD_CLOEXEC, highest as libc::c_int) };
-        if duplicate >= 0 {
-            // SAFETY: `duplicate` is ours, open, and used nowhere else.
-            unsafe { libc::close(duplicate) };
-            return;
         }
     }
 }
@@ -410,17 +343,17 @@ impl InputHandle {
 fn read_ahead_input(file: &File, check: Option<&HeaderCheck>, start: u64, len: u64) -> u64 {
     match check {
         Some(check) if start <= check.header.len() as u64 => {
-            seekio::read_ahead(file, 0, start + len);
+            pagecache::read_ahead(file, 0, start + len);
             start + len
         }
         Some(check) => {
             let header = check.header.len() as u64;
-            seekio::read_ahead(file, 0, header);
-            seekio::read_ahead(file, start, len);
+            pagecache::read_ahead(file, 0, header);
+            pagecache::read_ahead(file, start, len);
             header + len
         }
         None => {
-            seekio::read_ahead(file, start, len);
+            pagecache::read_ahead(file, start, len);
             len
         }
     }
@@ -474,7 +407,7 @@ pub struct Executor<'a> {
     /// Where small rows are read before being copied to their pieces.
     read_packing: PackingBuffer,
     /// Whether inputs' pages are dropped once read (arrays the page cache
-    /// cannot hold: [`crate::cgroup::page_cache_cannot_hold`]).
+    /// cannot hold: [`crate::sys::cgroup::page_cache_cannot_hold`]).
     drop_inputs: bool,
     /// Elements of partly read input blocks still to be read, by rank.
     unread: HashMap<u64, u64>,
@@ -512,13 +445,8 @@ struct WriteReport {
     pieces: Vec<Vec<u8>>,
 }
 
-/// Buffers this large get mappings of their own from the allocator: the
-/// binary sets glibc's mmap threshold to it (see `main`), so that freeing
-/// one returns its memory at once.
-pub const OWN_MAPPING_BYTES: usize = 1 << 20;
-
 /// Piece buffers written and handed back, kept for the next steps of the
-/// same sizes. A fresh buffer of [`OWN_MAPPING_BYTES`] or more costs a page
+/// same sizes. A fresh buffer of [`OWN_MAPPING_BYTES`](crate::sys::limits::OWN_MAPPING_BYTES) or more costs a page
 /// fault and a zeroed page for every 4 KiB the reader fills, and freeing it
 /// unmaps it, which interrupts the other thread to flush its TLB. A merge
 /// (ten 8.5 MB steps) made 21,800 minor page faults and spent 0.09-0.13 s
@@ -593,7 +521,10 @@ impl<'a> Executor<'a> {
             plan,
             input,
             elem: input.dtype.size as u64,
-            inputs: LruCache::new(NonZeroUsize::new(open_inputs()).unwrap_or(NonZeroUsize::MIN)),
+            inputs: LruCache::new(
+                NonZeroUsize::new(crate::sys::limits::input_files_kept_open())
+                    .unwrap_or(NonZeroUsize::MIN),
+            ),
             pending: HashMap::new(),
             counter: SeekCounter::default(),
             reads: SeekLog::default(),
@@ -608,10 +539,10 @@ impl<'a> Executor<'a> {
             },
             cancel: None,
             witness: None,
-            read_ahead: read_ahead_bytes(plan, crate::cgroup::memory_limit()),
+            read_ahead: read_ahead_bytes(plan, crate::sys::cgroup::memory_limit()),
             ahead: ReadAheadCursor::default(),
             read_packing: PackingBuffer::new(),
-            drop_inputs: crate::cgroup::page_cache_cannot_hold(input.nbytes()),
+            drop_inputs: crate::sys::cgroup::page_cache_cannot_hold(input.nbytes()),
             unread: HashMap::new(),
             pool: BufferPool::default(),
         }
@@ -800,11 +731,11 @@ impl<'a> Executor<'a> {
         let block_box = plan.input.block(input_index);
         let region = block_box.intersect(read_box)?;
         let file_box = self.input.files.file_box(&block_box);
-        let file_strides = crate::geometry::strides(&file_box.shape);
+        let file_strides = crate::array::geometry::strides(&file_box.shape);
         let local = region.relative_to(&file_box);
-        let first = crate::geometry::linear_offset(&local.origin, &file_strides);
+        let first = crate::array::geometry::linear_offset(&local.origin, &file_strides);
         let last_coords: Vec<u64> = (0..local.ndim()).map(|d| local.end(d) - 1).collect();
-        let last = crate::geometry::linear_offset(&last_coords, &file_strides);
+        let last = crate::array::geometry::linear_offset(&last_coords, &file_strides);
         Some((
             rank,
             data_offset + first * self.elem,
@@ -932,10 +863,10 @@ impl<'a> Executor<'a> {
 
     /// Every byte of input `rank` the plan needs has been read (each is
     /// read once): its file is closed and its pages dropped
-    /// ([`seekio::drop_cached_pages`]).
+    /// ([`pagecache::drop_cached_pages`]).
     fn finished_with_input(&mut self, rank: u64) {
         if let Some(file) = self.inputs.pop(&rank).as_ref().and_then(InputHandle::file) {
-            seekio::drop_cached_pages(file);
+            pagecache::drop_cached_pages(file);
         }
     }
 
@@ -1109,8 +1040,8 @@ impl<'a> Writer<'a> {
                     path: target.path.to_path_buf(),
                     problem: format!(
                         "its file holds a {} array, too small for its block of {}",
-                        crate::geometry::show_shape(target.file_shape),
-                        crate::geometry::show_shape(&block.shape)
+                        crate::array::geometry::show_shape(target.file_shape),
+                        crate::array::geometry::show_shape(&block.shape)
                     ),
                 });
             }
@@ -1129,7 +1060,7 @@ impl<'a> Writer<'a> {
                 )?;
                 let at = target.data_offset + segment.offset;
                 if segment.len >= WRITEBACK_MIN_BYTES {
-                    seekio::start_writeback_of(target.file, at, segment.len);
+                    pagecache::start_writeback_of(target.file, at, segment.len);
                 }
                 writes.write(key, at, segment.len);
                 Ok(())
@@ -1169,7 +1100,7 @@ pub fn read_region(
     let cut = Partition::new(
         (0..region.ndim())
             .map(|d| {
-                crate::geometry::Axis::from_bounds(vec![
+                crate::array::geometry::Axis::from_bounds(vec![
                     0,
                     region.origin[d],
                     region.end(d),
@@ -1261,26 +1192,6 @@ pub fn read_region(
 mod tests {
     use super::*;
     use crate::plan::{Problem, Strategy};
-
-    /// The size of this process's descriptor table (`FDSize` in /proc).
-    fn descriptor_table_size() -> u64 {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        let line = status.lines().find(|l| l.starts_with("FDSize:")).unwrap();
-        line["FDSize:".len()..].trim().parse().unwrap()
-    }
-
-    #[test]
-    fn the_descriptor_table_is_grown_for_the_open_inputs() {
-        let soft = open_file_limit().unwrap().rlim_cur;
-        let wanted = ((open_inputs() + OTHER_DESCRIPTORS) as u64).min(soft);
-        reserve_descriptor_table();
-        let size = descriptor_table_size();
-        assert!(size >= wanted, "table of {size} for {wanted} descriptors");
-        // The descriptor that grew it is closed again.
-        // SAFETY: F_GETFD only reads the descriptor's flags.
-        let flags = unsafe { libc::fcntl(wanted as libc::c_int - 1, libc::F_GETFD) };
-        assert_eq!(flags, -1, "descriptor {} left open", wanted - 1);
-    }
 
     #[test]
     fn the_buffer_pool_reuses_buffers_within_the_plans_peak() {

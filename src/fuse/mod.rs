@@ -5,6 +5,8 @@
 //! parks it; the session loop moves on at once. Every write path answers
 //! EROFS.
 
+pub mod session;
+
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -391,7 +393,7 @@ impl Filesystem for RechunkFs {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let files = self.core.output().count() + 2;
-        let bytes: u64 = crate::geometry::volume(&self.core.layout().array)
+        let bytes: u64 = crate::array::geometry::volume(&self.core.layout().array)
             * self.core.layout().dtype.size as u64;
         reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
     }

@@ -1,0 +1,90 @@
+//! A Zarr array (v2 or v3) as an input: one input block per chunk, found
+//! by the chunk key its metadata names; edge chunks are padded on disk.
+
+use std::fs;
+use std::path::Path;
+
+use super::{InputArray, InputBlock};
+use crate::array::geometry::{self, FileShape, IndexBox, Partition};
+use crate::error::{Error, Result};
+use crate::format::zarr::ZarrArrayMeta;
+use crate::format::{self, Storage};
+
+/// The Zarr array in `dir` (described by `meta`) as an input: one block per
+/// chunk, edge chunks padded on disk. Every chunk file must hold exactly
+/// one uncompressed chunk; an absent chunk is the fill value (read without
+/// I/O).
+pub fn scan_array(dir: &Path, meta: ZarrArrayMeta) -> Result<InputArray> {
+    let block_shape: Vec<u64> = meta
+        .chunks
+        .iter()
+        .zip(&meta.shape)
+        .map(|(&c, &n)| c.min(n))
+        .collect();
+    if meta.shape.len() > geometry::MAX_DIMS {
+        return Err(Error::bad_input(
+            &meta.path,
+            format!(
+                "the array has {} dimensions; rechunkfs handles 1 to {}",
+                meta.shape.len(),
+                geometry::MAX_DIMS
+            ),
+        ));
+    }
+    let chunk_bytes = geometry::volume(&meta.chunks) * meta.dtype.size as u64;
+    let grid = Partition::regular(&meta.shape, &block_shape);
+    let mut blocks = Vec::with_capacity(grid.count() as usize);
+    for index in IndexBox::grid(&grid.grid_shape()) {
+        let path = dir.join(meta.key.path(&index));
+        let file = match fs::metadata(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                blocks.push(InputBlock {
+                    path,
+                    storage: Storage::Absent {
+                        fill: meta.fill.clone(),
+                    },
+                    check: None,
+                });
+                continue;
+            }
+            Err(e) => return Err(Error::io(&path, "stat", e)),
+        };
+        if !file.is_file() {
+            return Err(Error::bad_input(
+                &path,
+                "is where a chunk of the array belongs, but is not a file",
+            ));
+        }
+        if file.len() != chunk_bytes {
+            return Err(Error::BadBlockFile {
+                path: path.clone(),
+                format: meta.format.name(),
+                problem: format!(
+                    "an uncompressed chunk of {} {} is {chunk_bytes} bytes, but this file has {}; \
+                     {} says the array is not compressed, so the chunk is damaged or belongs to \
+                     another array",
+                    format::shape_text(&meta.chunks),
+                    meta.dtype.numpy_descr(),
+                    file.len(),
+                    meta.path.display()
+                ),
+            });
+        }
+        blocks.push(InputBlock {
+            path,
+            storage: Storage::Contiguous { data_offset: 0 },
+            check: None,
+        });
+    }
+    Ok(InputArray {
+        source: dir.to_path_buf(),
+        format: meta.format,
+        dataset: String::new(),
+        dtype: meta.dtype,
+        shape: meta.shape,
+        block_shape,
+        files: FileShape::Padded(meta.chunks),
+        blocks,
+    })
+}

@@ -1,0 +1,7 @@
+//! What rechunkfs asks of the operating system beyond plain file I/O: the
+//! memory its cgroup allows, process limits, and page-cache advice. The
+//! lowest stage: it knows nothing of arrays.
+
+pub mod cgroup;
+pub mod limits;
+pub mod pagecache;
