@@ -16,6 +16,16 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// An OS call that concerns no one file failed (`fork`, `pipe`,
+    /// `sigprocmask`, starting a thread).
+    #[error("{action}: {call} failed: {source}")]
+    Os {
+        call: &'static str,
+        action: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+
     /// The input (a block file or the grid they form) is not usable as given.
     #[error("{path}: {problem}")]
     BadInput { path: PathBuf, problem: String },
@@ -36,9 +46,15 @@ pub enum Error {
     #[error("{0}")]
     BadArgument(String),
 
-    /// The plan cannot be made within the memory allowed.
-    #[error("{0}")]
-    DoesNotFit(String),
+    /// No plan fits in the memory allowed: the least one needs `needed`
+    /// bytes, and `--mem` allows `allowed`. The message says which plan
+    /// and what to do.
+    #[error("{message}")]
+    DoesNotFit {
+        needed: u64,
+        allowed: u64,
+        message: String,
+    },
 
     /// libhdf5 refused an operation.
     #[error("{path}: HDF5: {message}")]
@@ -63,6 +79,15 @@ impl Error {
         }
     }
 
+    /// Wrap the failure of an OS call that concerns no one file.
+    pub fn os(call: &'static str, action: &'static str, source: std::io::Error) -> Error {
+        Error::Os {
+            call,
+            action,
+            source,
+        }
+    }
+
     pub fn bad_input(path: impl Into<PathBuf>, problem: impl Into<String>) -> Error {
         Error::BadInput {
             path: path.into(),
@@ -73,7 +98,9 @@ impl Error {
     /// The errno a filesystem reply should carry for this error.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Io { source, .. } | Error::Os { source, .. } => {
+                source.raw_os_error().unwrap_or(libc::EIO)
+            }
             Error::Cancelled => libc::EINTR,
             _ => libc::EIO,
         }

@@ -686,10 +686,7 @@ fn print_plan(
         show_grid(&chosen.output, order),
         thousands(chosen.output.count())
     );
-    let strategy = match chosen.strategy {
-        Strategy::Keep => "keep",
-        Strategy::Baseline => "baseline",
-    };
+    let strategy = chosen.strategy.name();
     println!("strategy      {strategy}{}", budget.describe());
     let steps = if chosen.steps.count() > chosen.read.count() {
         format!(" in {} steps", thousands(chosen.steps.count()))

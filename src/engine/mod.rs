@@ -587,7 +587,7 @@ impl<'a> Executor<'a> {
                         }
                     }
                 })
-                .map_err(|e| Error::io("writer", "starting a thread", e))?;
+                .map_err(|e| Error::os("thread spawn", "starting the writer", e))?;
             let result = self.read_and_hand_over(&jobs, &reports, sink, &mut progress);
             drop(jobs);
             if writer.join().is_err() {

@@ -275,7 +275,7 @@ fn block_shutdown_signals() -> Result<nix::sys::signal::SigSet> {
     set.add(Signal::SIGTERM);
     set.add(Signal::SIGHUP);
     nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None)
-        .map_err(|e| Error::io("signal mask", "blocking shutdown signals", e.into()))?;
+        .map_err(|e| Error::os("pthread_sigmask", "blocking shutdown signals", e.into()))?;
     Ok(set)
 }
 
@@ -291,7 +291,7 @@ pub fn detach(view: &Path) -> Result<()> {
             .arg("-z")
             .arg(&target)
             .status()
-            .map_err(|e| Error::io("fusermount3", "running", e))?;
+            .map_err(|e| Error::os("fusermount3", "unmounting the view", e))?;
         if status.success() {
             Ok(())
         } else {
@@ -365,7 +365,7 @@ pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<(
                 }
             }
         })
-        .map_err(|e| Error::io("signals", "starting a thread", e))?;
+        .map_err(|e| Error::os("thread spawn", "starting the signal thread", e))?;
 
     let _unmounter = session.unmount_callable();
     ready(Ok(()));
@@ -503,18 +503,18 @@ pub fn serve_in_background(prepared: PreparedView) -> Result<i32> {
 
     let log = log_path(&prepared);
     let (read_end, write_end) =
-        nix::unistd::pipe().map_err(|e| Error::io("pipe", "creating", e.into()))?;
+        nix::unistd::pipe().map_err(|e| Error::os("pipe", "starting the daemon", e.into()))?;
     // SAFETY: no other thread exists yet (the view is only prepared), so
     // the child starts from a consistent copy of this one.
     match unsafe { nix::unistd::fork() }
-        .map_err(|e| Error::io("fork", "starting the daemon", e.into()))?
+        .map_err(|e| Error::os("fork", "starting the daemon", e.into()))?
     {
         nix::unistd::ForkResult::Parent { child } => {
             drop(write_end);
             let mut message = String::new();
             fs::File::from(read_end)
                 .read_to_string(&mut message)
-                .map_err(|e| Error::io("pipe", "reading from the daemon", e))?;
+                .map_err(|e| Error::os("read", "hearing from the daemon", e))?;
             match message.as_str() {
                 "ok" => Ok(child.as_raw()),
                 "" => Err(bad_view(

@@ -29,6 +29,7 @@
 use serde::Serialize;
 
 use crate::array::geometry::{self, Axis, FileShape, IndexBox, Partition};
+use crate::array::units::show_bytes;
 use crate::error::{Error, Result};
 
 /// Which plan to run.
@@ -39,6 +40,16 @@ pub enum Strategy {
     Keep,
     /// Read each input block whole, write its pieces at once.
     Baseline,
+}
+
+impl Strategy {
+    /// The strategy's name as `--strategy` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Keep => "keep",
+            Strategy::Baseline => "baseline",
+        }
+    }
 }
 
 impl std::str::FromStr for Strategy {
@@ -738,20 +749,23 @@ pub fn plan(problem: &Problem, strategy: Strategy, mem: Option<u64>) -> Result<P
     };
     if let Some(mem) = mem {
         if chosen.prediction.peak_bytes > mem {
-            return Err(Error::DoesNotFit(format!(
-                "the {} plan holds {} at its peak but --mem allows {}; raise --mem to at least {}{}",
-                match strategy {
-                    Strategy::Keep => "keep",
-                    Strategy::Baseline => "baseline",
-                },
-                crate::array::units::show_bytes(chosen.prediction.peak_bytes),
-                crate::array::units::show_bytes(mem),
-                crate::array::units::show_bytes(chosen.prediction.peak_bytes),
-                match strategy {
-                    Strategy::Keep => String::new(),
-                    Strategy::Baseline => " (or use --strategy keep, which can work in less)".into(),
-                },
-            )));
+            let (peak, allowed) = (chosen.prediction.peak_bytes, mem);
+            let hint = match strategy {
+                Strategy::Keep => "",
+                Strategy::Baseline => " (or use --strategy keep, which can work in less)",
+            };
+            return Err(Error::DoesNotFit {
+                needed: peak,
+                allowed,
+                message: format!(
+                    "the {} plan holds {} at its peak but --mem allows {}; raise --mem to at \
+                     least {}{hint}",
+                    strategy.name(),
+                    show_bytes(peak),
+                    show_bytes(allowed),
+                    show_bytes(peak),
+                ),
+            });
         }
     }
     Ok(chosen)
@@ -884,11 +898,15 @@ fn search(problem: &Problem, mem: u64) -> Result<Plan> {
         }
     }
     let need = smallest.map_or(u64::MAX, |(p, _)| clamp(p));
-    Err(Error::DoesNotFit(format!(
-        "no plan fits in --mem {}: the least any plan needs is {}; raise --mem",
-        crate::array::units::show_bytes(mem),
-        crate::array::units::show_bytes(need)
-    )))
+    Err(Error::DoesNotFit {
+        needed: need,
+        allowed: mem,
+        message: format!(
+            "no plan fits in --mem {}: the least any plan needs is {}; raise --mem",
+            show_bytes(mem),
+            show_bytes(need)
+        ),
+    })
 }
 
 #[cfg(test)]

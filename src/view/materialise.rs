@@ -330,7 +330,7 @@ impl Materialiser {
                     }
                 }
             })
-            .map_err(|e| Error::io("materialiser", "starting a thread", e))?;
+            .map_err(|e| Error::os("thread spawn", "starting the materialiser", e))?;
         Ok(Materialiser {
             cancel,
             thread: Some(thread),
