@@ -2,6 +2,7 @@
 //! end to end, and every refusal of bad input naming the file and problem
 //! (non-zero exit, nothing written).
 
+#[macro_use]
 mod common;
 
 use std::fs;
@@ -483,6 +484,7 @@ fn an_os_error_says_where_and_what_once() {
 
 #[test]
 fn numpy_and_h5py_read_every_output_block_exactly() {
+    require!(Readers);
     let root = tempfile::tempdir().unwrap();
     for (fmt, dt) in [
         (BlockFormat::Hdf5, ">u2"),
@@ -511,7 +513,10 @@ fn numpy_and_h5py_read_every_output_block_exactly() {
         ]);
         assert!(output.status.success(), "{}", stderr(&output));
         let check = Command::new(python())
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/verify.py"))
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/verify.py"
+            ))
             .args([
                 out.to_str().unwrap(),
                 "--array",
@@ -536,13 +541,13 @@ fn numpy_and_h5py_read_every_output_block_exactly() {
 }
 
 /// A memory cgroup of `limit` bytes made for one test (v1 or v2), removed on
-/// drop; None where this process may not make one.
+/// drop.
 struct MemoryCgroup {
     dir: std::path::PathBuf,
 }
 
 impl MemoryCgroup {
-    fn new(name: &str, limit: u64) -> Option<MemoryCgroup> {
+    fn new(name: &str, limit: u64) -> MemoryCgroup {
         let name = format!("{name}-{}", std::process::id());
         let (dir, file) = if Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() {
             (
@@ -552,10 +557,11 @@ impl MemoryCgroup {
         } else {
             (Path::new("/sys/fs/cgroup").join(name), "memory.max")
         };
-        fs::create_dir(&dir).ok()?;
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("making {}: {e}", dir.display()));
         let group = MemoryCgroup { dir };
-        fs::write(group.dir.join(file), limit.to_string()).ok()?;
-        Some(group)
+        fs::write(group.dir.join(file), limit.to_string())
+            .unwrap_or_else(|e| panic!("limiting {}: {e}", group.dir.display()));
+        group
     }
 
     /// Runs rechunkfs with `args` inside this cgroup.
@@ -580,10 +586,8 @@ impl Drop for MemoryCgroup {
 
 #[test]
 fn inside_a_memory_cgroup_plans_leave_half_of_it_to_the_page_cache() {
-    let Some(group) = MemoryCgroup::new("rechunkfs-plan-test", 256 << 20) else {
-        eprintln!("skipped: cannot make a memory cgroup here (needs root and cgroup v1 or v2)");
-        return;
-    };
+    require!(MemoryCgroup);
+    let group = MemoryCgroup::new("rechunkfs-plan-test", 256 << 20);
     // W2: keep within --mem 192M holds 172 MiB outside a cgroup.
     let w2 = [
         "plan",

@@ -4,10 +4,11 @@
 //! the `.h5` blocks made from MINC2; numpy reads raw blocks with the
 //! metadata file. Inputs are made by nibabel (NIfTI) and h5py (MINC2, laid
 //! out so nibabel's MINC2 reader, the ground truth, loads them) through
-//! `scripts/make_nifti.py` and `scripts/make_minc2.py`; `scripts/check_blocks.py`
+//! `tests/fixtures/make_nifti.py` and `tests/fixtures/make_minc2.py`; `tests/fixtures/check_blocks.py`
 //! does the checking. Also: what NIfTI cannot hold is refused, with a
 //! message, before anything is written; and shapes follow the input's axis order.
 
+#[macro_use]
 mod common;
 
 use std::fs;
@@ -23,12 +24,12 @@ fn rechunkfs(args: &[&str]) -> Output {
     common::run_rechunkfs(args, 0)
 }
 
-/// Runs `scripts/{script}` with `args`, failing the test with its output if it fails.
+/// Runs `tests/fixtures/{script}` with `args`, failing the test with its output if it fails.
 fn run_script(script: &str, args: &[&str]) -> String {
     let output = Command::new(python())
         .arg(
             Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("scripts")
+                .join("tests/fixtures")
                 .join(script),
         )
         .args(args)
@@ -127,6 +128,7 @@ fn check(out: &Path, reference: &Path, block: Option<&str>, format: &str, extra:
 
 #[test]
 fn nifti_input_rechunks_to_nifti_h5_and_raw_that_readers_place_right() {
+    require!(Readers);
     let root = tempfile::tempdir().unwrap();
     // Shapes are nibabel's (x, y, z); 11, 9, 7 divide by neither 4 nor 5.
     for (descr, scale) in [("|u1", None), (">i2", Some("2,-3")), ("<f4", None)] {
@@ -171,6 +173,7 @@ fn nifti_input_rechunks_to_nifti_h5_and_raw_that_readers_place_right() {
 
 #[test]
 fn minc2_input_rechunks_to_nifti_and_h5_that_nibabel_and_h5py_read() {
+    require!(Readers);
     let root = tempfile::tempdir().unwrap();
     // Shapes are C order, as the image's dimorder zspace,yspace,xspace lists them.
     for (descr, scaling) in [
@@ -203,6 +206,7 @@ fn minc2_input_rechunks_to_nifti_and_h5_that_nibabel_and_h5py_read() {
 
 #[test]
 fn per_slice_minc2_scaling_refuses_nifti_output_but_not_h5() {
+    require!(Fuse, Readers);
     let root = tempfile::tempdir().unwrap();
     make_minc2(root.path(), "6,5,4", "<u2", "3,5,4", "per-slice");
     let blocks = root.path().join("blocks");
@@ -260,6 +264,7 @@ fn per_slice_minc2_scaling_refuses_nifti_output_but_not_h5() {
 
 #[test]
 fn hdf5_input_makes_nifti_blocks_placed_by_their_voxel_offset() {
+    require!(Readers);
     let root = tempfile::tempdir().unwrap();
     // C order for HDF5 input: names and --shape are (z, y, x) here.
     let array = [9u64, 10, 11];
@@ -313,6 +318,7 @@ fn assert_refused(args: &[&str], out: &Path, expected: &[&str]) {
 
 #[test]
 fn what_nifti_cannot_hold_is_refused_with_a_message() {
+    require!(Readers);
     let root = tempfile::tempdir().unwrap();
     let out = root.path().join("out");
 
@@ -424,6 +430,7 @@ fn what_nifti_cannot_hold_is_refused_with_a_message() {
 
 #[test]
 fn shapes_and_names_follow_the_input_formats_axis_order() {
+    require!(Fuse, Readers);
     let root = tempfile::tempdir().unwrap();
     make_nifti(root.path(), "11,9,7", "<i2", "4,4,4", None);
     let blocks = root.path().join("blocks");
@@ -556,6 +563,7 @@ impl Drop for Mounted {
 
 #[test]
 fn nibabel_and_numpy_read_every_block_of_a_mounted_view() {
+    require!(Fuse, Readers);
     let root = tempfile::tempdir().unwrap();
     let nifti = root.path().join("nifti");
     make_nifti(&nifti, "11,9,7", ">i2", "4,4,4", Some("0.5,10"));

@@ -6,6 +6,7 @@
 //! problem. Python comes from RECHUNKFS_PYTHON or target/pyenv (made by
 //! scripts/setup); mounts need /dev/fuse (and root or fusermount3).
 
+#[macro_use]
 mod common;
 
 use std::fs;
@@ -17,7 +18,7 @@ use rechunkfs::format::BlockFormat;
 
 use common::{dtype, make_blocks, python, stderr, verify_output, verify_zarr_output};
 
-const CHECKER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/check_zarr.py");
+const CHECKER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/check_zarr.py");
 
 fn rechunkfs(args: &[&str], step_delay_ms: u64) -> Output {
     common::run_rechunkfs(args, step_delay_ms)
@@ -147,6 +148,7 @@ const CASES: [Case; 5] = [
 
 #[test]
 fn zarr_python_and_tensorstore_read_zarr_views() {
+    require!(Fuse, Readers);
     for format in [BlockFormat::Zarr, BlockFormat::Zarr3] {
         for (dt, array, inb, outb) in CASES {
             let root = tempfile::tempdir().unwrap();
@@ -189,6 +191,7 @@ fn zarr_python_and_tensorstore_read_zarr_views() {
 
 #[test]
 fn a_viewer_reads_chunks_on_demand_while_the_view_fills() {
+    require!(Fuse, Readers);
     // Slow materialisation: the readers open the array at once, and their
     // reads of pending chunks wait for those chunks, then get them whole.
     for format in [BlockFormat::Zarr3, BlockFormat::Zarr] {
@@ -216,6 +219,7 @@ fn a_viewer_reads_chunks_on_demand_while_the_view_fills() {
 
 #[test]
 fn zarr_python_and_tensorstore_read_rechunk_outputs() {
+    require!(Readers);
     for format in [BlockFormat::Zarr, BlockFormat::Zarr3] {
         for (dt, array, inb, outb) in CASES {
             let root = tempfile::tempdir().unwrap();
@@ -305,6 +309,7 @@ fn zarr_python_writes(
 
 #[test]
 fn zarr_arrays_written_by_zarr_python_rechunk_byte_exact() {
+    require!(Readers);
     // zarr-python keeps a v2 array's byte order but stores v3 arrays
     // little-endian, so the big-endian source is a v2 one.
     for (version, dt, chunks) in [
@@ -389,6 +394,7 @@ fn merge_to_npy(input: &Path, root: &Path, shape: &str) -> (serde_json::Value, V
 
 #[test]
 fn absent_chunks_are_the_fill_value() {
+    require!(Readers);
     // zarr-python leaves out chunks it need not store; a missing chunk
     // reads as the fill value.
     let root = tempfile::tempdir().unwrap();
@@ -425,6 +431,7 @@ fn absent_chunks_are_the_fill_value() {
 
 #[test]
 fn an_absent_chunk_read_into_a_reused_buffer_is_zeros() {
+    require!(Readers);
     // A merge of 4 MiB slabs, read in steps: the third step's buffer is the
     // first one's, written and handed back, still holding its bytes. The
     // third slab is an absent chunk, which reads as zeros.
@@ -494,6 +501,7 @@ fn assert_refused(input: &Path, expected: &[&str]) {
 
 #[test]
 fn compressed_arrays_and_groups_are_refused_naming_the_path() {
+    require!(Readers);
     let root = tempfile::tempdir().unwrap();
     let array = [10u64, 9];
     let compressed2 = root.path().join("compressed2.zarr");
@@ -592,6 +600,7 @@ fn overwrite_replaces_a_zarr_array_and_nothing_else() {
 
 #[test]
 fn a_zarr_array_mounts_as_a_view_of_hdf5_blocks() {
+    require!(Fuse, Readers);
     let root = tempfile::tempdir().unwrap();
     let array = [37u64, 29, 23];
     let input = root.path().join("in.zarr");

@@ -3,6 +3,7 @@
 //! and resume, unmount with parked readers, read-only refusals, and the
 //! mount-point checks. Needs /dev/fuse (and root or fusermount3).
 
+#[macro_use]
 mod common;
 
 use std::ffi::CString;
@@ -205,6 +206,7 @@ fn check_every_file(view: &Path, array: &[u64], block: &[u64], format: BlockForm
 
 #[test]
 fn every_byte_through_the_mount_equals_the_source_for_other_programs_too() {
+    require!(Fuse, Readers);
     let root = tempfile::tempdir().unwrap();
     for (format, dt, array, inb, outb) in [
         (
@@ -258,7 +260,10 @@ fn every_byte_through_the_mount_equals_the_source_for_other_programs_too() {
             .collect::<Vec<_>>()
             .join(",");
         let verify = Command::new(python())
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/verify.py"))
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/verify.py"
+            ))
             .args([
                 mounted.view.to_str().unwrap(),
                 "--array",
@@ -295,6 +300,7 @@ fn every_byte_through_the_mount_equals_the_source_for_other_programs_too() {
 
 #[test]
 fn a_read_of_a_pending_block_waits_and_others_are_served_meanwhile() {
+    require!(Fuse);
     let root = tempfile::tempdir().unwrap();
     let array = [40u64, 36, 30];
     let input = make_blocks(
@@ -366,6 +372,7 @@ fn a_read_of_a_pending_block_waits_and_others_are_served_meanwhile() {
 
 #[test]
 fn many_concurrent_random_readers_get_correct_bytes_without_deadlock() {
+    require!(Fuse);
     let root = tempfile::tempdir().unwrap();
     let array = [45u64, 40, 33];
     let block = [16u64, 11, 9];
@@ -425,6 +432,7 @@ fn journal_ranks(staging: &Path) -> Vec<u64> {
 
 #[test]
 fn kill_9_then_umount_and_remount_resumes_without_rewriting_done_blocks() {
+    require!(Fuse);
     let root = tempfile::tempdir().unwrap();
     let array = [48u64, 40, 36];
     let block = [12u64, 10, 9];
@@ -532,6 +540,7 @@ fn kill_9_then_umount_and_remount_resumes_without_rewriting_done_blocks() {
 
 #[test]
 fn unmount_with_parked_readers_errors_them_promptly_and_frees_the_mount_point() {
+    require!(Fuse);
     let root = tempfile::tempdir().unwrap();
     let array = [40u64, 40, 40];
     let input = make_blocks(
@@ -601,6 +610,7 @@ fn park_three_readers_and_unmount(mounted: &Mounted) {
 
 #[test]
 fn every_write_path_is_refused_with_erofs() {
+    require!(Fuse);
     let root = tempfile::tempdir().unwrap();
     let input = make_blocks(
         root.path(),
@@ -660,6 +670,7 @@ fn every_write_path_is_refused_with_erofs() {
 
 #[test]
 fn mount_point_and_input_refusals_say_what_is_wrong() {
+    require!(Fuse);
     let root = tempfile::tempdir().unwrap();
     let input = make_blocks(
         root.path(),
@@ -712,6 +723,7 @@ fn mount_point_and_input_refusals_say_what_is_wrong() {
 
 #[test]
 fn a_bad_block_the_materialiser_reaches_fails_the_view_and_status_says_why() {
+    require!(Fuse);
     // 13³ in 3³ blocks: 2_1_2's header is checked when the materialiser
     // first reads it (rechunkfs::input::HeaderChecks), not at the mount.
     let root = tempfile::tempdir().unwrap();
@@ -752,6 +764,7 @@ fn a_bad_block_the_materialiser_reaches_fails_the_view_and_status_says_why() {
 
 #[test]
 fn a_changed_input_is_refused_until_rebuild() {
+    require!(Fuse);
     let root = tempfile::tempdir().unwrap();
     let input = make_blocks(
         root.path(),
@@ -808,6 +821,7 @@ fn a_changed_input_is_refused_until_rebuild() {
 
 #[test]
 fn opening_a_pending_block_to_learn_its_shape_never_waits() {
+    require!(Fuse, Readers);
     let root = tempfile::tempdir().unwrap();
     for format in [BlockFormat::Hdf5, BlockFormat::Npy] {
         let base = root.path().join(format.extension());
@@ -854,6 +868,7 @@ fn opening_a_pending_block_to_learn_its_shape_never_waits() {
 
 #[test]
 fn a_reader_of_a_far_block_is_served_ahead_of_the_plan() {
+    require!(Fuse);
     let root = tempfile::tempdir().unwrap();
     let array = [48u64, 40, 36];
     let block = [12u64, 10, 9];
@@ -913,6 +928,7 @@ fn a_reader_of_a_far_block_is_served_ahead_of_the_plan() {
 
 #[test]
 fn a_reader_sweeping_the_view_is_read_ahead_and_a_viewer_is_not() {
+    require!(Fuse);
     let root = tempfile::tempdir().unwrap();
     // 2 × 2 × 12 blocks: in name order 0_0_10 comes before 0_0_2.
     let array = [4u64, 4, 60];

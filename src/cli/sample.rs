@@ -2,7 +2,7 @@
 //! element at C-order linear index `n` of the whole array are the first
 //! bytes of `splitmix64(n)`. Any misplaced, dropped or duplicated element
 //! shows, whatever the dtype; readers in other languages recompute it in a
-//! line (`scripts/verify.py` does).
+//! line (`tests/fixtures/verify.py` does).
 //!
 //! Shapes here are internal C order; files are named in the user-facing
 //! order of their format (see [`crate::array::axes`]), so a NIfTI sample's names

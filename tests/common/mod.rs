@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+#[macro_use]
+pub mod prerequisites;
+
 use std::path::{Path, PathBuf};
 
 use rechunkfs::array::geometry::{IndexBox, Partition};
@@ -292,15 +295,9 @@ pub fn stderr(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// The Python interpreter with the readers scripts/setup installs (numpy,
-/// h5py, nibabel, zarr, tensorstore).
+/// The Python interpreter with the readers `scripts/setup` installs
+/// (numpy, h5py, nibabel, zarr, tensorstore); a test using it first says
+/// `require!(Readers)`.
 pub fn python() -> String {
-    std::env::var("RECHUNKFS_PYTHON").unwrap_or_else(|_| {
-        let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/target/pyenv/bin/python");
-        assert!(
-            Path::new(venv).exists(),
-            "no Python with the readers: run ./scripts/test (or source scripts/setup) first"
-        );
-        venv.to_string()
-    })
+    prerequisites::python_path().to_string_lossy().into_owned()
 }
