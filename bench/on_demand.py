@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Blocks on demand, measured: a reader opens pending blocks of a filling
 view in a random order, as a tiled viewer would.
 
@@ -9,17 +8,25 @@ Prints, from one run on the same data (page cache dropped before each mount):
 - total materialisation time with that reader running, against an
   undisturbed materialisation; target: <= 1.2x.
 
-    scripts/bench-on-demand [--workdir bench-out] [--pause 0.05] [--rounds 5] [--quick]
+    bench/run on-demand [--workdir bench-out] [--pause 0.05] [--rounds 5] [--quick]
 
 Each round runs both, the undisturbed one first in odd rounds and second in
 even ones; the table gives medians over the rounds, with their range.
-Uses the W1 data of scripts/bench (700^3 u16 in 35^3 blocks -> 50^3), made
+Uses the W1 data of the benchmark (700^3 u16 in 35^3 blocks -> 50^3), made
 with `rechunkfs sample` if missing.
 """
-import argparse, json, os, random, statistics, subprocess, sys, time
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "rechunkfs")
+SHAPE = "50,50,50"
 
 
 def run(*args, check=True):
@@ -54,77 +61,75 @@ def wait_complete(view, start):
     return time.monotonic() - start
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workdir", default=os.path.join(ROOT, "bench-out"))
-    p.add_argument("--quick", action="store_true", help="350^3 instead of 700^3")
-    p.add_argument("--pause", type=float, default=0.05, help="seconds between the reader's block reads")
-    p.add_argument("--rounds", type=int, default=5, help="undisturbed and disturbed runs, in turn (default 5)")
-    a = p.parse_args()
-    if a.rounds < 1:
-        p.error("--rounds must be at least 1")
-    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
-    side = 350 if a.quick else 700
-    data = os.path.join(a.workdir, f"data-{side}x{side}x{side}-in-35x35x35-u16-h5")
-    if not os.path.isdir(data):
-        run("sample", data, "--array", f"{side},{side},{side}", "--blocks", "35,35,35", "--dtype", "u16", "--format", "h5")
-    view = os.path.join(a.workdir, "od-view")
-    staging = os.path.join(a.workdir, "od-staging")
-    shape = "50,50,50"
+class Setup:
+    """Where a round's data, view and staging live, and the reader's pause."""
 
-    def undisturbed_run():
-        start = mount(data, view, staging, shape)
-        seconds = wait_complete(view, start)
-        run("umount", view)
-        return seconds
+    def __init__(self, workdir, data, pause):
+        self.data = data
+        self.view = os.path.join(workdir, "od-view")
+        self.staging = os.path.join(workdir, "od-staging")
+        self.pause = pause
 
-    def disturbed_run():
-        start = mount(data, view, staging, shape)
-        names = sorted(n for n in os.listdir(view) if n.endswith(".h5"))
-        random.Random(1).shuffle(names)
-        ttfb = []
-        for name in names:
-            path = os.path.join(view, name)
-            if os.getxattr(path, "user.rechunkfs.state") != b"pending":
-                continue
-            t = time.monotonic()
-            with open(path, "rb", buffering=0) as f:
-                f.seek(4096)
-                f.read(1)
-            ttfb.append(time.monotonic() - t)
-            if status(view)["state"] == "complete":
-                break
-            time.sleep(a.pause)
-        seconds = wait_complete(view, start)
-        final = status(view)
-        run("umount", view)
-        return seconds, ttfb, final
 
-    # Rounds, undisturbed and disturbed in turn first: one run of each
+def undisturbed_run(s):
+    start = mount(s.data, s.view, s.staging, SHAPE)
+    seconds = wait_complete(s.view, start)
+    run("umount", s.view)
+    return seconds
+
+
+def disturbed_run(s):
+    """A materialisation with a reader opening pending blocks at random:
+    (seconds, each read's time to first byte, the final status)."""
+    start = mount(s.data, s.view, s.staging, SHAPE)
+    names = sorted(n for n in os.listdir(s.view) if n.endswith(".h5"))
+    random.Random(1).shuffle(names)
+    ttfb = []
+    for name in names:
+        path = os.path.join(s.view, name)
+        if os.getxattr(path, "user.rechunkfs.state") != b"pending":
+            continue
+        t = time.monotonic()
+        with open(path, "rb", buffering=0) as f:
+            f.seek(4096)
+            f.read(1)
+        ttfb.append(time.monotonic() - t)
+        if status(s.view)["state"] == "complete":
+            break
+        time.sleep(s.pause)
+    seconds = wait_complete(s.view, start)
+    final = status(s.view)
+    run("umount", s.view)
+    return seconds, ttfb, final
+
+
+def one_round(s, r, rounds):
+    # Undisturbed and disturbed take turns going first: one run of each
     # swings by a third on this VM, so a ratio of single runs says little.
-    rows = []
-    for r in range(a.rounds):
-        if r % 2 == 0:
-            undisturbed = undisturbed_run()
-            disturbed, ttfb, final = disturbed_run()
-        else:
-            disturbed, ttfb, final = disturbed_run()
-            undisturbed = undisturbed_run()
-        blocks = max(final["on_demand_blocks"], 1)
-        extraction = final["on_demand_seconds"] / blocks
-        median_ttfb = statistics.median(ttfb) if ttfb else float("nan")
-        rows.append({"read": len(ttfb), "extracted": final["on_demand_blocks"], "seeks": final["on_demand_seeks"],
-                     "ttfb": median_ttfb, "extraction": extraction, "undisturbed": undisturbed,
-                     "disturbed": disturbed})
-        print(f"round {r + 1}/{a.rounds}: undisturbed {undisturbed:.2f} s, random reader {disturbed:.2f} s "
-              f"({disturbed / undisturbed:.2f}x); TTFB {median_ttfb * 1000:.1f} ms, extraction "
-              f"{extraction * 1000:.1f} ms", file=sys.stderr)
+    if r % 2 == 0:
+        undisturbed = undisturbed_run(s)
+        disturbed, ttfb, final = disturbed_run(s)
+    else:
+        disturbed, ttfb, final = disturbed_run(s)
+        undisturbed = undisturbed_run(s)
+    blocks = max(final["on_demand_blocks"], 1)
+    extraction = final["on_demand_seconds"] / blocks
+    median_ttfb = statistics.median(ttfb) if ttfb else float("nan")
+    print(f"round {r + 1}/{rounds}: undisturbed {undisturbed:.2f} s, random reader {disturbed:.2f} s "
+          f"({disturbed / undisturbed:.2f}x); TTFB {median_ttfb * 1000:.1f} ms, extraction "
+          f"{extraction * 1000:.1f} ms", file=sys.stderr)
+    return {"read": len(ttfb), "extracted": final["on_demand_blocks"], "seeks": final["on_demand_seeks"],
+            "ttfb": median_ttfb, "extraction": extraction, "undisturbed": undisturbed,
+            "disturbed": disturbed}
 
-    med = lambda key: statistics.median(row[key] for row in rows)
+
+def print_table(rows):
+    def med(key):
+        return statistics.median(row[key] for row in rows)
     ttfb_ratio = statistics.median(row["ttfb"] / row["extraction"] for row in rows)
     slowdown = statistics.median(row["disturbed"] / row["undisturbed"] for row in rows)
     print(f"| measure (median of {len(rows)} rounds) | value |")
-    print(f"|---|---|")
+    print("|---|---|")
     print(f"| pending blocks read at random | {med('read'):.0f} |")
     print(f"| blocks extracted on demand | {med('extracted'):.0f} ({med('seeks'):.0f} extra seeks) |")
     print(f"| time to first byte (median) | {med('ttfb') * 1000:.1f} ms |")
@@ -136,5 +141,22 @@ def main():
     print(f"| disturbed / undisturbed | {slowdown:.2f}x (rounds {min(r['disturbed'] / r['undisturbed'] for r in rows):.2f}-"
           f"{max(r['disturbed'] / r['undisturbed'] for r in rows):.2f}x; target <= 1.2x) |")
 
-if __name__ == "__main__":
-    main()
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="bench/run on-demand", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", default=os.path.join(ROOT, "bench-out"))
+    p.add_argument("--quick", action="store_true", help="350^3 instead of 700^3")
+    p.add_argument("--pause", type=float, default=0.05, help="seconds between the reader's block reads")
+    p.add_argument("--rounds", type=int, default=5, help="undisturbed and disturbed runs, in turn (default 5)")
+    a = p.parse_args(argv)
+    if a.rounds < 1:
+        p.error("--rounds must be at least 1")
+    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    side = 350 if a.quick else 700
+    data = os.path.join(a.workdir, f"data-{side}x{side}x{side}-in-35x35x35-u16-h5")
+    if not os.path.isdir(data):
+        run("sample", data, "--array", f"{side},{side},{side}", "--blocks", "35,35,35", "--dtype", "u16", "--format", "h5")
+    s = Setup(a.workdir, data, a.pause)
+    rows = [one_round(s, r, a.rounds) for r in range(a.rounds)]
+    print_table(rows)

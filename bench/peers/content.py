@@ -1,8 +1,8 @@
 """The sample array's content, as `rechunkfs sample` writes it and
-scripts/verify.py checks it: the element at C-order linear index n holds the
+tests/fixtures/verify.py checks it: the element at C-order linear index n holds the
 first itemsize bytes of splitmix64(n), little-endian.
 
-Shared by the peer helpers of scripts/bench (they run in the harness's own
+Shared by the peer helpers of the bench harness (they run in the harness's own
 venv, which has numpy): `region_bytes` gives the C-order bytes of any box of
 the array, computed slab by slab so that a large box never needs more than
 a few hundred MiB of temporaries; `padded_region_bytes` gives a whole chunk
@@ -14,8 +14,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from verify import splitmix64  # noqa: E402  (scripts/verify.py: the one definition)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "fixtures"))
+from verify import splitmix64  # noqa: E402  (tests/fixtures/verify.py: the one definition)
 
 SLAB_ELEMENTS = 1 << 22   # elements per slab of temporaries (~32 MiB of uint64 each)
 

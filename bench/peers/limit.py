@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The disk's own limit for a rechunk, and plain file reading, measured in
-one process for scripts/bench (Python standard library only, so it runs
+one process for the bench harness (Python standard library only, so it runs
 with any python3 and inside the benchmark's memory cgroup).
 
     limit.py physical --inputs LIST --out DIR --files N [--bytes B]

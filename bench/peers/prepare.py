@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write the sample array (see content.py) in the peers' native forms, for
-scripts/bench. Runs in the harness's venv (numpy; h5py for --h5).
+the bench harness. Runs in the harness's venv (numpy; h5py for --h5).
 
     prepare.py zarr OUT.zarr --array 700,700,700 --chunks 35,35,35
         a Zarr v2 array: uncompressed, no filters, '<u2', C order, fill 0,

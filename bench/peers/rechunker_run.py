@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""rechunker peer for scripts/bench: rechunk a Zarr v2 array into a new Zarr
+"""rechunker peer for the bench harness: rechunk a Zarr v2 array into a new Zarr
 v2 array with other chunks, with rechunker's python or dask executor.
 
     rechunker_run.py IN.zarr OUT.zarr TMP.zarr --chunks 50,50,50 --mem BYTES --executor python|dask

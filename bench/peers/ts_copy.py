@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""TensorStore peer for scripts/bench: copy a Zarr v2 array into a new Zarr
+"""TensorStore peer for the bench harness: copy a Zarr v2 array into a new Zarr
 v2 array with other chunks (uncompressed, same dtype and fill value).
 
     ts_copy.py IN.zarr OUT.zarr --chunks 50,50,50 --mem BYTES

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Check a peer's output against the sample array voxel by voxel (the
-splitmix64 content of scripts/verify.py), for scripts/bench.
+splitmix64 content of tests/fixtures/verify.py), for the bench harness.
 
     verify_peer.py zarr OUT_DIR --array 350,350,350 --chunks 50,50,50
     verify_peer.py h5 OUT.h5 --array 350,350,350 --chunks 50,50,50 [--dataset /data]

@@ -1,0 +1,381 @@
+"""The tools under test and how each one runs and is timed: building and
+staging rechunkfs, `rechunkfs rechunk` (keep, baseline), the peers and the
+physical limit as processes in an optional memory cgroup, each from a
+dropped page cache, and checking an output voxel by voxel."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .common import (BUILT, FORMAT, MIB, NUMPY_DTYPE, PEERS_DIR, PYTHON, ROOT, VERIFY, Binary, die, last_lines,
+                     parse_json, say, shape_str, write_text)
+from .system import timed_sync
+from .workloads import input_files, out_block
+
+# Every tool, in table order: key -> (label, kind).
+TOOLS = {
+    "keep": ("rechunkfs keep", "rechunkfs"),
+    "baseline": ("rechunkfs baseline", "rechunkfs"),
+    "view": ("rechunkfs view (mount)", "rechunkfs"),
+    "limit": ("physical limit", "limit"),
+    "tensorstore": ("TensorStore", "peer"),
+    "rechunker-python": ("rechunker (python)", "peer"),
+    "rechunker-dask": ("rechunker (dask)", "peer"),
+    "zarrs": ("zarrs_reencode", "peer"),
+    "h5repack": ("h5repack", "peer"),
+    "h5repack-whole": ("h5repack (whole-array buffer)", "peer"),
+}
+OPTIONAL = [k for k in TOOLS if k not in ("keep", "baseline")]
+ALIASES = {"rechunker": ["rechunker-python", "rechunker-dask"], "physical": ["limit"], "ts": ["tensorstore"],
+           "zarrs_reencode": ["zarrs"], "zarrs_tools": ["zarrs"], "mount": ["view"]}
+ZARR_TOOLS = ("tensorstore", "rechunker-python", "rechunker-dask", "zarrs")
+H5REPACK_TOOLS = ("h5repack", "h5repack-whole")
+MEM_KNOB = ZARR_TOOLS + ("h5repack",)    # peers with a memory budget to lower after an OOM
+
+# A tool whose run takes under this many seconds runs at least this many
+# times. Runs under half a second (merge and split here) swing between two
+# modes on this kind of VM: the same command takes 0.15 s or 0.3 s, and
+# perf stat shows its CPU time double with it (139 against 339 ms of
+# task-clock for one merge), so the slow mode is the machine's, not the
+# tool's. With nine runs a tool's median still moved with how many of its
+# runs fell into it; fifteen hold it better, at a few seconds a tool.
+REPEATS_FOR_SHORT_RUNS = ((0.5, 15), (1.0, 5), (5.0, 3))
+
+
+def label(tool):
+    return TOOLS[tool][0]
+
+
+def parse_peers(text, none):
+    if none:
+        return []
+    chosen = []
+    for item in [x.strip().lower() for x in text.split(",") if x.strip()]:
+        if item == "all":
+            chosen += OPTIONAL
+        elif item == "none":
+            continue
+        elif item in ALIASES:
+            chosen += ALIASES[item]
+        elif item in OPTIONAL:
+            chosen.append(item)
+        else:
+            die(f"unknown peer '{item}'; choose from {', '.join(OPTIONAL)}, rechunker, all or none")
+    return [t for t in OPTIONAL if t in chosen]
+
+
+# --------------------------------------------------------------------------
+# rechunkfs itself, and checking outputs
+
+
+def build(no_build):
+    if no_build:
+        if not BUILT.exists():
+            die(f"--no-build given but {BUILT} does not exist")
+        return
+    say("building rechunkfs (cargo build --release --quiet)...")
+    env = dict(os.environ)
+    # The bundled libhdf5 needs CMake >= 3.26: scripts/setup puts one here.
+    venv_cmake = ROOT / "target" / "pyenv" / "bin" / "cmake"
+    if "CMAKE" not in env and venv_cmake.exists():
+        env["CMAKE"] = str(venv_cmake)
+    try:
+        r = subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, env=env)
+    except FileNotFoundError:
+        die("cargo is not on PATH; install Rust, or pass --no-build to use an existing target/release/rechunkfs")
+    if r.returncode != 0:
+        die("cargo build --release failed (see above); fix the build or pass --no-build")
+    if not BUILT.exists():
+        die(f"cargo build succeeded but {BUILT} is missing")
+
+
+def stage_binary(workdir):
+    """Run from a private copy, so a rebuild by someone else mid-run cannot mix binaries."""
+    d = workdir / "bin"
+    d.mkdir(exist_ok=True)
+    tmp = d / "rechunkfs.partial"
+    shutil.copy2(BUILT, tmp)
+    os.replace(tmp, d / "rechunkfs")
+    Binary.path = d / "rechunkfs"
+
+
+def ensure_python():
+    if PYTHON.exists():
+        r = subprocess.run([str(PYTHON), "-c", "import numpy, h5py"], capture_output=True)
+        if r.returncode == 0:
+            return
+    say("verification needs numpy and h5py in target/pyenv: running scripts/setup...")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "setup")], cwd=ROOT)
+    if r.returncode != 0 or not PYTHON.exists():
+        die("scripts/setup failed, so outputs cannot be verified; fix it or pass --no-verify")
+
+
+def verify(out, w):
+    cmd = [str(PYTHON), str(VERIFY), str(out), "--array", shape_str(w.array), "--block", shape_str(out_block(w)),
+           "--dtype", NUMPY_DTYPE, "--format", FORMAT]
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    return r.returncode == 0, (r.stdout + r.stderr).strip(), time.monotonic() - t0
+
+
+def plan(inp, w, strategy, mem):
+    cmd = [str(Binary.path), "plan", str(inp), "--shape", shape_str(w.shape), "--strategy", strategy, "--json"]
+    if mem is not None:
+        cmd += ["--mem", str(mem)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, r.stderr.strip()
+    try:
+        return json.loads(r.stdout), None
+    except ValueError:
+        return None, "plan printed no JSON"
+
+
+# --------------------------------------------------------------------------
+# Running
+
+
+class Interrupted(Exception):
+    pass
+
+
+class Context:
+    """What every run needs: the work directory, cgroups, the cache dropper, options."""
+
+    def __init__(self, workdir, cgroups, dropper, timeout, peers):
+        self.workdir = workdir
+        self.cgroups = cgroups
+        self.dropper = dropper
+        self.timeout = timeout
+        self.peers = peers
+        self.mounted = set()      # views to unmount on the way out
+
+
+def new_record(w, tool, cap, mem):
+    return {"workload": w.name, "tool": tool, "cap_bytes": cap, "mem_bytes": mem, "status": None,
+            "wall_seconds": None, "peak_rss_bytes": None, "verified": None}
+
+
+def oom_or_error(rec, group, returncode):
+    """A failed run's status: killed inside a cgroup, or by it, is an OOM."""
+    oom = rec.get("cgroup_oom_kills")
+    return "oom" if (oom or (group is not None and returncode == -signal.SIGKILL)) else "error"
+
+
+def kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_one(inp, out, w, strategy, cap, mem, ctx):
+    """One timed `rechunkfs rechunk` run; returns a record dict."""
+    rec = new_record(w, strategy, cap, mem)
+    note_plan(rec, inp, w, strategy, mem)
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [str(Binary.path), "rechunk", str(inp), str(out), "--shape", shape_str(w.shape), "--strategy", strategy,
+           "--json", "--quiet"]
+    if mem is not None:
+        cmd += ["--mem", str(mem)]
+    rec["command"] = " ".join(cmd)
+    group = None
+    proc = None
+    try:
+        if cap is not None:
+            group = ctx.cgroups.create(cap)
+            cmd = ctx.cgroups.wrap(group, cmd)
+            rec["cgroup"] = str(group)
+        rec["cache_dropped"] = ctx.dropper.drop()
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=ctx.timeout)
+            wall = time.monotonic() - t0
+        except subprocess.TimeoutExpired:
+            wall = time.monotonic() - t0
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            rec.update(status="timeout", wall_seconds=wall)
+            return rec
+        rec["returncode"] = proc.returncode
+        if group is not None:
+            rec["cgroup_peak_bytes"], rec["cgroup_oom_kills"] = ctx.cgroups.stats(group)
+        if proc.returncode != 0:
+            rec["wall_seconds"] = wall
+            rec["status"] = oom_or_error(rec, group, proc.returncode)
+            rec["stderr"] = stderr.strip()[-2000:]
+            return rec
+        rec["sync_seconds"] = timed_sync(out)
+        rec["wall_seconds"] = wall + rec["sync_seconds"]
+        take_report(rec, stdout, stderr)
+        return rec
+    finally:
+        if proc is not None and proc.poll() is None:
+            kill_group(proc)
+            proc.wait()
+        if group is not None:
+            ctx.cgroups.remove(group)
+
+
+def note_plan(rec, inp, w, strategy, mem):
+    """What rechunkfs's plan predicts for the run, or why it could not say."""
+    p, err = plan(inp, w, strategy, mem)
+    if p:
+        rec["planned_seeks"] = p.get("seeks", {}).get("planned")
+        rec["planned_peak_memory_bytes"] = p.get("peak_memory_bytes")
+        rec["read_shape"] = p.get("read_shape")
+    else:
+        rec["plan_error"] = err
+
+
+def take_report(rec, stdout, stderr):
+    """Fills a finished rechunk run's record from its --json report."""
+    report = parse_json(stdout)
+    if report is None:
+        rec["status"] = "error"
+        rec["stderr"] = ("no JSON on stdout: " + stdout.strip()[-500:] + "\n" + stderr.strip()[-1500:]).strip()
+        return
+    rec["status"] = "ok"
+    rec["report"] = report
+    rec["peak_rss_bytes"] = report.get("peak_rss_bytes")
+    rec["peak_held_bytes"] = report.get("peak_memory_bytes")
+    seeks = report.get("seeks", {})
+    rec["seeks_made"], rec["seeks_planned"] = seeks.get("made"), seeks.get("planned", rec.get("planned_seeks"))
+
+
+def run_process(rec, cmd, cap, ctx, log_stem, keep_group=False):
+    """Runs cmd cold (in a fresh memory cgroup when cap), stdout/stderr to
+    log_stem.out/.err; fills rec: status, wall (process only), peak RSS
+    (wait4's ru_maxrss of the process and the children it waited for),
+    cgroup peak and OOM kills. With keep_group the cgroup outlives the
+    process (for a daemon it leaves behind): the caller removes it."""
+    rec["command"] = " ".join(str(c) for c in cmd)
+    group = None
+    proc = None
+    out_log, err_log = Path(str(log_stem) + ".out"), Path(str(log_stem) + ".err")
+    rec["logs"] = str(log_stem) + ".{out,err}"
+    try:
+        if cap is not None:
+            group = ctx.cgroups.create(cap)
+            cmd = ctx.cgroups.wrap(group, cmd)
+            rec["cgroup"] = str(group)
+        rec["cache_dropped"] = ctx.dropper.drop()
+        with open(out_log, "w") as fo, open(err_log, "w") as fe:
+            t0 = time.monotonic()
+            proc = subprocess.Popen([str(c) for c in cmd], stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+            result = reap_within(proc, ctx.timeout)
+            if result is None:
+                proc.returncode = -signal.SIGKILL
+                rec.update(status="timeout", wall_seconds=time.monotonic() - t0)
+                return rec
+        _, status, usage = result["wait"]
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        rec["wall_seconds"] = result["t"] - t0
+        rec["returncode"] = proc.returncode
+        rec["peak_rss_bytes"] = usage.ru_maxrss * 1024
+        if group is not None:
+            rec["cgroup_peak_bytes"], rec["cgroup_oom_kills"] = ctx.cgroups.stats(group)
+        if proc.returncode != 0:
+            rec["status"] = oom_or_error(rec, group, proc.returncode)
+            rec["stderr"] = last_lines(err_log, 1) or last_lines(out_log, 1) or f"exit {proc.returncode}"
+        else:
+            rec["status"] = "ok"
+            rec["stdout_json"] = parse_json(last_lines(out_log, 1)) if out_log.stat().st_size else None
+        return rec
+    finally:
+        if proc is not None and proc.returncode is None:
+            kill_group(proc)
+            try:
+                os.waitpid(proc.pid, 0)
+            except ChildProcessError:
+                pass
+            proc.returncode = -signal.SIGKILL
+        if group is not None and not keep_group:
+            ctx.cgroups.remove(group)
+            rec.pop("cgroup", None)
+
+
+def reap_within(proc, timeout):
+    """Waits for proc with wait4 (for its rusage) and notes when it ended:
+    {"wait": (pid, status, rusage), "t": monotonic time}; after timeout
+    seconds kills its process group and returns None."""
+    result = {}
+
+    def reap():
+        result["wait"] = os.wait4(proc.pid, 0)
+        result["t"] = time.monotonic()
+    waiter = threading.Thread(target=reap, daemon=True)
+    waiter.start()
+    waiter.join(timeout)
+    if waiter.is_alive():
+        os.killpg(proc.pid, signal.SIGKILL)
+        waiter.join()
+        return None
+    return result
+
+
+def peer_command(tool, w, src, out, tmp, mem, peers):
+    s = shape_str(out_block(w))
+    vpy = str(peers.vpy)
+    if tool == "tensorstore":
+        return [vpy, PEERS_DIR / "ts_copy.py", src, out, "--chunks", s, "--mem", str(mem)]
+    if tool.startswith("rechunker-"):
+        return [vpy, PEERS_DIR / "rechunker_run.py", src, out, tmp, "--chunks", s, "--mem", str(mem),
+                "--executor", tool.split("-", 1)[1]]
+    if tool == "zarrs":
+        # zarrs_tools (0.6 to 0.8.1 at least) sets the chunk shape only when it writes shards: without
+        # --shard-shape, --chunk-shape is silently ignored. One shard per output block holding one
+        # plain chunk of that shape is the same file layout with a 20-byte index at its end.
+        return [peers.zarrs_bin, "--chunk-shape", s, "--shard-shape", s, "--cache-size", str(mem), src, out]
+    if tool in H5REPACK_TOOLS:
+        whole = out_block(w) == w.array
+        layout = "data:CONTI" if whole else "data:CHUNK=" + shape_str(out_block(w), "x")
+        # Without H5TOOLS_BUFSIZE h5repack copies 32 MiB hyperslabs; given less
+        # than the array it copies strips that cut across output chunks
+        # (W1: ~20 s for any buffer from 32 to 192 MiB, ~1-3 s for the whole array).
+        buffer = w.nbytes if tool == "h5repack-whole" else mem
+        return ["env", f"H5TOOLS_BUFSIZE={max(1, -(-buffer // MIB))}", peers.h5repack, "-l", layout, src, out]
+    raise ValueError(tool)
+
+
+def run_peer(tool, w, cap, mem, ctx, tag):
+    """One timed run of a peer (or of the physical limit); the output stays for verification."""
+    rec = new_record(w, tool, cap, mem)
+    outdir = ctx.workdir / "out-peer"
+    shutil.rmtree(outdir, ignore_errors=True)
+    outdir.mkdir()
+    log_stem = ctx.workdir / "logs" / f"{w.name}-{tool}-{tag}"
+    if tool == "limit":
+        listing = ctx.workdir / "logs" / f"{w.name}-input-files.txt"
+        files = input_files(ctx.workdir, w)
+        write_text(listing, "".join(f"{p}\n" for p in files))
+        out = outdir / "limit"
+        cmd = [sys.executable, PEERS_DIR / "limit.py", "physical", "--inputs", listing, "--out", out,
+               "--files", str(w.output_files)]
+    else:
+        src, why = ctx.peers.input_of(w, tool)
+        if src is None:
+            rec.update(status="unavailable", reason=why)
+            return rec, None
+        out = outdir / ("out.h5" if tool in H5REPACK_TOOLS else "out.zarr")
+        cmd = peer_command(tool, w, src, out, outdir / "tmp.zarr", mem, ctx.peers)
+    run_process(rec, cmd, cap, ctx, log_stem)
+    if rec["status"] == "ok":
+        info = rec.pop("stdout_json", None)
+        if info:
+            rec["tool_report"] = info
+        if tool == "limit" and info and "seconds" in info:
+            # The limit is the I/O alone: its own clock, without the interpreter's cold start.
+            rec["process_seconds"] = rec["wall_seconds"]
+            rec["wall_seconds"] = info["seconds"]
+        rec["sync_seconds"] = timed_sync(outdir)
+        rec["wall_seconds"] += rec["sync_seconds"]
+    return rec, out
