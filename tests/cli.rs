@@ -38,7 +38,7 @@ fn plan_prints_the_known_numbers() {
         assert_eq!(report["seeks"]["keep"], keep);
         assert_eq!(report["seeks"]["baseline"], baseline);
         assert_eq!(report["seeks"]["lower_bound"], keep);
-        assert!(report["peak_memory_bytes"].as_u64().unwrap() > 0);
+        assert!(common::json_u64(&report, "peak_memory_bytes") > 0);
     }
     let config4 = plan_json(&[
         "--array",
@@ -68,13 +68,13 @@ fn plan_of_a_huge_array_is_quick_and_fits() {
         "--mem",
         "4G",
     ]);
-    assert!(report["peak_memory_bytes"].as_u64().unwrap() <= 4 << 30);
+    assert!(common::json_u64(&report, "peak_memory_bytes") <= 4 << 30);
     // A count, not a timing: the planner itself reports how long it took,
     // and a generous bound only catches an accidental blow-up.
     assert!(report["planning_seconds"].as_f64().unwrap() < 5.0);
-    let seeks = report["seeks"]["keep"].as_u64().unwrap();
-    assert!(seeks >= report["seeks"]["lower_bound"].as_u64().unwrap());
-    assert!(seeks * 1000 < report["seeks"]["baseline"].as_u64().unwrap());
+    let seeks = common::json_u64(&report, "seeks.keep");
+    assert!(seeks >= common::json_u64(&report, "seeks.lower_bound"));
+    assert!(seeks * 1000 < common::json_u64(&report, "seeks.baseline"));
 }
 
 #[test]
@@ -142,8 +142,11 @@ fn rechunk_writes_blocks_and_reports_seeks_as_json() {
     ]);
     assert!(output.status.success(), "{}", stderr(&output));
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(report["seeks"]["made"], report["seeks"]["planned"]);
-    assert!(report["peak_memory_bytes"].as_u64().unwrap() <= 64 << 10);
+    assert_eq!(
+        common::json_u64(&report, "seeks.made"),
+        common::json_u64(&report, "seeks.planned")
+    );
+    assert!(common::json_u64(&report, "peak_memory_bytes") <= 64 << 10);
     verify_output(
         &out,
         &[20, 18, 16],
@@ -635,5 +638,5 @@ fn inside_a_memory_cgroup_plans_leave_half_of_it_to_the_page_cache() {
     let inside: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(inside["mem_limit_bytes"], 600u64 << 20);
     assert_eq!(inside["peak_memory_bytes"], outside["peak_memory_bytes"]);
-    assert!(inside["peak_memory_bytes"].as_u64().unwrap() > 128 << 20);
+    assert!(common::json_u64(&inside, "peak_memory_bytes") > 128 << 20);
 }

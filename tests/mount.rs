@@ -513,7 +513,7 @@ fn kill_9_then_umount_and_remount_resumes_without_rewriting_done_blocks() {
         args: mounted.args.clone(),
     };
     std::mem::forget(mounted);
-    assert!(remounted.status()["blocks_resumed"].as_u64().unwrap() >= before.len() as u64);
+    assert!(common::json_u64(&remounted.status(), "blocks_resumed") >= before.len() as u64);
     remounted.wait_complete();
     check_every_file(&view, &array, &block, BlockFormat::Hdf5, ">u2");
     let after = journal_ranks(&staging);
@@ -581,7 +581,7 @@ fn park_three_readers_and_unmount(mounted: &Mounted) {
         });
     }
     let deadline = Instant::now() + Duration::from_secs(60);
-    while mounted.status()["waiting_reads"].as_u64().unwrap() < 3 {
+    while common::json_u64(&mounted.status(), "waiting_reads") < 3 {
         assert!(
             Instant::now() < deadline,
             "readers did not park: {}",
@@ -921,7 +921,7 @@ fn a_reader_of_a_far_block_is_served_ahead_of_the_plan() {
     check_every_file(&mounted.view, &array, &block, BlockFormat::Hdf5, "<u2");
     let status = mounted.status();
     assert!(
-        status["seeks_made"].as_u64() < status["seeks_planned"].as_u64(),
+        common::json_u64(&status, "seeks_made") < common::json_u64(&status, "seeks_planned"),
         "the plan skipped the extracted block"
     );
 }

@@ -171,6 +171,24 @@ fn stepped_run_with(
     cancel: Arc<AtomicBool>,
     on_demand: Option<Option<u64>>,
 ) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (go, _reached, handle) = stepped_run_observed(f, core, cancel, on_demand);
+    (go, handle)
+}
+
+/// As [`stepped_run_with`], and says on `reached` each time the run stops
+/// between read blocks: by then it has done everything it does between
+/// steps (extracting waited-for blocks among it).
+fn stepped_run_observed(
+    f: &Fixture,
+    core: Arc<ViewCore>,
+    cancel: Arc<AtomicBool>,
+    on_demand: Option<Option<u64>>,
+) -> (
+    mpsc::Sender<()>,
+    mpsc::Receiver<()>,
+    std::thread::JoinHandle<()>,
+) {
+    let (reached_tx, reached) = mpsc::channel::<()>();
     let (go, wait) = mpsc::channel::<()>();
     let plan = f.plan.clone();
     let input = f.input.clone();
@@ -183,6 +201,7 @@ fn stepped_run_with(
             .with_cancel(&cancel)
             .with_witness(core.staging().as_ref())
             .run(&mut sink, |_| {
+                let _ = reached_tx.send(());
                 let _ = wait.recv();
             });
         // Completed blocks become durable (journaled) in batches; the end
@@ -194,7 +213,7 @@ fn stepped_run_with(
             Err(e) => panic!("executor failed: {e}"),
         }
     });
-    (go, handle)
+    (go, reached, handle)
 }
 
 /// Lets a stepped run go one read block at a time until output block
@@ -482,18 +501,60 @@ fn status_wait_polls_a_daemon_that_serves_no_wait_file() {
     let old_view = tempfile::tempdir().unwrap();
     let status_path = old_view.path().join(rechunkfs::view::STATUS_NAME);
     let mut status = core.status();
+    assert_eq!(status.state, "materialising");
     std::fs::write(&status_path, serde_json::to_vec(&status).unwrap()).unwrap();
+    let first_read = ReadWatch::new(&status_path);
     let view = old_view.path().to_path_buf();
     let waiter = std::thread::spawn(move || rechunkfs::fuse::session::wait_status(&view));
-    std::thread::sleep(Duration::from_millis(150));
-    assert!(!waiter.is_finished(), "returned while materialising");
+    // The waiter has read "materialising" once; it must poll again.
+    first_read.wait();
     status.state = "complete".into();
     // Replaced whole, as a poll must never see half a file.
     let next = old_view.path().join("next.json");
     std::fs::write(&next, serde_json::to_vec(&status).unwrap()).unwrap();
     std::fs::rename(&next, &status_path).unwrap();
     let waited = waiter.join().unwrap().unwrap();
-    assert_eq!(waited.state, "complete");
+    assert_eq!(waited.state, "complete", "returned while materialising");
+}
+
+/// Sees, through inotify, a file opened for reading being closed: a
+/// reader has read it.
+struct ReadWatch {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl ReadWatch {
+    fn new(path: &Path) -> ReadWatch {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: inotify_init1 returns a new descriptor or -1.
+        let raw = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+        assert!(raw >= 0, "inotify: {}", std::io::Error::last_os_error());
+        // SAFETY: `raw` is a new descriptor owned by nothing else.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        let name = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid inotify descriptor and a NUL-terminated path.
+        let watch = unsafe { libc::inotify_add_watch(raw, name.as_ptr(), libc::IN_CLOSE_NOWRITE) };
+        assert!(
+            watch >= 0,
+            "inotify watch: {}",
+            std::io::Error::last_os_error()
+        );
+        ReadWatch { fd }
+    }
+
+    /// Blocks until the watched file has been read and closed once.
+    fn wait(&self) {
+        use std::os::fd::AsRawFd;
+        let mut poll = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut poll, 1, 10_000) };
+        assert_eq!(ready, 1, "no read of the status file within 10 s");
+    }
 }
 
 fn journal_ranks(dir: &Path) -> Vec<u64> {
@@ -681,19 +742,25 @@ fn extraction_that_would_break_the_memory_cap_waits_for_the_plan() {
     let parked = read_into(&core, block_ino(&core, last), 0, 1 << 22);
     // A cap below one block: no extraction can fit.
     let tiny = core.template(last).data_len - 1;
-    let (go, runner) = stepped_run_with(
+    let (go, reached, runner) = stepped_run_observed(
         &f,
         core.clone(),
         Arc::new(AtomicBool::new(false)),
         Some(Some(tiny)),
     );
-    go.send(()).unwrap();
-    go.send(()).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
+    // Three stops between read blocks, the run held at the third: the
+    // urgent block was weighed for extraction and refused.
+    for step in 0..3 {
+        reached.recv_timeout(Duration::from_secs(10)).unwrap();
+        if step < 2 {
+            go.send(()).unwrap();
+        }
+    }
     assert!(
         parked.try_recv().is_err(),
         "not extracted: it would not fit"
     );
+    assert_eq!(core.status().on_demand_blocks, 0);
     drop(go);
     runner.join().unwrap();
     assert_eq!(

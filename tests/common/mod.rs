@@ -301,3 +301,17 @@ pub fn stderr(output: &std::process::Output) -> String {
 pub fn python() -> String {
     prerequisites::python_path().to_string_lossy().into_owned()
 }
+
+/// The unsigned integer at `path` (`seeks.made`) in a JSON report; fails
+/// the test when the key is missing or holds anything else, so that two
+/// absent keys never compare equal.
+pub fn json_u64(value: &serde_json::Value, path: &str) -> u64 {
+    let mut at = value;
+    for key in path.split('.') {
+        at = at
+            .get(key)
+            .unwrap_or_else(|| panic!("no `{path}` in the report (missing `{key}`): {value}"));
+    }
+    at.as_u64()
+        .unwrap_or_else(|| panic!("`{path}` is {at}, not an unsigned integer"))
+}
