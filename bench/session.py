@@ -6,7 +6,7 @@ import json
 import random
 import shutil
 
-from .common import MARKER, PUBLISH_DIR, say, die, remove_path, show_bytes, MIB
+from .common import MARKER, MIB, PUBLISH_DIR, die, remove_path, say, show_bytes
 from .peer_setup import Peers
 from .report import READER_LABELS, aggregate, cap_label, mbps, published_suffix, write_results
 from .system import CacheDropper, CgroupError, machine_lines
