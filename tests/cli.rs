@@ -444,9 +444,11 @@ fn refuses_an_empty_directory_and_a_bad_shape() {
         "--shape",
         "4,4",
     ]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     assert!(
         stderr(&output).contains("--shape 4,4 has 2 dimensions but the input array 8×8×8 has 3")
     );
+    assert!(!Path::new("/tmp/never-made").exists());
     let output = rechunkfs(&[
         "rechunk",
         dir.to_str().unwrap(),
@@ -454,6 +456,7 @@ fn refuses_an_empty_directory_and_a_bad_shape() {
         "--shape",
         "4,0,4",
     ]);
+    assert!(!output.status.success(), "{}", stderr(&output));
     assert!(
         stderr(&output).contains("'0' is not"),
         "{}",

@@ -16,11 +16,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use rechunkfs::array::geometry::{IndexBox, Partition};
+use rechunkfs::array::geometry::Partition;
 use rechunkfs::array::names::grid_name;
 use rechunkfs::format::BlockFormat;
 
-use common::{dtype, expected_view_file, make_blocks, python, stderr, TestRng};
+use common::{dtype, make_blocks, python, stderr, TestRng};
 
 fn run(args: &[&str], step_delay_ms: u64) -> Output {
     common::run_rechunkfs(args, step_delay_ms)
@@ -182,26 +182,38 @@ fn xattr_state(path: &Path) -> String {
     String::from_utf8_lossy(&value[..n as usize]).into_owned()
 }
 
-/// Every file of the view, read by this process, equals the source.
-fn check_every_file(view: &Path, array: &[u64], block: &[u64], format: BlockFormat, dt: &str) {
-    let grid = Partition::regular(array, block);
-    for index in IndexBox::grid(&grid.grid_shape()) {
-        let region = grid.block(&index);
-        let path = view.join(format!("{}.{}", grid_name(&index), format.extension()));
-        let expected = expected_view_file(array, &region, dtype(dt), format);
+/// Every file of the view, read by this process, is its format's file of
+/// the source's block: read by the format's reader, with the size `stat`
+/// gives. Returns each file's bytes by name.
+fn check_every_file(
+    view: &Path,
+    array: &[u64],
+    block: &[u64],
+    format: BlockFormat,
+    dt: &str,
+) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    for grid_block in common::oracle::grid_blocks(array, block) {
+        let name = format!("{}.{}", grid_block.stem(), format.extension());
+        let path = view.join(&name);
+        let bytes = common::verified_block_file(&path, array, &grid_block, dtype(dt), format);
         assert_eq!(
             fs::metadata(&path).unwrap().len(),
-            expected.len() as u64,
+            bytes.len() as u64,
             "size of {}",
             path.display()
         );
-        let bytes = fs::read(&path).unwrap();
-        assert!(
-            bytes == expected,
-            "{} differs from the source",
-            path.display()
-        );
+        files.insert(name, bytes);
     }
+    files
+}
+
+/// The block of the grid of `array` in blocks of `block` at `index`.
+fn grid_block(array: &[u64], block: &[u64], index: &[u64]) -> common::oracle::GridBlock {
+    common::oracle::grid_blocks(array, block)
+        .into_iter()
+        .find(|b| b.index == index)
+        .expect("a block of the grid")
 }
 
 #[test]
@@ -242,16 +254,15 @@ fn every_byte_through_the_mount_equals_the_source_for_other_programs_too() {
         // Read from another thread of this process while it fills.
         let view = mounted.view.clone();
         let reader = std::thread::spawn(move || check_every_file(&view, &array, &outb, format, dt));
-        reader.join().unwrap();
+        let files = reader.join().unwrap();
         // And with external programs: cat, and numpy/h5py.
         let cat = Command::new("cat")
             .arg(mounted.view.join(format!("0_1_0.{}", format.extension())))
             .output()
             .unwrap();
-        let region = Partition::regular(&array, &outb).block(&[0, 1, 0]);
         assert_eq!(
             cat.stdout,
-            expected_view_file(&array, &region, dtype(dt), format),
+            files[&format!("0_1_0.{}", format.extension())],
             "cat"
         );
         let array_text = array
@@ -340,14 +351,10 @@ fn a_read_of_a_pending_block_waits_and_others_are_served_meanwhile() {
     }
     let first_bytes = fs::read(&first).unwrap();
     let first_rank = order.fetch_add(1, Ordering::SeqCst);
+    let first_block = grid_block(&array, &[8, 9, 6], &[0, 0, 0]);
     assert_eq!(
         first_bytes,
-        expected_view_file(
-            &array,
-            &grid.block(&[0, 0, 0]),
-            dtype("u1"),
-            BlockFormat::Hdf5
-        )
+        common::verified_block_file(&first, &array, &first_block, dtype("u1"), BlockFormat::Hdf5)
     );
     assert_eq!(
         xattr_state(&last),
@@ -359,14 +366,11 @@ fn a_read_of_a_pending_block_waits_and_others_are_served_meanwhile() {
         first_rank < last_rank,
         "the done block was answered before the pending one"
     );
+    let last_index: Vec<u64> = last_index.iter().map(|&i| i as u64).collect();
+    let last_block = grid_block(&array, &[8, 9, 6], &last_index);
     assert_eq!(
         last_bytes,
-        expected_view_file(
-            &array,
-            &grid.block(&last_index),
-            dtype("u1"),
-            BlockFormat::Hdf5
-        )
+        common::verified_block_file(&last, &array, &last_block, dtype("u1"), BlockFormat::Hdf5)
     );
 }
 
@@ -385,19 +389,18 @@ fn many_concurrent_random_readers_get_correct_bytes_without_deadlock() {
         BlockFormat::Hdf5,
     );
     let mounted = Mounted::under(root.path(), &input, "16,11,9", "npy", 5);
-    let grid = Partition::regular(&array, &block);
+    let blocks = Arc::new(common::oracle::grid_blocks(&array, &block));
     let (done_tx, done_rx) = mpsc::channel();
     for thread in 0..12u64 {
-        let (view, grid, done_tx) = (mounted.view.clone(), grid.clone(), done_tx.clone());
+        let (view, blocks, done_tx) = (mounted.view.clone(), blocks.clone(), done_tx.clone());
         std::thread::spawn(move || {
             let mut rng = TestRng(thread * 1000);
             for _ in 0..60 {
-                let rank = rng.below(grid.count());
-                let index = grid.unravel(rank);
-                let expected =
-                    expected_view_file(&array, &grid.block(&index), dtype("<i4"), BlockFormat::Npy);
-                let mut file =
-                    fs::File::open(view.join(format!("{}.npy", grid_name(&index)))).unwrap();
+                let rank = rng.below(blocks.len() as u64);
+                let grid_block = &blocks[rank as usize];
+                let path = view.join(format!("{}.npy", grid_block.stem()));
+                let expected = expected_npy_file(&path, &array, grid_block, "<i4");
+                let mut file = fs::File::open(&path).unwrap();
                 // Offsets anywhere, including across the header/data
                 // boundary (4096) and past the end.
                 let offset = match rng.below(3) {
@@ -887,14 +890,11 @@ fn a_reader_of_a_far_block_is_served_ahead_of_the_plan() {
     let last = mounted.view.join(format!("{}.h5", grid_name(&last_index)));
     assert_eq!(xattr_state(&last), "pending");
     let bytes = fs::read(&last).unwrap();
+    let last_index: Vec<u64> = last_index.iter().map(|&i| i as u64).collect();
+    let last_block = grid_block(&array, &block, &last_index);
     assert_eq!(
         bytes,
-        expected_view_file(
-            &array,
-            &grid.block(&last_index),
-            dtype("<u2"),
-            BlockFormat::Hdf5
-        )
+        common::verified_block_file(&last, &array, &last_block, dtype("<u2"), BlockFormat::Hdf5)
     );
     let status = mounted.status();
     assert_eq!(status["on_demand_blocks"], 1, "{status}");
@@ -907,11 +907,14 @@ fn a_reader_of_a_far_block_is_served_ahead_of_the_plan() {
     // the block checks it.
     let middle = mounted.view.join("2_2_2.h5");
     assert_eq!(xattr_state(&middle), "pending");
+    let middle_bytes = fs::read(&middle).unwrap();
+    let middle_block = grid_block(&array, &block, &[2, 2, 2]);
     assert_eq!(
-        fs::read(&middle).unwrap(),
-        expected_view_file(
+        middle_bytes,
+        common::verified_block_file(
+            &middle,
             &array,
-            &grid.block(&[2, 2, 2]),
+            &middle_block,
             dtype("<u2"),
             BlockFormat::Hdf5
         )
@@ -943,16 +946,11 @@ fn a_reader_sweeping_the_view_is_read_ahead_and_a_viewer_is_not() {
     let mounted = Mounted::under(root.path(), &input, "2,2,5", "h5", 0);
     mounted.wait_complete();
     let grid = Partition::regular(&array, &[2, 2, 5]);
+    let blocks = common::oracle::grid_blocks(&array, &[2, 2, 5]);
     let check = |rank: u64| {
-        let index = grid.unravel(rank);
-        let path = mounted.view.join(format!("{}.h5", grid_name(&index)));
-        let expected =
-            expected_view_file(&array, &grid.block(&index), dtype("<u2"), BlockFormat::Hdf5);
-        assert!(
-            fs::read(&path).unwrap() == expected,
-            "{} differs",
-            path.display()
-        );
+        let block = &blocks[rank as usize];
+        let path = mounted.view.join(format!("{}.h5", block.stem()));
+        common::verified_block_file(&path, &array, block, dtype("<u2"), BlockFormat::Hdf5);
     };
     // A tiled viewer: no two blocks in a row are neighbours in grid or name order.
     for rank in [0, 24, 5, 40, 13, 31, 20] {
@@ -976,4 +974,34 @@ fn a_reader_sweeping_the_view_is_read_ahead_and_a_viewer_is_not() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// The bytes an npy view file of the source's block `region` must hold:
+/// its header, read at once even while the block is pending and checked
+/// by the npy reader, then the oracle's data.
+fn expected_npy_file(
+    path: &Path,
+    array: &[u64],
+    region: &common::oracle::GridBlock,
+    dt: &str,
+) -> Vec<u8> {
+    let mut file = fs::File::open(path).unwrap();
+    let mut head = vec![0u8; 12];
+    file.read_exact(&mut head).unwrap();
+    let header_len = u16::from_le_bytes([head[8], head[9]]) as usize;
+    let mut header = vec![0u8; 10 + header_len];
+    file.seek(SeekFrom::Start(0)).unwrap();
+    file.read_exact(&mut header).unwrap();
+    let parsed =
+        common::readers::npy_header(&header).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(parsed.shape, region.shape, "{}", path.display());
+    assert_eq!(parsed.descr, dt, "{}", path.display());
+    let elem = dtype(dt).size;
+    header.extend(common::oracle::sample_bytes(
+        array,
+        &region.origin,
+        &region.shape,
+        elem,
+    ));
+    header
 }

@@ -3,8 +3,8 @@
 //! each answered as a plain model of the view says it must be.
 //!
 //! The model knows only what a reader can see: a file's size, its data
-//! (the sample array's bytes, computed here by a naive loop that shares
-//! nothing with the crate's geometry), that bytes before the data (a
+//! (the sample array's bytes from the tests' oracle, which shares nothing
+//! with the crate's geometry), that bytes before the data (a
 //! header) are answered at once, and that data of a pending block wait
 //! for it. The core's replies, parked or not, must match the model's
 //! after every step.
@@ -78,39 +78,6 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Shutdown),
         1 => Just(Op::FinishIfAllDone),
     ]
-}
-
-/// `splitmix64`, as the sample array's definition gives it: element `n`'s
-/// bytes are the first bytes of `splitmix64(n)`, little-endian.
-fn splitmix64(n: u64) -> u64 {
-    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The C-order bytes of the block of `array` at `origin` with `shape`: an
-/// odometer over the block's elements, each at its linear index in the
-/// whole array.
-fn naive_block_bytes(array: &[u64], origin: &[u64], shape: &[u64], elem: usize) -> Vec<u8> {
-    let count: u64 = shape.iter().product();
-    let mut bytes = Vec::with_capacity(count as usize * elem);
-    let mut at = vec![0u64; shape.len()];
-    for _ in 0..count {
-        let mut linear = 0u64;
-        for d in 0..array.len() {
-            linear = linear * array[d] + origin[d] + at[d];
-        }
-        bytes.extend_from_slice(&splitmix64(linear).to_le_bytes()[..elem]);
-        for d in (0..shape.len()).rev() {
-            at[d] += 1;
-            if at[d] < shape[d] {
-                break;
-            }
-            at[d] = 0;
-        }
-    }
-    bytes
 }
 
 /// One output block as a reader sees it.
@@ -270,42 +237,16 @@ fn harness(array: &[u64], block: &[u64], format: BlockFormat) -> Harness {
 }
 
 /// Every output block of `array` in blocks of `block`: its name
-/// (`i_j_k.EXT`, C order) and data, listed by a naive walk of the grid.
+/// (`i_j_k.EXT`, C order) and data, from the oracle.
 fn model_blocks(array: &[u64], block: &[u64], elem: usize, extension: &str) -> Vec<ModelBlock> {
-    let grid: Vec<u64> = array
-        .iter()
-        .zip(block)
-        .map(|(a, b)| a.div_ceil(*b))
-        .collect();
-    let mut index = vec![0u64; grid.len()];
-    let mut blocks = Vec::new();
-    loop {
-        let origin: Vec<u64> = index.iter().zip(block).map(|(i, b)| i * b).collect();
-        let shape: Vec<u64> = origin
-            .iter()
-            .zip(block)
-            .zip(array)
-            .map(|((o, b), a)| (*b).min(a - o))
-            .collect();
-        let names: Vec<String> = index.iter().map(u64::to_string).collect();
-        blocks.push(ModelBlock {
-            name: format!("{}.{extension}", names.join("_")),
-            data: naive_block_bytes(array, &origin, &shape, elem),
+    common::oracle::grid_blocks(array, block)
+        .into_iter()
+        .map(|b| ModelBlock {
+            name: format!("{}.{extension}", b.stem()),
+            data: common::oracle::sample_bytes(array, &b.origin, &b.shape, elem),
             header_len: 0,
-        });
-        let mut d = grid.len();
-        loop {
-            if d == 0 {
-                return blocks;
-            }
-            d -= 1;
-            index[d] += 1;
-            if index[d] < grid[d] {
-                break;
-            }
-            index[d] = 0;
-        }
-    }
+        })
+        .collect()
 }
 
 impl Harness {

@@ -1,18 +1,22 @@
 //! Helpers shared by the integration tests: make sample arrays, and check
-//! output blocks voxel by voxel against the source.
+//! output blocks voxel by voxel against the source. Expected bytes come
+//! from [`oracle`] and files are read by [`readers`]: neither uses
+//! rechunkfs's own geometry or format code.
 
 #![allow(dead_code)]
 
 #[macro_use]
 pub mod prerequisites;
+pub mod oracle;
+pub mod readers;
 
 use std::path::{Path, PathBuf};
 
-use rechunkfs::array::geometry::{IndexBox, Partition};
-use rechunkfs::array::names::grid_name;
 use rechunkfs::cli::sample;
-use rechunkfs::format::{self, hdf5::Hdf5BlockReader, BlockFormat, Storage};
+use rechunkfs::format::BlockFormat;
 use rechunkfs::DType;
+
+use oracle::GridBlock;
 
 pub fn dtype(text: &str) -> DType {
     text.parse().expect("test dtype")
@@ -32,36 +36,43 @@ pub fn make_blocks(
     dir
 }
 
-/// Reads a block file's array bytes: raw from its data offset, and, for
-/// HDF5, also through libhdf5 (a real reader, not our offsets), checking both agree.
-pub fn block_bytes(path: &Path, format: BlockFormat) -> (Vec<u64>, DType, Vec<u8>) {
-    let info = format::probe(path, format, "/data")
-        .unwrap_or_else(|e| panic!("probe {}: {e}", path.display()));
-    let nbytes = info.shape.iter().product::<u64>() as usize * info.dtype.size;
-    let raw = match &info.storage {
-        Storage::Contiguous { data_offset } => {
-            let all = std::fs::read(path).expect("read block");
-            all[*data_offset as usize..*data_offset as usize + nbytes].to_vec()
-        }
-        Storage::Hdf5Dataset { .. } | Storage::Absent { .. } => Vec::new(),
-    };
-    if format == BlockFormat::Hdf5 {
-        let reader = Hdf5BlockReader::open(path, "/data").expect("open with libhdf5");
-        let mut via_lib = vec![0u8; nbytes];
-        let origin = vec![0; info.shape.len()];
-        reader
-            .read_box(&origin, &info.shape, &mut via_lib, &info.shape, &origin)
-            .expect("libhdf5 read");
-        if !raw.is_empty() {
-            assert!(
-                raw == via_lib,
-                "{}: libhdf5 and raw offset disagree",
-                path.display()
-            );
-        }
-        return (info.shape, info.dtype, via_lib);
+/// Reads a block file by its format's own reader (see [`readers`]): its
+/// C-order shape, numpy type string and data bytes.
+pub fn block_bytes(path: &Path, format: BlockFormat) -> (Vec<u64>, String, Vec<u8>) {
+    let block = readers::read_block(path, format.extension(), "/data");
+    (block.shape, block.descr, block.data)
+}
+
+/// Checks one block file of the sample array: read by its format's reader,
+/// its shape, type and every byte are the oracle's. Returns the file's
+/// bytes, header included, now known good: reads of parts of it are
+/// checked against them.
+pub fn verified_block_file(
+    path: &Path,
+    array: &[u64],
+    block: &GridBlock,
+    dtype: DType,
+    format: BlockFormat,
+) -> Vec<u8> {
+    let expected = oracle::sample_bytes(array, &block.origin, &block.shape, dtype.size);
+    let file = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    if format == BlockFormat::Raw {
+        assert!(
+            file == expected,
+            "{}: bytes differ from the source",
+            path.display()
+        );
+        return file;
     }
-    (info.shape, info.dtype, raw)
+    let read = readers::read_block(path, format.extension(), "/data");
+    assert_eq!(read.shape, block.shape, "{}: shape", path.display());
+    assert_eq!(read.descr, dtype.numpy_descr(), "{}: type", path.display());
+    assert!(
+        read.data == expected,
+        "{}: bytes differ from the source array",
+        path.display()
+    );
+    file
 }
 
 /// Checks that `out` holds exactly the output grid of the sample array, each
@@ -73,25 +84,16 @@ pub fn verify_output(
     dtype: DType,
     format: BlockFormat,
 ) {
-    let grid = Partition::regular(array, out_block);
     let mut expected_names = Vec::new();
-    for index in IndexBox::grid(&grid.grid_shape()) {
-        let region = grid.block(&index);
-        let name = format!("{}.{}", grid_name(&index), format.extension());
-        let path = out.join(&name);
-        let (shape, found_dtype, bytes) = block_bytes(&path, format);
-        assert_eq!(shape, region.shape, "{name}: shape");
-        assert_eq!(found_dtype, dtype, "{name}: dtype");
-        let expected = sample::region_bytes(array, &region, dtype.size);
-        assert!(
-            bytes == expected,
-            "{name}: bytes differ from the source array"
-        );
+    for block in oracle::grid_blocks(array, out_block) {
+        let name = format!("{}.{}", block.stem(), format.extension());
+        verified_block_file(&out.join(&name), array, &block, dtype, format);
         expected_names.push(name);
     }
     let mut present: Vec<String> = std::fs::read_dir(out)
         .expect("list out")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name != "rechunkfs.json")
         .collect();
     present.sort();
     expected_names.sort();
@@ -99,28 +101,6 @@ pub fn verify_output(
         present, expected_names,
         "exactly the output blocks, no partial files"
     );
-}
-
-/// The exact bytes of the view's file for output block `region`: the
-/// view's (page-aligned) template around the sample data.
-pub fn expected_view_file(
-    array: &[u64],
-    region: &rechunkfs::array::geometry::Region,
-    dtype: DType,
-    format: BlockFormat,
-) -> Vec<u8> {
-    let template = format::template_aligned(
-        format,
-        &region.shape,
-        dtype,
-        "/data",
-        format::VIEW_DATA_ALIGNMENT,
-    )
-    .expect("template");
-    let mut bytes = template.prefix.clone();
-    bytes.extend_from_slice(&sample::region_bytes(array, region, dtype.size));
-    bytes.extend_from_slice(&template.suffix);
-    bytes
 }
 
 /// A small deterministic random number generator for tests (no seed files,
@@ -140,38 +120,21 @@ pub fn is_zarr(format: BlockFormat) -> bool {
     matches!(format, BlockFormat::Zarr | BlockFormat::Zarr3)
 }
 
-/// The exact bytes of the chunk file for output block `region` in chunks
-/// of `chunk`: the sample data, C order, padded with zeros to the whole
-/// chunk (Zarr's edge chunks; the fill value is 0).
-pub fn expected_chunk_file(
-    array: &[u64],
-    region: &rechunkfs::array::geometry::Region,
-    chunk: &[u64],
-    dtype: DType,
-) -> Vec<u8> {
-    let data = sample::region_bytes(array, region, dtype.size);
-    let elem = dtype.size;
-    let chunk_strides = rechunkfs::array::geometry::strides(chunk);
-    let mut bytes = vec![0u8; chunk.iter().product::<u64>() as usize * elem];
-    let last = region.ndim() - 1;
-    let row_len = region.shape[last] as usize * elem;
-    let rows: Vec<usize> = region.shape[..last].iter().map(|&n| n as usize).collect();
-    for (i, row) in IndexBox::grid(&rows).enumerate() {
-        let at: u64 = row
-            .iter()
-            .zip(&chunk_strides)
-            .map(|(&r, &s)| r as u64 * s)
-            .sum();
-        let at = at as usize * elem;
-        bytes[at..at + row_len].copy_from_slice(&data[i * row_len..(i + 1) * row_len]);
+/// The chunk key of a block in a Zarr array of `format`, with default
+/// keys: `i.j.k` (v2) or `c/i/j/k` (v3).
+pub fn zarr_chunk_key(block: &GridBlock, format: BlockFormat) -> String {
+    let parts: Vec<String> = block.index.iter().map(u64::to_string).collect();
+    match format {
+        BlockFormat::Zarr => parts.join("."),
+        _ => format!("c/{}", parts.join("/")),
     }
-    bytes
 }
 
 /// Checks that `out` is exactly the Zarr array of the sample array in
-/// chunks of `out_block`: its metadata, and every chunk file byte-exact
-/// (padded edge chunks included), and nothing else but the metadata (and
-/// in a view, rechunkfs's own two files).
+/// chunks of `out_block`: its metadata (read here as JSON, by the Zarr
+/// specifications' field names), and every chunk file byte-exact (edge
+/// chunks padded with the fill value 0), and nothing else but the metadata
+/// (and in a view, rechunkfs's own two files).
 pub fn verify_zarr_output(
     out: &Path,
     array: &[u64],
@@ -184,30 +147,39 @@ pub fn verify_zarr_output(
         .zip(array)
         .map(|(&b, &n)| b.min(n))
         .collect();
-    let meta = format::zarr::read_metadata(out)
-        .expect("readable metadata")
-        .expect("a Zarr array");
-    assert_eq!(meta.format, format);
-    assert_eq!(meta.shape, array);
-    assert_eq!(meta.chunks, chunk);
-    assert_eq!(meta.dtype, dtype);
-    let tree = rechunkfs::output::filetree::FileTree::for_output(
-        format,
-        Partition::regular(array, &chunk),
-        rechunkfs::array::axes::AxisOrder::C,
-    );
-    let mut expected_files = vec![meta
-        .path
-        .file_name()
-        .expect("metadata name")
-        .to_string_lossy()
-        .into_owned()];
-    for rank in 0..tree.block_count() {
-        let region = tree.grid().block(&tree.grid().unravel(rank));
-        let name = tree.path(rank);
+    let metadata_name = if format == BlockFormat::Zarr {
+        ".zarray"
+    } else {
+        "zarr.json"
+    };
+    let text = std::fs::read(out.join(metadata_name)).expect("Zarr metadata");
+    let meta: serde_json::Value = serde_json::from_slice(&text).expect("metadata is JSON");
+    let as_shape = |value: &serde_json::Value| -> Vec<u64> {
+        value
+            .as_array()
+            .unwrap_or_else(|| panic!("not a shape: {value}"))
+            .iter()
+            .map(|n| n.as_u64().expect("a side"))
+            .collect()
+    };
+    assert_eq!(as_shape(&meta["shape"]), array, "metadata shape");
+    if format == BlockFormat::Zarr {
+        assert_eq!(meta["zarr_format"], 2);
+        assert_eq!(as_shape(&meta["chunks"]), chunk, "metadata chunks");
+        assert_eq!(meta["dtype"], dtype.numpy_descr(), "metadata dtype");
+        assert!(meta["compressor"].is_null(), "uncompressed");
+    } else {
+        assert_eq!(meta["zarr_format"], 3);
+        let grid = &meta["chunk_grid"]["configuration"]["chunk_shape"];
+        assert_eq!(as_shape(grid), chunk, "metadata chunks");
+    }
+    let mut expected_files = vec![metadata_name.to_string()];
+    for block in oracle::grid_blocks(array, &chunk) {
+        let name = zarr_chunk_key(&block, format);
         let bytes = std::fs::read(out.join(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let data = oracle::sample_bytes(array, &block.origin, &block.shape, dtype.size);
         assert!(
-            bytes == expected_chunk_file(array, &region, &chunk, dtype),
+            bytes == oracle::padded(&data, &block.shape, &chunk, dtype.size),
             "{name}: bytes differ from the source array"
         );
         expected_files.push(name);
@@ -235,9 +207,43 @@ fn list_files(root: &Path, dir: &Path, found: &mut Vec<String>) {
     }
 }
 
-/// Writes the sample array as a Zarr array (`format`) in chunks of
-/// `chunk`, by rechunking block files with rechunkfs itself; returns its
-/// directory.
+/// The Python script that writes and checks Zarr arrays with zarr-python
+/// and TensorStore.
+pub const ZARR_CHECKER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/check_zarr.py");
+
+/// Writes the sample array with zarr-python (`check_zarr.py write`), as
+/// Zarr `version` ("2" or "3") in chunks of `chunks`; `extra` passes the
+/// script's options (`--compressed`, `--drop`, `--group`).
+pub fn zarr_python_writes(
+    path: &Path,
+    array: &[u64],
+    chunks: &[u64],
+    dt: &str,
+    version: &str,
+    extra: &[&str],
+) {
+    let joined = |shape: &[u64]| {
+        shape
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let output = std::process::Command::new(python())
+        .arg(ZARR_CHECKER)
+        .arg("write")
+        .arg(path)
+        .args(["--array", &joined(array), "--chunks", &joined(chunks)])
+        .args(["--dtype", dt, "--zarr-format", version])
+        .args(extra)
+        .output()
+        .expect("run python");
+    assert!(output.status.success(), "zarr-python: {}", stderr(&output));
+}
+
+/// The sample array as a Zarr array (`format`) in chunks of `chunk`,
+/// written by zarr-python with its defaults but no compressor; returns
+/// its directory. A test using it says `require!(Readers)`.
 pub fn make_zarr(
     root: &Path,
     name: &str,
@@ -246,38 +252,13 @@ pub fn make_zarr(
     dtype: DType,
     format: BlockFormat,
 ) -> PathBuf {
-    let blocks = make_blocks(
-        root,
-        &format!("{name}-blocks"),
-        array,
-        array,
-        dtype,
-        BlockFormat::Npy,
-    );
-    let single = blocks.join(format!("{}.npy", vec!["0"; array.len()].join("_")));
-    let input = rechunkfs::input::InputArray::scan(&single, None).expect("scan");
-    let problem = rechunkfs::plan::Problem::new(
-        array.to_vec(),
-        array.to_vec(),
-        chunk.to_vec(),
-        dtype.size as u64,
-    )
-    .expect("problem");
-    let files = rechunkfs::output::filetree::output_file_shape(format, &problem.output());
-    let problem = problem.with_files(input.files.clone(), files);
-    let plan =
-        rechunkfs::plan::plan(&problem, rechunkfs::plan::Strategy::Keep, None).expect("plan");
     let out = root.join(name);
-    rechunkfs::output::directory::prepare_output_dir(&out, false).expect("out dir");
-    let spec = rechunkfs::output::directory::OutputSpec {
-        format,
-        dataset: "/data".into(),
-        dtype,
-        space: rechunkfs::array::space::Space::identity(array.len()),
-        axis_order: rechunkfs::array::axes::AxisOrder::C,
+    let version = if format == BlockFormat::Zarr {
+        "2"
+    } else {
+        "3"
     };
-    rechunkfs::output::directory::rechunk(&input, &plan, &out, spec, None, |_| {})
-        .expect("rechunk");
+    zarr_python_writes(&out, array, chunk, &dtype.numpy_descr(), version, &[]);
     out
 }
 
