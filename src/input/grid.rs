@@ -14,7 +14,7 @@ use crate::array::dtype::DType;
 use crate::array::geometry::{self, FileShape};
 use crate::array::names::grid_name;
 use crate::error::{Error, Result};
-use crate::format::BlockFormat;
+use crate::format::{BlockFormat, BlockInfo};
 
 /// The array the block files `named` of `dir` make, with their headers
 /// read as `checks` says.
@@ -229,30 +229,7 @@ fn collect_blocks(
             });
             continue;
         };
-        if info.shape.len() != ndim {
-            return Err(Error::bad_input(
-                path,
-                format!(
-                    "holds a {}-dimensional array but its name gives {ndim} grid indices",
-                    info.shape.len()
-                ),
-            ));
-        }
-        match dtype {
-            None => dtype = Some(info.dtype),
-            Some(first) if first != info.dtype => {
-                return Err(Error::bad_input(
-                    path,
-                    format!(
-                        "has dtype {} but {} has {}: all blocks must share one dtype",
-                        info.dtype,
-                        entries[0].1.display(),
-                        first
-                    ),
-                ))
-            }
-            Some(_) => {}
-        }
+        dtype = Some(check_probed(path, &info, ndim, dtype, &entries[0].1)?);
         shapes.push(BlockShape {
             index: index.clone(),
             path: path.clone(),
@@ -270,6 +247,41 @@ fn collect_blocks(
         shapes,
         dtype,
     })
+}
+
+/// The dtype of the array so far (`dtype`, that of the first probed
+/// block; `None` before it), once the probed block at `path` is checked
+/// to have `ndim` dimensions and that dtype. `first_path` is the first
+/// block in C order, which the message names.
+fn check_probed(
+    path: &Path,
+    info: &BlockInfo,
+    ndim: usize,
+    dtype: Option<DType>,
+    first_path: &Path,
+) -> Result<DType> {
+    if info.shape.len() != ndim {
+        return Err(Error::bad_input(
+            path,
+            format!(
+                "holds a {}-dimensional array but its name gives {ndim} grid indices",
+                info.shape.len()
+            ),
+        ));
+    }
+    match dtype {
+        Some(first) if first != info.dtype => Err(Error::bad_input(
+            path,
+            format!(
+                "has dtype {} but {} has {}: all blocks must share one dtype",
+                info.dtype,
+                first_path.display(),
+                first
+            ),
+        )),
+        Some(first) => Ok(first),
+        None => Ok(info.dtype),
+    }
 }
 
 /// Along each dimension, blocks before the last share one extent and the
