@@ -92,6 +92,7 @@ pub(super) fn list_block_files(dir: &Path) -> Result<Vec<NamedBlock>> {
             .and_then(BlockFormat::from_extension)
         else {
             log::warn!(
+                target: super::LOG_TARGET,
                 "{}: not a block file (unknown extension), ignored",
                 path.display()
             );

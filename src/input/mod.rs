@@ -40,6 +40,10 @@ use crate::array::space::Space;
 use crate::error::{Error, Result};
 use crate::format::{self, BlockFormat, Storage};
 
+/// The target of this stage's log lines, whichever file writes them: a
+/// filter such as `RUST_LOG=rechunkfs::input=error` names the stage.
+const LOG_TARGET: &str = module_path!();
+
 /// The HDF5 dataset read when none is named.
 pub const DEFAULT_DATASET: &str = "/data";
 
