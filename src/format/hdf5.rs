@@ -86,8 +86,6 @@ pub(super) fn probe(path: &Path, dataset: &str) -> Result<BlockInfo> {
     })
 }
 
-/// Open read-only, without the sieve buffer, explaining failures in terms of
-/// the file rather than libhdf5's call stack.
 /// A dataset opened and checked: a supported dtype and a sane shape.
 struct OpenedDataset {
     data: ::hdf5::Dataset,
@@ -125,6 +123,8 @@ fn open_checked(path: &Path, dataset: &str) -> Result<OpenedDataset> {
     })
 }
 
+/// Open read-only, without the sieve buffer, explaining failures in terms of
+/// the file rather than libhdf5's call stack.
 fn open_file(path: &Path, file_len: u64) -> Result<::hdf5::File> {
     ::hdf5::File::with_options()
         .with_fapl(|fapl| fapl.sieve_buf_size(0))
