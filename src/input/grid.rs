@@ -325,8 +325,8 @@ impl Extents {
     fn check_shapes(&self, shapes: &[BlockShape], grid: &[usize], order: AxisOrder) -> Result<()> {
         let ndim = grid.len();
         for block in shapes {
-            for d in 0..ndim {
-                let is_last = block.index[d] == grid[d] - 1;
+            for (d, &blocks_along) in grid.iter().enumerate() {
+                let is_last = block.index[d] == blocks_along - 1;
                 let expected = if is_last {
                     self.last[d]
                 } else {
@@ -336,7 +336,8 @@ impl Extents {
                     let example = shapes
                         .iter()
                         .find(|other| {
-                            (other.index[d] == grid[d] - 1) == is_last && other.shape[d] == expected
+                            (other.index[d] == blocks_along - 1) == is_last
+                                && other.shape[d] == expected
                         })
                         .map_or(String::new(), |other| {
                             format!(" (like {})", other.path.display())
