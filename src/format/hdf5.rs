@@ -10,7 +10,7 @@
 //! every raw call here runs under hdf5-metno's process-wide lock, the one
 //! its own high-level calls take.
 
-use std::ffi::{c_void, CString};
+use std::ffi::{c_void, CStr, CString};
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
@@ -46,7 +46,7 @@ const CARRIED_TYPES: &str =
     "rechunkfs carries only u1..u8, i1..i8, f2, f4 and f8 in either byte order";
 
 /// Learn an HDF5 file's dataset shape, dtype and where its bytes are.
-pub fn probe(path: &Path, dataset: &str) -> Result<BlockInfo> {
+pub(super) fn probe(path: &Path, dataset: &str) -> Result<BlockInfo> {
     sync(|| {
         let OpenedDataset {
             data,
@@ -86,8 +86,6 @@ pub fn probe(path: &Path, dataset: &str) -> Result<BlockInfo> {
     })
 }
 
-/// Open read-only, without the sieve buffer, explaining failures in terms of
-/// the file rather than libhdf5's call stack.
 /// A dataset opened and checked: a supported dtype and a sane shape.
 struct OpenedDataset {
     data: ::hdf5::Dataset,
@@ -125,6 +123,8 @@ fn open_checked(path: &Path, dataset: &str) -> Result<OpenedDataset> {
     })
 }
 
+/// Open read-only, without the sieve buffer, explaining failures in terms of
+/// the file rather than libhdf5's call stack.
 fn open_file(path: &Path, file_len: u64) -> Result<::hdf5::File> {
     ::hdf5::File::with_options()
         .with_fapl(|fapl| fapl.sieve_buf_size(0))
@@ -274,28 +274,7 @@ fn dtype_of(type_id: hid_t) -> std::result::Result<DType, String> {
             H5Tget_offset(type_id),
         )
     };
-    let kind = match class {
-        H5T_class_t::H5T_INTEGER => {
-            // SAFETY: as above.
-            match unsafe { H5Tget_sign(type_id) } {
-                H5T_sign_t::H5T_SGN_NONE => Kind::Unsigned,
-                _ => Kind::Signed,
-            }
-        }
-        H5T_class_t::H5T_FLOAT => Kind::Float,
-        H5T_class_t::H5T_ENUM => return Err("an enum type (h5py stores booleans as one)".into()),
-        H5T_class_t::H5T_COMPOUND => {
-            return Err("a compound type (records; h5py stores complex numbers as one)".into())
-        }
-        H5T_class_t::H5T_STRING => return Err("strings".into()),
-        H5T_class_t::H5T_BITFIELD => return Err("a bitfield type".into()),
-        H5T_class_t::H5T_OPAQUE => return Err("an opaque type".into()),
-        H5T_class_t::H5T_REFERENCE => return Err("object references".into()),
-        H5T_class_t::H5T_VLEN => return Err("variable-length sequences".into()),
-        H5T_class_t::H5T_ARRAY => return Err("an array type (several values per element)".into()),
-        H5T_class_t::H5T_TIME => return Err("a time type".into()),
-        _ => return Err("a datatype of a class libhdf5 did not name".into()),
-    };
+    let kind = kind_of_class(type_id, class)?;
     let kind_name = match kind {
         Kind::Unsigned => "unsigned integers",
         Kind::Signed => "signed integers",
@@ -322,40 +301,73 @@ fn dtype_of(type_id: hid_t) -> std::result::Result<DType, String> {
         ));
     }
     if kind == Kind::Float {
-        let (mut sign_pos, mut exp_pos, mut exp_bits, mut mant_pos, mut mant_bits) =
-            (0, 0, 0, 0, 0);
-        // SAFETY: as above; the out-pointers are to live locals.
-        let (fields_status, exp_bias, norm) = unsafe {
-            (
-                H5Tget_fields(
-                    type_id,
-                    &mut sign_pos,
-                    &mut exp_pos,
-                    &mut exp_bits,
-                    &mut mant_pos,
-                    &mut mant_bits,
-                ),
-                H5Tget_ebias(type_id),
-                H5Tget_norm(type_id),
-            )
-        };
-        let ieee = match size {
-            2 => (15, 10, 5, 0, 10, 15),
-            4 => (31, 23, 8, 0, 23, 127),
-            _ => (63, 52, 11, 0, 52, 1023),
-        };
-        if fields_status < 0
-            || (sign_pos, exp_pos, exp_bits, mant_pos, mant_bits, exp_bias) != ieee
-            || norm != H5T_norm_t::H5T_NORM_IMPLIED
-        {
-            return Err(format!(
-                "non-IEEE {}-bit floats (sign bit {sign_pos}, {exp_bits} exponent bits at {exp_pos} \
-                 biased by {exp_bias}, {mant_bits} mantissa bits at {mant_pos})",
-                size * 8
-            ));
-        }
+        check_ieee_float(type_id, size)?;
     }
     Ok(dtype)
+}
+
+/// The kind of number a datatype of `class` holds, or what it holds
+/// instead, in words.
+fn kind_of_class(type_id: hid_t, class: H5T_class_t) -> std::result::Result<Kind, String> {
+    match class {
+        H5T_class_t::H5T_INTEGER => {
+            // SAFETY: as in `dtype_of`.
+            match unsafe { H5Tget_sign(type_id) } {
+                H5T_sign_t::H5T_SGN_NONE => Ok(Kind::Unsigned),
+                _ => Ok(Kind::Signed),
+            }
+        }
+        H5T_class_t::H5T_FLOAT => Ok(Kind::Float),
+        H5T_class_t::H5T_ENUM => Err("an enum type (h5py stores booleans as one)".into()),
+        H5T_class_t::H5T_COMPOUND => {
+            Err("a compound type (records; h5py stores complex numbers as one)".into())
+        }
+        H5T_class_t::H5T_STRING => Err("strings".into()),
+        H5T_class_t::H5T_BITFIELD => Err("a bitfield type".into()),
+        H5T_class_t::H5T_OPAQUE => Err("an opaque type".into()),
+        H5T_class_t::H5T_REFERENCE => Err("object references".into()),
+        H5T_class_t::H5T_VLEN => Err("variable-length sequences".into()),
+        H5T_class_t::H5T_ARRAY => Err("an array type (several values per element)".into()),
+        H5T_class_t::H5T_TIME => Err("a time type".into()),
+        _ => Err("a datatype of a class libhdf5 did not name".into()),
+    }
+}
+
+/// Refuses a float datatype of `size` bytes whose fields are not IEEE
+/// binary16, binary32 or binary64's.
+fn check_ieee_float(type_id: hid_t, size: usize) -> std::result::Result<(), String> {
+    let (mut sign_pos, mut exp_pos, mut exp_bits, mut mant_pos, mut mant_bits) = (0, 0, 0, 0, 0);
+    // SAFETY: as in `dtype_of`; the out-pointers are to live locals.
+    let (fields_status, exp_bias, norm) = unsafe {
+        (
+            H5Tget_fields(
+                type_id,
+                &mut sign_pos,
+                &mut exp_pos,
+                &mut exp_bits,
+                &mut mant_pos,
+                &mut mant_bits,
+            ),
+            H5Tget_ebias(type_id),
+            H5Tget_norm(type_id),
+        )
+    };
+    let ieee = match size {
+        2 => (15, 10, 5, 0, 10, 15),
+        4 => (31, 23, 8, 0, 23, 127),
+        _ => (63, 52, 11, 0, 52, 1023),
+    };
+    if fields_status < 0
+        || (sign_pos, exp_pos, exp_bits, mant_pos, mant_bits, exp_bias) != ieee
+        || norm != H5T_norm_t::H5T_NORM_IMPLIED
+    {
+        return Err(format!(
+            "non-IEEE {}-bit floats (sign bit {sign_pos}, {exp_bits} exponent bits at {exp_pos} \
+             biased by {exp_bias}, {mant_bits} mantissa bits at {mant_pos})",
+            size * 8
+        ));
+    }
+    Ok(())
 }
 
 /// An identifier from a raw libhdf5 call, closed when dropped.
@@ -464,26 +476,12 @@ impl Hdf5BlockReader {
             // inside `dest`. The lock is held.
             unsafe {
                 let file_space = OwnedId::new(H5Dget_space(self.dataset.id()), H5Sclose)?;
-                ::hdf5::h5check(H5Sselect_hyperslab(
-                    file_space.id,
-                    H5S_seloper_t::H5S_SELECT_SET,
-                    file_origin.as_ptr() as *const hsize_t,
-                    ptr::null(),
-                    box_shape.as_ptr() as *const hsize_t,
-                    ptr::null(),
-                ))?;
+                select_box(&file_space, file_origin, box_shape)?;
                 let memory_space = OwnedId::new(
                     H5Screate_simple(rank, dest_shape.as_ptr() as *const hsize_t, ptr::null()),
                     H5Sclose,
                 )?;
-                ::hdf5::h5check(H5Sselect_hyperslab(
-                    memory_space.id,
-                    H5S_seloper_t::H5S_SELECT_SET,
-                    dest_origin.as_ptr() as *const hsize_t,
-                    ptr::null(),
-                    box_shape.as_ptr() as *const hsize_t,
-                    ptr::null(),
-                ))?;
+                select_box(&memory_space, dest_origin, box_shape)?;
                 ::hdf5::h5check(H5Dread(
                     self.dataset.id(),
                     self.file_type.id(),
@@ -558,6 +556,23 @@ impl Hdf5BlockReader {
         }
         Ok(())
     }
+}
+
+/// Selects the box `[origin, origin + shape)` of dataspace `space`.
+///
+/// # Safety
+/// `space` is a dataspace of rank `origin.len() == shape.len()`, and the
+/// library lock is held.
+unsafe fn select_box(space: &OwnedId, origin: &[u64], shape: &[u64]) -> ::hdf5::Result<()> {
+    ::hdf5::h5check(H5Sselect_hyperslab(
+        space.id,
+        H5S_seloper_t::H5S_SELECT_SET,
+        origin.as_ptr() as *const hsize_t,
+        ptr::null(),
+        shape.as_ptr() as *const hsize_t,
+        ptr::null(),
+    ))
+    .map(drop)
 }
 
 /// A scratch path for building a template, removed when dropped.
@@ -647,82 +662,107 @@ fn create_template_file(
             shape_text(shape)
         ),
     };
-    sync(|| -> ::hdf5::Result<u64> {
-        // SAFETY: every identifier passed is open (OwnedId closes it only
-        // when dropped), every pointer is to a live NUL-terminated string or
-        // a slice of `shape.len()` u64s, and the lock is held.
-        unsafe {
-            // Modification times would make each template, and so each
-            // served file, differ from the last.
-            let file_create = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_FILE_CREATE), H5Pclose)?;
-            ::hdf5::h5check(H5Pset_obj_track_times(file_create.id, 0))?;
-            // Objects of at least `alignment` bytes (the data) start on a
-            // multiple of it; smaller metadata stays packed before them.
-            let file_access = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_FILE_ACCESS), H5Pclose)?;
-            if alignment > 1 {
-                ::hdf5::h5check(H5Pset_alignment(file_access.id, alignment, alignment))?;
-            }
-            let file = OwnedId::new(
-                H5Fcreate(
-                    c_path.as_ptr(),
-                    H5F_ACC_EXCL,
-                    file_create.id,
-                    file_access.id,
-                ),
-                H5Fclose,
-            )?;
-            let file_type = OwnedId::new(create_datatype(dtype)?, H5Tclose)?;
-            let space = OwnedId::new(
-                H5Screate_simple(
-                    shape.len() as i32,
-                    shape.as_ptr() as *const hsize_t,
-                    ptr::null(),
-                ),
-                H5Sclose,
-            )?;
-            // Contiguous, allocated at creation and never filled: the file
-            // has its final size and layout at once, and the data region is
-            // one run of bytes that positioned writes can fill.
-            let dataset_create =
-                OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_DATASET_CREATE), H5Pclose)?;
-            ::hdf5::h5check(H5Pset_layout(
-                dataset_create.id,
-                H5D_layout_t::H5D_CONTIGUOUS,
-            ))?;
-            ::hdf5::h5check(H5Pset_alloc_time(
-                dataset_create.id,
-                H5D_alloc_time_t::H5D_ALLOC_TIME_EARLY,
-            ))?;
-            ::hdf5::h5check(H5Pset_fill_time(
-                dataset_create.id,
-                H5D_fill_time_t::H5D_FILL_TIME_NEVER,
-            ))?;
-            ::hdf5::h5check(H5Pset_obj_track_times(dataset_create.id, 0))?;
-            // MINC2-style paths (/minc-2.0/image/0/image) need their groups.
-            let link_create = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_LINK_CREATE), H5Pclose)?;
-            ::hdf5::h5check(H5Pset_create_intermediate_group(link_create.id, 1))?;
-            let data = OwnedId::new(
-                H5Dcreate2(
-                    file.id,
-                    c_dataset.as_ptr(),
-                    file_type.id,
-                    space.id,
-                    link_create.id,
-                    dataset_create.id,
-                    H5P_DEFAULT,
-                ),
-                H5Dclose,
-            )?;
-            let data_offset = H5Dget_offset(data.id);
-            drop(data);
-            file.close()?;
-            if data_offset == HADDR_UNDEF {
-                return Err("libhdf5 gave the dataset no contiguous storage".into());
-            }
-            Ok(data_offset)
-        }
-    })
-    .map_err(to_library)
+    // SAFETY: the strings are NUL-terminated, `shape` is the dataset's
+    // shape, and the lock is held.
+    sync(|| unsafe { write_template_file(&c_path, &c_dataset, shape, dtype, alignment) })
+        .map_err(to_library)
+}
+
+/// Has libhdf5 write the template file at `path` holding `dataset`, and
+/// returns the dataset's data offset.
+///
+/// # Safety
+/// The library lock must be held.
+unsafe fn write_template_file(
+    path: &CStr,
+    dataset: &CStr,
+    shape: &[u64],
+    dtype: DType,
+    alignment: u64,
+) -> ::hdf5::Result<u64> {
+    // Every identifier passed is open (OwnedId closes it only when
+    // dropped), and every pointer is to a live NUL-terminated string or a
+    // slice of `shape.len()` u64s.
+    let (file_create, file_access) = file_properties(alignment)?;
+    let file = OwnedId::new(
+        H5Fcreate(path.as_ptr(), H5F_ACC_EXCL, file_create.id, file_access.id),
+        H5Fclose,
+    )?;
+    let file_type = OwnedId::new(create_datatype(dtype)?, H5Tclose)?;
+    let space = OwnedId::new(
+        H5Screate_simple(
+            shape.len() as i32,
+            shape.as_ptr() as *const hsize_t,
+            ptr::null(),
+        ),
+        H5Sclose,
+    )?;
+    let (dataset_create, link_create) = dataset_properties()?;
+    let data = OwnedId::new(
+        H5Dcreate2(
+            file.id,
+            dataset.as_ptr(),
+            file_type.id,
+            space.id,
+            link_create.id,
+            dataset_create.id,
+            H5P_DEFAULT,
+        ),
+        H5Dclose,
+    )?;
+    let data_offset = H5Dget_offset(data.id);
+    drop(data);
+    file.close()?;
+    if data_offset == HADDR_UNDEF {
+        return Err("libhdf5 gave the dataset no contiguous storage".into());
+    }
+    Ok(data_offset)
+}
+
+/// The file-creation and file-access property lists of a template.
+///
+/// # Safety
+/// The library lock must be held.
+unsafe fn file_properties(alignment: u64) -> ::hdf5::Result<(OwnedId, OwnedId)> {
+    // Modification times would make each template, and so each
+    // served file, differ from the last.
+    let file_create = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_FILE_CREATE), H5Pclose)?;
+    ::hdf5::h5check(H5Pset_obj_track_times(file_create.id, 0))?;
+    // Objects of at least `alignment` bytes (the data) start on a
+    // multiple of it; smaller metadata stays packed before them.
+    let file_access = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_FILE_ACCESS), H5Pclose)?;
+    if alignment > 1 {
+        ::hdf5::h5check(H5Pset_alignment(file_access.id, alignment, alignment))?;
+    }
+    Ok((file_create, file_access))
+}
+
+/// The dataset-creation and link-creation property lists of a template.
+///
+/// # Safety
+/// The library lock must be held.
+unsafe fn dataset_properties() -> ::hdf5::Result<(OwnedId, OwnedId)> {
+    // Contiguous, allocated at creation and never filled: the file
+    // has its final size and layout at once, and the data region is
+    // one run of bytes that positioned writes can fill.
+    let dataset_create = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_DATASET_CREATE), H5Pclose)?;
+    ::hdf5::h5check(H5Pset_layout(
+        dataset_create.id,
+        H5D_layout_t::H5D_CONTIGUOUS,
+    ))?;
+    ::hdf5::h5check(H5Pset_alloc_time(
+        dataset_create.id,
+        H5D_alloc_time_t::H5D_ALLOC_TIME_EARLY,
+    ))?;
+    ::hdf5::h5check(H5Pset_fill_time(
+        dataset_create.id,
+        H5D_fill_time_t::H5D_FILL_TIME_NEVER,
+    ))?;
+    ::hdf5::h5check(H5Pset_obj_track_times(dataset_create.id, 0))?;
+    // MINC2-style paths (/minc-2.0/image/0/image) need their groups.
+    let link_create = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_LINK_CREATE), H5Pclose)?;
+    ::hdf5::h5check(H5Pset_create_intermediate_group(link_create.id, 1))?;
+    Ok((dataset_create, link_create))
 }
 
 /// A new datatype identifier for exactly `dtype`, byte order included.

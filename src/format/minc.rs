@@ -186,100 +186,137 @@ pub fn probe_space(path: &Path, ndim: usize, dtype: DType) -> Result<Space> {
                     .map_err(|e| library_error(path, &format!("dimension {name}"), e))?,
             );
         }
-        // nibabel's MINC affine: column of each spatial dimension is its
-        // direction cosines times its step; the origin is the cosines
-        // applied to the starts.
-        let mut origin = [0.0; 3];
-        for dimension in dimensions.iter().filter(|d| d.name.ends_with("space")) {
-            for (row, value) in origin.iter_mut().enumerate() {
-                *value += dimension.cosines[row] * dimension.start;
-            }
-        }
-        let mut refusal = None;
-        if names.len() != ndim {
-            refusal = Some(format!(
-                "its dimorder '{dimorder}' names {} dimensions but the image has {ndim}",
-                names.len()
-            ));
-        }
-        for nifti_axis in 0..3 {
-            let Some(c_axis) = ndim.checked_sub(nifti_axis + 1) else {
-                refusal.get_or_insert_with(|| {
-                    format!(
-                        "its image has {ndim} dimensions; NIfTI output of MINC2 needs the three \
-                         spatial dimensions"
-                    )
-                });
-                break;
-            };
-            let Some(dimension) = dimensions.get(c_axis) else {
-                continue;
-            };
-            if !dimension.name.ends_with("space") {
-                refusal.get_or_insert_with(|| {
-                    format!(
-                        "its dimension order '{dimorder}' does not end in three spatial \
-                         dimensions, which NIfTI needs as its fastest three axes"
-                    )
-                });
-                continue;
-            }
-            if dimension.irregular {
-                refusal.get_or_insert_with(|| {
-                    format!(
-                        "its dimension {} has irregular spacing, which an affine cannot express",
-                        dimension.name
-                    )
-                });
-            }
-            for (row, values) in space.affine.iter_mut().enumerate() {
-                values[nifti_axis] = dimension.cosines[row] * dimension.step;
-            }
-        }
-        for (row, values) in space.affine.iter_mut().enumerate() {
-            values[3] = origin[row];
-        }
-        for (nifti_axis, zoom) in space.zooms.iter_mut().enumerate() {
-            if let Some(dimension) = dimensions.get(ndim - 1 - nifti_axis) {
-                *zoom = dimension.step.abs();
-            }
-        }
-
-        // nibabel scales integer images only, mapping the valid range onto
-        // [image-min, image-max].
+        let mut refusal = place_axes(&mut space, &dimensions, &dimorder, ndim);
         if dtype.kind != Kind::Float {
-            let minimum = scale_values(&file, "image-min")
-                .map_err(|e| library_error(path, "image-min", e))?;
-            let maximum = scale_values(&file, "image-max")
-                .map_err(|e| library_error(path, "image-max", e))?;
-            if let (Some(minimum), Some(maximum)) = (minimum, maximum) {
-                let single = |values: &[f64]| -> Option<f64> {
-                    let first = *values.first()?;
-                    values.iter().all(|&v| v == first).then_some(first)
-                };
-                match (single(&minimum), single(&maximum)) {
-                    (Some(image_min), Some(image_max)) => {
-                        let (valid_min, valid_max) = match numbers_attr(&image, "valid_range")
-                            .map_err(|e| library_error(path, "valid_range", e))?
-                        {
-                            Some(range) if range.len() == 2 => (range[0], range[1]),
-                            _ => dtype_range(dtype),
-                        };
-                        let slope = (image_max - image_min) / (valid_max - valid_min);
-                        space.scaling = Some((slope, image_min - valid_min * slope));
-                    }
-                    _ => {
-                        refusal = Some(format!(
-                            "its image-min/image-max scaling varies per slice ({} values), and \
-                             a NIfTI file has one scl_slope/scl_inter; write h5 output instead \
-                             (rechunkfs moves raw voxels, never rescales them)",
-                            minimum.len().max(maximum.len())
-                        ));
-                    }
-                }
+            if let Some(problem) = read_scaling(&mut space, &file, &image, path, dtype)? {
+                refusal = Some(problem);
             }
         }
         space.nifti_refusal = refusal.map(|problem| format!("{}: {problem}", path.display()));
         Ok(space)
     })
+}
+
+/// Sets the affine and voxel sizes of `space` from the `dimensions` the
+/// image's `dimorder` names; returns what NIfTI could not say of them.
+fn place_axes(
+    space: &mut Space,
+    dimensions: &[Dimension],
+    dimorder: &str,
+    ndim: usize,
+) -> Option<String> {
+    let mut refusal = None;
+    if dimensions.len() != ndim {
+        refusal = Some(format!(
+            "its dimorder '{dimorder}' names {} dimensions but the image has {ndim}",
+            dimensions.len()
+        ));
+    }
+    for nifti_axis in 0..3 {
+        let Some(c_axis) = ndim.checked_sub(nifti_axis + 1) else {
+            refusal.get_or_insert_with(|| {
+                format!(
+                    "its image has {ndim} dimensions; NIfTI output of MINC2 needs the three \
+                     spatial dimensions"
+                )
+            });
+            break;
+        };
+        let Some(dimension) = dimensions.get(c_axis) else {
+            continue;
+        };
+        if let Some(problem) = place_column(space, nifti_axis, dimension, dimorder) {
+            refusal.get_or_insert(problem);
+        }
+    }
+    let origin = world_origin(dimensions);
+    for (row, values) in space.affine.iter_mut().enumerate() {
+        values[3] = origin[row];
+    }
+    for (nifti_axis, zoom) in space.zooms.iter_mut().enumerate() {
+        if let Some(dimension) = dimensions.get(ndim - 1 - nifti_axis) {
+            *zoom = dimension.step.abs();
+        }
+    }
+    refusal
+}
+
+/// nibabel's MINC affine: the column of each spatial dimension is its
+/// direction cosines times its step. Sets that column of `space` for NIfTI
+/// axis `nifti_axis`, unless `dimension` is not spatial; returns what NIfTI
+/// cannot say of it.
+fn place_column(
+    space: &mut Space,
+    nifti_axis: usize,
+    dimension: &Dimension,
+    dimorder: &str,
+) -> Option<String> {
+    if !dimension.name.ends_with("space") {
+        return Some(format!(
+            "its dimension order '{dimorder}' does not end in three spatial dimensions, which \
+             NIfTI needs as its fastest three axes"
+        ));
+    }
+    for (row, values) in space.affine.iter_mut().enumerate() {
+        values[nifti_axis] = dimension.cosines[row] * dimension.step;
+    }
+    dimension.irregular.then(|| {
+        format!(
+            "its dimension {} has irregular spacing, which an affine cannot express",
+            dimension.name
+        )
+    })
+}
+
+/// The world position of the first voxel: the direction cosines of the
+/// spatial dimensions applied to their starts.
+fn world_origin(dimensions: &[Dimension]) -> [f64; 3] {
+    let mut origin = [0.0; 3];
+    for dimension in dimensions.iter().filter(|d| d.name.ends_with("space")) {
+        for (row, value) in origin.iter_mut().enumerate() {
+            *value += dimension.cosines[row] * dimension.start;
+        }
+    }
+    origin
+}
+
+/// Sets the scaling of `space` (an integer image's) from the image's
+/// `image-min` and `image-max`, as nibabel does: the valid range mapped
+/// onto [image-min, image-max]. Returns why NIfTI cannot carry it when the
+/// scaling varies per slice.
+fn read_scaling(
+    space: &mut Space,
+    file: &::hdf5::File,
+    image: &::hdf5::Dataset,
+    path: &Path,
+    dtype: DType,
+) -> Result<Option<String>> {
+    let minimum =
+        scale_values(file, "image-min").map_err(|e| library_error(path, "image-min", e))?;
+    let maximum =
+        scale_values(file, "image-max").map_err(|e| library_error(path, "image-max", e))?;
+    let (Some(minimum), Some(maximum)) = (minimum, maximum) else {
+        return Ok(None);
+    };
+    let single = |values: &[f64]| -> Option<f64> {
+        let first = *values.first()?;
+        values.iter().all(|&v| v == first).then_some(first)
+    };
+    let (Some(image_min), Some(image_max)) = (single(&minimum), single(&maximum)) else {
+        return Ok(Some(format!(
+            "its image-min/image-max scaling varies per slice ({} values), and a NIfTI file has \
+             one scl_slope/scl_inter; write h5 output instead (rechunkfs moves raw voxels, \
+             never rescales them)",
+            minimum.len().max(maximum.len())
+        )));
+    };
+    let (valid_min, valid_max) = match numbers_attr(image, "valid_range")
+        .map_err(|e| library_error(path, "valid_range", e))?
+    {
+        Some(range) if range.len() == 2 => (range[0], range[1]),
+        _ => dtype_range(dtype),
+    };
+    let slope = (image_max - image_min) / (valid_max - valid_min);
+    space.scaling = Some((slope, image_min - valid_min * slope));
+    Ok(None)
 }

@@ -15,10 +15,12 @@
 //! shape's template for one block. MINC2 is read (it is HDF5 underneath) but
 //! not written; raw blocks are data only.
 
+// `hdf5` and `zarr` are named by later stages (the HDF5 reader, Zarr's
+// metadata files); the other formats are reached through this module.
 pub mod hdf5;
-pub mod minc;
-pub mod nifti;
-pub mod npy;
+mod minc;
+mod nifti;
+mod npy;
 pub mod zarr;
 
 use std::borrow::Cow;

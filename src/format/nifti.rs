@@ -17,7 +17,7 @@ use std::path::Path;
 
 use super::{shape_problem, shape_text, BlockInfo, BlockTemplate, Storage};
 use crate::array::dtype::{DType, Endian, Kind};
-use crate::array::space::{affine_of_qform, qform_of, Space};
+use crate::array::space::{affine_of_qform, qform_of, Qform, Space};
 use crate::error::{Error, Result};
 
 /// `sizeof_hdr`: the header's own length.
@@ -189,11 +189,9 @@ pub fn encode_header(
     vox_offset: u64,
 ) -> Vec<u8> {
     let mut bytes = vec![0u8; MIN_VOX_OFFSET as usize];
-    let ndim = shape.len();
     let affine = space.block_affine(origin);
     let zoom = |axis: usize| space.zooms.get(axis).copied().unwrap_or(1.0).abs();
-    let zooms3 = [zoom(0), zoom(1), zoom(2)];
-    let qform = qform_of(&affine, zooms3);
+    let qform = qform_of(&affine, [zoom(0), zoom(1), zoom(2)]);
     let mut w = Writer {
         bytes: &mut bytes,
         big: dtype.endian == Endian::Big && dtype.size > 1,
@@ -201,23 +199,14 @@ pub fn encode_header(
     w.i32(0, HEADER_LEN as i32);
     // `regular`: Analyze's flag that nibabel and others still set.
     w.bytes[38] = b'r';
-    w.i16(40, ndim as i16);
-    for axis in 0..7 {
-        // Sides past dim[0] are 1, as nibabel writes them.
-        let side = if axis < ndim {
-            shape[ndim - 1 - axis]
-        } else {
-            1
-        };
-        w.i16(42 + 2 * axis, side as i16);
-    }
+    w.write_dims(shape);
     // `output_problem` has refused datatypes NIfTI-1 lacks; 0 (unknown)
     // would only be reached by a caller that skipped it.
     w.i16(70, datatype_code(dtype).unwrap_or(0));
     w.i16(72, (dtype.size * 8) as i16);
     w.f32(76, qform.map_or(1.0, |q| q.qfac));
     for axis in 0..7 {
-        let value = if axis < ndim { zoom(axis) } else { 1.0 };
+        let value = if axis < shape.len() { zoom(axis) } else { 1.0 };
         w.f32(80 + 4 * axis, value);
     }
     w.f32(108, vox_offset as f64);
@@ -227,23 +216,46 @@ pub fn encode_header(
     w.bytes[123] = space.xyzt_units;
     let description = b"rechunkfs block";
     w.bytes[148..148 + description.len()].copy_from_slice(description);
-    if let Some(q) = qform {
-        w.i16(252, XFORM_SCANNER_ANAT);
-        w.f32(256, q.b);
-        w.f32(260, q.c);
-        w.f32(264, q.d);
-        w.f32(268, q.offset[0]);
-        w.f32(272, q.offset[1]);
-        w.f32(276, q.offset[2]);
-    }
-    w.i16(254, XFORM_SCANNER_ANAT);
-    for (row, values) in affine.iter().enumerate() {
-        for (col, &value) in values.iter().enumerate() {
-            w.f32(280 + 16 * row + 4 * col, value);
-        }
-    }
+    w.write_transforms(qform.as_ref(), &affine);
     w.bytes[344..348].copy_from_slice(b"n+1\0");
     bytes
+}
+
+impl Writer<'_> {
+    /// `dim`: the rank, then the sides of `shape` (internal C order) in
+    /// NIfTI's order.
+    fn write_dims(&mut self, shape: &[u64]) {
+        let ndim = shape.len();
+        self.i16(40, ndim as i16);
+        for axis in 0..7 {
+            // Sides past dim[0] are 1, as nibabel writes them.
+            let side = if axis < ndim {
+                shape[ndim - 1 - axis]
+            } else {
+                1
+            };
+            self.i16(42 + 2 * axis, side as i16);
+        }
+    }
+
+    /// The qform (if the affine has one) and the sform.
+    fn write_transforms(&mut self, qform: Option<&Qform>, affine: &[[f64; 4]; 3]) {
+        if let Some(q) = qform {
+            self.i16(252, XFORM_SCANNER_ANAT);
+            self.f32(256, q.b);
+            self.f32(260, q.c);
+            self.f32(264, q.d);
+            self.f32(268, q.offset[0]);
+            self.f32(272, q.offset[1]);
+            self.f32(276, q.offset[2]);
+        }
+        self.i16(254, XFORM_SCANNER_ANAT);
+        for (row, values) in affine.iter().enumerate() {
+            for (col, &value) in values.iter().enumerate() {
+                self.f32(280 + 16 * row + 4 * col, value);
+            }
+        }
+    }
 }
 
 /// Where the data of a NIfTI block start: right after the header for real
@@ -278,82 +290,12 @@ pub(super) fn template(
 
 /// Decode the header at the start of `bytes` (at least 352 bytes of a file).
 pub fn decode_header(bytes: &[u8]) -> std::result::Result<NiftiHeader, String> {
-    if bytes.starts_with(&[0x1f, 0x8b]) {
-        return Err(
-            "it is gzip-compressed (a .nii.gz renamed?); rechunkfs reads uncompressed \
-                    .nii files: gunzip it first"
-                .into(),
-        );
-    }
-    if bytes.len() < MIN_VOX_OFFSET as usize {
-        return Err(format!(
-            "truncated: a NIfTI-1 header needs {MIN_VOX_OFFSET} bytes but the file has only {}",
-            bytes.len()
-        ));
-    }
-    let le = i32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-    let be = i32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-    let big = match (le, be) {
-        (348, _) => false,
-        (_, 348) => true,
-        (540, _) | (_, 540) => {
-            return Err("it is NIfTI-2 (sizeof_hdr 540); rechunkfs reads NIfTI-1".into())
-        }
-        _ => {
-            let shown: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
-            return Err(format!(
-                "it does not start with NIfTI-1's sizeof_hdr 348 in either byte order (its \
-                 first bytes: {})",
-                shown.join(" ")
-            ));
-        }
-    };
+    let big = byte_order(bytes)?;
     let r = Reader { bytes, big };
-    match &bytes[344..348] {
-        b"n+1\0" => {}
-        b"ni1\0" => {
-            return Err(
-                "it is the header of a NIfTI-1 pair (.hdr/.img); rechunkfs reads \
-                        single-file .nii images"
-                    .into(),
-            )
-        }
-        other => {
-            return Err(format!(
-                "its magic is {other:?}, not \"n+1\": it is not a single-file NIfTI-1 image \
-                 (an Analyze 7.5 header?)"
-            ))
-        }
-    }
-    let ndim = r.i16(40);
-    if !(1..=MAX_DIMS as i16).contains(&ndim) {
-        return Err(format!(
-            "its dim[0] is {ndim}; NIfTI-1 allows 1 to 7 dimensions"
-        ));
-    }
-    let ndim = ndim as usize;
-    let mut dims = Vec::with_capacity(ndim);
-    for axis in 0..ndim {
-        let side = r.i16(42 + 2 * axis);
-        if side < 1 {
-            return Err(format!("its dim[{}] is {side}", axis + 1));
-        }
-        dims.push(side as u64);
-    }
-    let endian = if big { Endian::Big } else { Endian::Little };
-    let code = r.i16(70);
-    let dtype = dtype_of_code(code, endian).map_err(|found| {
-        format!(
-            "{DATATYPE_PROBLEM} {found}; rechunkfs carries u1..u8, i1..i8, f4 and f8 from NIfTI-1"
-        )
-    })?;
-    let bitpix = r.i16(72);
-    if bitpix as usize != dtype.size * 8 {
-        return Err(format!(
-            "its bitpix {bitpix} disagrees with its datatype {code} ({} bits)",
-            dtype.size * 8
-        ));
-    }
+    check_magic(bytes)?;
+    let dims = read_dims(&r)?;
+    let ndim = dims.len();
+    let dtype = read_dtype(&r)?;
     let vox_offset_value = r.f32(108);
     if vox_offset_value.fract() != 0.0 || vox_offset_value < MIN_VOX_OFFSET as f64 {
         return Err(format!(
@@ -382,6 +324,97 @@ pub fn decode_header(bytes: &[u8]) -> std::result::Result<NiftiHeader, String> {
     })
 }
 
+/// Whether the header is big-endian, as its `sizeof_hdr` of 348 tells;
+/// refuses what is not an uncompressed NIfTI-1 header.
+fn byte_order(bytes: &[u8]) -> std::result::Result<bool, String> {
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        return Err(
+            "it is gzip-compressed (a .nii.gz renamed?); rechunkfs reads uncompressed \
+                    .nii files: gunzip it first"
+                .into(),
+        );
+    }
+    if bytes.len() < MIN_VOX_OFFSET as usize {
+        return Err(format!(
+            "truncated: a NIfTI-1 header needs {MIN_VOX_OFFSET} bytes but the file has only {}",
+            bytes.len()
+        ));
+    }
+    let le = i32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    let be = i32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    match (le, be) {
+        (348, _) => Ok(false),
+        (_, 348) => Ok(true),
+        (540, _) | (_, 540) => {
+            Err("it is NIfTI-2 (sizeof_hdr 540); rechunkfs reads NIfTI-1".into())
+        }
+        _ => {
+            let shown: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
+            Err(format!(
+                "it does not start with NIfTI-1's sizeof_hdr 348 in either byte order (its \
+                 first bytes: {})",
+                shown.join(" ")
+            ))
+        }
+    }
+}
+
+/// Refuses a header whose magic is not that of a single-file NIfTI-1.
+fn check_magic(bytes: &[u8]) -> std::result::Result<(), String> {
+    match &bytes[344..348] {
+        b"n+1\0" => Ok(()),
+        b"ni1\0" => Err(
+            "it is the header of a NIfTI-1 pair (.hdr/.img); rechunkfs reads \
+                        single-file .nii images"
+                .into(),
+        ),
+        other => Err(format!(
+            "its magic is {other:?}, not \"n+1\": it is not a single-file NIfTI-1 image \
+             (an Analyze 7.5 header?)"
+        )),
+    }
+}
+
+/// The sides `dim` gives, (x, y, z, ...).
+fn read_dims(r: &Reader<'_>) -> std::result::Result<Vec<u64>, String> {
+    let ndim = r.i16(40);
+    if !(1..=MAX_DIMS as i16).contains(&ndim) {
+        return Err(format!(
+            "its dim[0] is {ndim}; NIfTI-1 allows 1 to 7 dimensions"
+        ));
+    }
+    let ndim = ndim as usize;
+    let mut dims = Vec::with_capacity(ndim);
+    for axis in 0..ndim {
+        let side = r.i16(42 + 2 * axis);
+        if side < 1 {
+            return Err(format!("its dim[{}] is {side}", axis + 1));
+        }
+        dims.push(side as u64);
+    }
+    Ok(dims)
+}
+
+/// The dtype `datatype` gives, in the header's byte order, checked
+/// against `bitpix`.
+fn read_dtype(r: &Reader<'_>) -> std::result::Result<DType, String> {
+    let endian = if r.big { Endian::Big } else { Endian::Little };
+    let code = r.i16(70);
+    let dtype = dtype_of_code(code, endian).map_err(|found| {
+        format!(
+            "{DATATYPE_PROBLEM} {found}; rechunkfs carries u1..u8, i1..i8, f4 and f8 from NIfTI-1"
+        )
+    })?;
+    let bitpix = r.i16(72);
+    if bitpix as usize != dtype.size * 8 {
+        return Err(format!(
+            "its bitpix {bitpix} disagrees with its datatype {code} ({} bits)",
+            dtype.size * 8
+        ));
+    }
+    Ok(dtype)
+}
+
 /// The affine nibabel gives an image: the sform if its code is set, else
 /// the qform if its code is set, else nibabel's default (voxel sizes on the
 /// diagonal, x flipped, centred on the middle voxel).
@@ -404,7 +437,7 @@ fn best_affine(r: &Reader<'_>, dims: &[u64], pixdim: &[f64]) -> [[f64; 4]; 3] {
     }
     if r.i16(252) > 0 {
         let qfac = if pixdim[0] < 0.0 { -1.0 } else { 1.0 };
-        let qform = crate::array::space::Qform {
+        let qform = Qform {
             b: r.f32(256),
             c: r.f32(260),
             d: r.f32(264),

@@ -55,14 +55,9 @@ pub enum HeaderProblem {
 }
 
 /// The bytes of an npy file before its data: magic, version, header length,
-/// and the header dict padded so the data start at a multiple of 64 bytes.
-pub fn encode_header(shape: &[u64], dtype: DType) -> Vec<u8> {
-    encode_header_aligned(shape, dtype, DATA_ALIGNMENT)
-}
-
-/// As [`encode_header`], with the data starting at a multiple of
-/// `alignment` bytes (a multiple of 64): padding is what npy's format
-/// provides for, and readers skip it.
+/// and the header dict padded so the data start at a multiple of
+/// `alignment` bytes (a multiple of 64, numpy's own alignment): padding is
+/// what npy's format provides for, and readers skip it.
 pub fn encode_header_aligned(shape: &[u64], dtype: DType, alignment: usize) -> Vec<u8> {
     let alignment = alignment
         .max(DATA_ALIGNMENT)
@@ -106,6 +101,31 @@ pub fn encode_header_aligned(shape: &[u64], dtype: DType, alignment: usize) -> V
 
 /// Decode the header at the start of `bytes` (the first bytes of a file).
 pub fn decode_header(bytes: &[u8]) -> std::result::Result<NpyHeader, HeaderProblem> {
+    let (major, preamble_len) = read_version(bytes)?;
+    let header_len = read_header_len(bytes, major)?;
+    let data_offset = preamble_len + header_len;
+    let Some(header_bytes) = bytes.get(preamble_len..data_offset) else {
+        return Err(HeaderProblem::Incomplete {
+            needed: data_offset,
+        });
+    };
+    // Versions 1.0 and 2.0 are latin-1, 3.0 is UTF-8; the dict numpy
+    // writes is ASCII either way, so only field names could differ.
+    let header_text: String = if major == 3 {
+        std::str::from_utf8(header_bytes)
+            .map_err(|_| {
+                HeaderProblem::Malformed("its version 3.0 header is not valid UTF-8".into())
+            })?
+            .to_owned()
+    } else {
+        header_bytes.iter().map(|&b| char::from(b)).collect()
+    };
+    read_dict(&header_text, data_offset as u64)
+}
+
+/// The major version after the magic, and the length of the preamble it
+/// implies (magic, version, header length); the bytes must hold it.
+fn read_version(bytes: &[u8]) -> std::result::Result<(u8, usize), HeaderProblem> {
     if bytes.len() < MAGIC.len() + 2 {
         if bytes.len() <= MAGIC.len() && MAGIC.starts_with(bytes) || bytes.starts_with(MAGIC) {
             return Err(HeaderProblem::Incomplete {
@@ -132,41 +152,32 @@ pub fn decode_header(bytes: &[u8]) -> std::result::Result<NpyHeader, HeaderProbl
             needed: preamble_len,
         });
     }
-    let header_len = if major == 1 {
-        usize::from(u16::from_le_bytes([bytes[8], bytes[9]]))
+    Ok((major, preamble_len))
+}
+
+/// The header length the preamble of a version `major` file gives.
+fn read_header_len(bytes: &[u8], major: u8) -> std::result::Result<usize, HeaderProblem> {
+    if major == 1 {
+        Ok(usize::from(u16::from_le_bytes([bytes[8], bytes[9]])))
     } else {
         let length = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
         usize::try_from(length)
-            .map_err(|_| HeaderProblem::Malformed(format!("header length {length} is absurd")))?
-    };
-    let data_offset = preamble_len + header_len;
-    let Some(header_bytes) = bytes.get(preamble_len..data_offset) else {
-        return Err(HeaderProblem::Incomplete {
-            needed: data_offset,
-        });
-    };
-    // Versions 1.0 and 2.0 are latin-1, 3.0 is UTF-8; the dict numpy
-    // writes is ASCII either way, so only field names could differ.
-    let header_text: String = if major == 3 {
-        std::str::from_utf8(header_bytes)
-            .map_err(|_| {
-                HeaderProblem::Malformed("its version 3.0 header is not valid UTF-8".into())
-            })?
-            .to_owned()
-    } else {
-        header_bytes.iter().map(|&b| char::from(b)).collect()
-    };
+            .map_err(|_| HeaderProblem::Malformed(format!("header length {length} is absurd")))
+    }
+}
 
-    let dict = match parse_literal(&header_text) {
+/// What the header dict `header_text` says, for data at `data_offset`.
+fn read_dict(header_text: &str, data_offset: u64) -> std::result::Result<NpyHeader, HeaderProblem> {
+    let dict = match parse_literal(header_text) {
         Ok(Literal::Dict(entries)) => entries,
-        Ok(_) => return Err(malformed_header("it is not a dict", &header_text)),
-        Err(problem) => return Err(malformed_header(&problem, &header_text)),
+        Ok(_) => return Err(malformed_header("it is not a dict", header_text)),
+        Err(problem) => return Err(malformed_header(&problem, header_text)),
     };
     let field = |name: &str| {
         dict.iter()
             .find(|(key, _)| matches!(key, Literal::Str(k) if k == name))
             .map(|(_, value)| value)
-            .ok_or_else(|| malformed_header(&format!("it has no '{name}' key"), &header_text))
+            .ok_or_else(|| malformed_header(&format!("it has no '{name}' key"), header_text))
     };
     let dtype = descr_to_dtype(field("descr")?)?;
     let fortran_order = match field("fortran_order")? {
@@ -174,7 +185,7 @@ pub fn decode_header(bytes: &[u8]) -> std::result::Result<NpyHeader, HeaderProbl
         _ => {
             return Err(malformed_header(
                 "'fortran_order' is not True or False",
-                &header_text,
+                header_text,
             ))
         }
     };
@@ -187,15 +198,15 @@ pub fn decode_header(bytes: &[u8]) -> std::result::Result<NpyHeader, HeaderProbl
             })
             .collect::<Option<Vec<u64>>>()
             .ok_or_else(|| {
-                malformed_header("'shape' holds something other than sizes", &header_text)
+                malformed_header("'shape' holds something other than sizes", header_text)
             })?,
-        _ => return Err(malformed_header("'shape' is not a tuple", &header_text)),
+        _ => return Err(malformed_header("'shape' is not a tuple", header_text)),
     };
     Ok(NpyHeader {
         shape,
         dtype,
         fortran_order,
-        data_offset: data_offset as u64,
+        data_offset,
     })
 }
 
@@ -245,23 +256,9 @@ fn descr_to_dtype(descr: &Literal) -> std::result::Result<DType, HeaderProblem> 
         _ => (None, text.as_str()),
     };
     let mut chars = rest.chars();
-    let kind_char = chars.next().unwrap_or(' ');
-    let size_text = chars.as_str();
-    let kind = match kind_char {
-        'u' => Kind::Unsigned,
-        'i' => Kind::Signed,
-        'f' => Kind::Float,
-        'b' | '?' => return Err(unsupported("boolean")),
-        'c' => return Err(unsupported("complex")),
-        'm' => return Err(unsupported("time delta")),
-        'M' => return Err(unsupported("date and time")),
-        'O' => return Err(unsupported("Python objects")),
-        'S' | 'a' => return Err(unsupported("byte strings")),
-        'U' => return Err(unsupported("unicode strings")),
-        'V' => return Err(unsupported("raw void records")),
-        _ => return Err(unsupported("a type numpy itself would not write")),
-    };
-    let size: usize = size_text
+    let kind = kind_of_char(chars.next().unwrap_or(' ')).map_err(unsupported)?;
+    let size: usize = chars
+        .as_str()
         .parse()
         .map_err(|_| unsupported("a type numpy itself would not write"))?;
     let endian = match order {
@@ -281,6 +278,24 @@ fn descr_to_dtype(descr: &Literal) -> std::result::Result<DType, HeaderProblem> 
         };
         unsupported(&format!("{kind_name} of {size} bytes"))
     })
+}
+
+/// The kind a numpy type character names, or what it names instead.
+fn kind_of_char(kind_char: char) -> std::result::Result<Kind, &'static str> {
+    match kind_char {
+        'u' => Ok(Kind::Unsigned),
+        'i' => Ok(Kind::Signed),
+        'f' => Ok(Kind::Float),
+        'b' | '?' => Err("boolean"),
+        'c' => Err("complex"),
+        'm' => Err("time delta"),
+        'M' => Err("date and time"),
+        'O' => Err("Python objects"),
+        'S' | 'a' => Err("byte strings"),
+        'U' => Err("unicode strings"),
+        'V' => Err("raw void records"),
+        _ => Err("a type numpy itself would not write"),
+    }
 }
 
 /// Learn an npy file's shape and dtype, and check it holds all its data.
@@ -528,6 +543,11 @@ mod tests {
     use super::*;
     use crate::format::test_python::{python_with, run_python};
     use crate::format::{template, BlockFormat};
+
+    /// The header numpy writes: data at a multiple of 64 bytes.
+    fn encode_header(shape: &[u64], dtype: DType) -> Vec<u8> {
+        encode_header_aligned(shape, dtype, DATA_ALIGNMENT)
+    }
 
     fn dtype(text: &str) -> DType {
         text.parse().unwrap()

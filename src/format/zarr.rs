@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 /// Zarr v2's array metadata file.
 pub const ZARRAY: &str = ".zarray";
 /// Zarr v2's group metadata file.
-pub const ZGROUP: &str = ".zgroup";
+const ZGROUP: &str = ".zgroup";
 /// Zarr v3's metadata file (arrays and groups).
 pub const ZARR_JSON: &str = "zarr.json";
 
@@ -47,7 +47,7 @@ pub struct ZarrArrayMeta {
 }
 
 /// Whether `dir` is a Zarr array or group: its metadata file, if any.
-pub fn metadata_file(dir: &Path) -> Option<PathBuf> {
+fn metadata_file(dir: &Path) -> Option<PathBuf> {
     [ZARR_JSON, ZARRAY, ZGROUP]
         .iter()
         .map(|name| dir.join(name))
@@ -152,10 +152,33 @@ fn parse_v2(path: &Path, meta: &Map<String, Value>) -> Result<ZarrArrayMeta> {
             "says a zarr_format other than 2; a .zarray file is Zarr v2",
         ));
     }
-    let dtype_text = field(meta, path, "dtype")?;
-    // Only numpy's own spelling: rechunkfs's looser parser would read
-    // numpy's unicode "<U4" as an unsigned integer.
-    let dtype = dtype_text
+    let dtype = v2_dtype(path, field(meta, path, "dtype")?)?;
+    check_v2_raw_bytes(path, meta)?;
+    let separator = v2_separator(path, meta)?;
+    let shape = shape_field(meta, path, "shape")?;
+    let chunks = shape_field(meta, path, "chunks")?;
+    check_shapes(path, &shape, &chunks, dtype)?;
+    let fill = fill_field(path, meta.get("fill_value").unwrap_or(&Value::Null), dtype)?;
+    Ok(ZarrArrayMeta {
+        format: BlockFormat::Zarr,
+        path: path.to_path_buf(),
+        shape,
+        chunks,
+        dtype,
+        fill,
+        key: ChunkKey {
+            order: crate::array::axes::AxisOrder::C,
+            prefix: None,
+            separator,
+            suffix: String::new(),
+        },
+    })
+}
+
+/// The dtype a v2 `dtype` names, in numpy's own spelling only: rechunkfs's
+/// looser parser would read numpy's unicode "<U4" as an unsigned integer.
+fn v2_dtype(path: &Path, dtype_text: &Value) -> Result<DType> {
+    dtype_text
         .as_str()
         .and_then(|text| {
             let dtype = text.parse::<DType>().ok()?;
@@ -172,7 +195,12 @@ fn parse_v2(path: &Path, meta: &Map<String, Value>) -> Result<ZarrArrayMeta> {
                     "its dtype {dtype_text} is not one rechunkfs can move byte for byte; {CARRIED}"
                 ),
             )
-        })?;
+        })
+}
+
+/// Refuses a v2 array whose chunks are not its raw C-order bytes: with a
+/// compressor, filters, or Fortran order.
+fn check_v2_raw_bytes(path: &Path, meta: &Map<String, Value>) -> Result<()> {
     match meta.get("compressor") {
         None | Some(Value::Null) => {}
         Some(compressor) => {
@@ -202,45 +230,32 @@ fn parse_v2(path: &Path, meta: &Map<String, Value>) -> Result<ZarrArrayMeta> {
         }
     }
     match meta.get("order").and_then(Value::as_str) {
-        Some("C") => {}
-        Some("F") => {
-            return Err(Error::bad_input(
-                path,
-                "the array's chunks are in Fortran order (\"order\": \"F\"); rechunkfs reads C order only",
-            ))
-        }
-        _ => return Err(Error::bad_input(path, "\"order\" is neither \"C\" nor \"F\"")),
+        Some("C") => Ok(()),
+        Some("F") => Err(Error::bad_input(
+            path,
+            "the array's chunks are in Fortran order (\"order\": \"F\"); rechunkfs reads C order only",
+        )),
+        _ => Err(Error::bad_input(path, "\"order\" is neither \"C\" nor \"F\"")),
     }
-    let separator = match meta.get("dimension_separator") {
-        None | Some(Value::Null) => '.',
-        Some(Value::String(text)) if text == "." => '.',
-        Some(Value::String(text)) if text == "/" => '/',
-        Some(other) => {
-            return Err(Error::bad_input(
-                path,
-                format!("\"dimension_separator\" is {other}; Zarr allows \".\" or \"/\""),
-            ))
-        }
-    };
-    let shape = shape_field(meta, path, "shape")?;
-    let chunks = shape_field(meta, path, "chunks")?;
-    check_shapes(path, &shape, &chunks, dtype)?;
-    let fill = fill_bytes(meta.get("fill_value").unwrap_or(&Value::Null), dtype)
-        .map_err(|problem| Error::bad_input(path, format!("\"fill_value\": {problem}")))?;
-    Ok(ZarrArrayMeta {
-        format: BlockFormat::Zarr,
-        path: path.to_path_buf(),
-        shape,
-        chunks,
-        dtype,
-        fill,
-        key: ChunkKey {
-            order: crate::array::axes::AxisOrder::C,
-            prefix: None,
-            separator,
-            suffix: String::new(),
-        },
-    })
+}
+
+/// The character between a v2 chunk key's indices.
+fn v2_separator(path: &Path, meta: &Map<String, Value>) -> Result<char> {
+    match meta.get("dimension_separator") {
+        None | Some(Value::Null) => Ok('.'),
+        Some(Value::String(text)) if text == "." => Ok('.'),
+        Some(Value::String(text)) if text == "/" => Ok('/'),
+        Some(other) => Err(Error::bad_input(
+            path,
+            format!("\"dimension_separator\" is {other}; Zarr allows \".\" or \"/\""),
+        )),
+    }
+}
+
+/// The bytes of one element of fill value `value`, or why it is none.
+fn fill_field(path: &Path, value: &Value, dtype: DType) -> Result<Vec<u8>> {
+    fill_bytes(value, dtype)
+        .map_err(|problem| Error::bad_input(path, format!("\"fill_value\": {problem}")))
 }
 
 /// A codec's name as a v2 or v3 codec object gives it.
@@ -281,6 +296,26 @@ fn parse_v3(path: &Path, meta: &Map<String, Value>) -> Result<ZarrArrayMeta> {
                 format!("its data_type {data_type} is not one rechunkfs can move byte for byte; {CARRIED}"),
             )
         })?;
+    refuse_storage_transformers(path, meta)?;
+    let chunks = v3_regular_chunks(path, meta)?;
+    let endian = v3_bytes_endian(path, meta)?;
+    let dtype = DType::new(kind, size, endian)?;
+    let key = v3_chunk_key(path, meta)?;
+    let shape = shape_field(meta, path, "shape")?;
+    check_shapes(path, &shape, &chunks, dtype)?;
+    let fill = fill_field(path, field(meta, path, "fill_value")?, dtype)?;
+    Ok(ZarrArrayMeta {
+        format: BlockFormat::Zarr3,
+        path: path.to_path_buf(),
+        shape,
+        chunks,
+        dtype,
+        fill,
+        key,
+    })
+}
+
+fn refuse_storage_transformers(path: &Path, meta: &Map<String, Value>) -> Result<()> {
     if let Some(Value::Array(transformers)) = meta.get("storage_transformers") {
         if !transformers.is_empty() {
             return Err(Error::bad_input(
@@ -292,6 +327,11 @@ fn parse_v3(path: &Path, meta: &Map<String, Value>) -> Result<ZarrArrayMeta> {
             ));
         }
     }
+    Ok(())
+}
+
+/// The chunk shape of a v3 array's chunk grid, which must be regular.
+fn v3_regular_chunks(path: &Path, meta: &Map<String, Value>) -> Result<Vec<u64>> {
     let grid = field(meta, path, "chunk_grid")?;
     if grid["name"] != "regular" {
         return Err(Error::bad_input(
@@ -302,74 +342,61 @@ fn parse_v3(path: &Path, meta: &Map<String, Value>) -> Result<ZarrArrayMeta> {
             ),
         ));
     }
-    let chunks = grid["configuration"]
+    grid["configuration"]
         .as_object()
         .ok_or_else(|| Error::bad_input(path, "the chunk grid has no configuration"))
-        .and_then(|configuration| shape_field(configuration, path, "chunk_shape"))?;
+        .and_then(|configuration| shape_field(configuration, path, "chunk_shape"))
+}
+
+/// The byte order of a v3 array whose one codec is `bytes`; any other
+/// codec list is refused.
+fn v3_bytes_endian(path: &Path, meta: &Map<String, Value>) -> Result<Endian> {
     let codecs = field(meta, path, "codecs")?
         .as_array()
         .ok_or_else(|| Error::bad_input(path, "\"codecs\" is not a list"))?;
-    let endian = match codecs.as_slice() {
+    match codecs.as_slice() {
         [codec] if codec["name"] == "bytes" => match codec["configuration"]["endian"].as_str() {
-            Some("big") => Endian::Big,
-            Some("little") | None => Endian::Little,
-            Some(other) => {
-                return Err(Error::bad_input(
-                    path,
-                    format!("the bytes codec's endian is \"{other}\", neither little nor big"),
-                ))
-            }
-        },
-        _ => {
-            return Err(Error::bad_input(
+            Some("big") => Ok(Endian::Big),
+            Some("little") | None => Ok(Endian::Little),
+            Some(other) => Err(Error::bad_input(
                 path,
-                format!(
-                    "the array's codecs are [{}]; rechunkfs reads only uncompressed arrays whose \
-                     one codec is \"bytes\" (no compression, sharding or transpose). Rewrite it \
-                     without compression, e.g. with zarr-python's compressors=None",
-                    codec_id(&Value::Array(codecs.clone()))
-                ),
-            ))
-        }
+                format!("the bytes codec's endian is \"{other}\", neither little nor big"),
+            )),
+        },
+        _ => Err(Error::bad_input(
+            path,
+            format!(
+                "the array's codecs are [{}]; rechunkfs reads only uncompressed arrays whose \
+                 one codec is \"bytes\" (no compression, sharding or transpose). Rewrite it \
+                 without compression, e.g. with zarr-python's compressors=None",
+                codec_id(&Value::Array(codecs.clone()))
+            ),
+        )),
+    }
+}
+
+/// How a v3 array names its chunks (`chunk_key_encoding`).
+fn v3_chunk_key(path: &Path, meta: &Map<String, Value>) -> Result<ChunkKey> {
+    let Some(encoding) = meta.get("chunk_key_encoding") else {
+        return Ok(ChunkKey::zarr_v3());
     };
-    let dtype = DType::new(kind, size, endian)?;
-    let key = match meta.get("chunk_key_encoding") {
-        None => ChunkKey::zarr_v3(),
-        Some(encoding) => {
-            let separator = encoding["configuration"]["separator"].as_str();
-            match (encoding["name"].as_str(), separator) {
-                (Some("default"), None | Some("/")) => ChunkKey::zarr_v3(),
-                (Some("default"), Some(".")) => ChunkKey {
-                    separator: '.',
-                    ..ChunkKey::zarr_v3()
-                },
-                (Some("v2"), None | Some(".")) => ChunkKey::zarr_v2(),
-                (Some("v2"), Some("/")) => ChunkKey {
-                    separator: '/',
-                    ..ChunkKey::zarr_v2()
-                },
-                _ => {
-                    return Err(Error::bad_input(
-                        path,
-                        format!("its chunk key encoding {encoding} is not one Zarr v3 defines"),
-                    ))
-                }
-            }
-        }
-    };
-    let shape = shape_field(meta, path, "shape")?;
-    check_shapes(path, &shape, &chunks, dtype)?;
-    let fill = fill_bytes(field(meta, path, "fill_value")?, dtype)
-        .map_err(|problem| Error::bad_input(path, format!("\"fill_value\": {problem}")))?;
-    Ok(ZarrArrayMeta {
-        format: BlockFormat::Zarr3,
-        path: path.to_path_buf(),
-        shape,
-        chunks,
-        dtype,
-        fill,
-        key,
-    })
+    let separator = encoding["configuration"]["separator"].as_str();
+    match (encoding["name"].as_str(), separator) {
+        (Some("default"), None | Some("/")) => Ok(ChunkKey::zarr_v3()),
+        (Some("default"), Some(".")) => Ok(ChunkKey {
+            separator: '.',
+            ..ChunkKey::zarr_v3()
+        }),
+        (Some("v2"), None | Some(".")) => Ok(ChunkKey::zarr_v2()),
+        (Some("v2"), Some("/")) => Ok(ChunkKey {
+            separator: '/',
+            ..ChunkKey::zarr_v2()
+        }),
+        _ => Err(Error::bad_input(
+            path,
+            format!("its chunk key encoding {encoding} is not one Zarr v3 defines"),
+        )),
+    }
 }
 
 fn v3_kind_and_size(name: &str) -> Option<(Kind, usize)> {
@@ -390,7 +417,7 @@ fn v3_kind_and_size(name: &str) -> Option<(Kind, usize)> {
 }
 
 /// Zarr v3's name of a dtype (byte order goes in the bytes codec).
-pub fn v3_data_type(dtype: DType) -> String {
+fn v3_data_type(dtype: DType) -> String {
     let kind = match dtype.kind {
         Kind::Unsigned => "uint",
         Kind::Signed => "int",
@@ -401,7 +428,7 @@ pub fn v3_data_type(dtype: DType) -> String {
 
 /// One element of `value` (a Zarr fill value) as `dtype`'s bytes. `null`
 /// (v2's "no fill value") is taken as zero, as zarr-python reads it.
-pub fn fill_bytes(value: &Value, dtype: DType) -> std::result::Result<Vec<u8>, String> {
+fn fill_bytes(value: &Value, dtype: DType) -> std::result::Result<Vec<u8>, String> {
     let size = dtype.size;
     let little: Vec<u8> = match (value, dtype.kind) {
         (Value::Null, _) => vec![0; size],
@@ -504,7 +531,7 @@ fn f16_bits(value: f64) -> u16 {
 /// The metadata files that make a directory of chunks a Zarr array of
 /// `shape` in chunks of `chunks`: `(name, bytes)`. Chunks are uncompressed,
 /// C order, fill value 0, named as `format` names them by default.
-pub fn array_metadata(
+pub(super) fn array_metadata(
     format: BlockFormat,
     shape: &[u64],
     chunks: &[u64],

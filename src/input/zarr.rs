@@ -2,7 +2,7 @@
 //! by the chunk key its metadata names; edge chunks are padded on disk.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::{InputArray, InputBlock};
 use crate::array::geometry::{self, FileShape, IndexBox, Partition};
@@ -36,46 +36,7 @@ pub fn scan_array(dir: &Path, meta: ZarrArrayMeta) -> Result<InputArray> {
     let mut blocks = Vec::with_capacity(grid.count() as usize);
     for index in IndexBox::grid(&grid.grid_shape()) {
         let path = dir.join(meta.key.path(&index));
-        let file = match fs::metadata(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                blocks.push(InputBlock {
-                    path,
-                    storage: Storage::Absent {
-                        fill: meta.fill.clone(),
-                    },
-                    check: None,
-                });
-                continue;
-            }
-            Err(e) => return Err(Error::io(&path, "stat", e)),
-        };
-        if !file.is_file() {
-            return Err(Error::bad_input(
-                &path,
-                "is where a chunk of the array belongs, but is not a file",
-            ));
-        }
-        if file.len() != chunk_bytes {
-            return Err(Error::BadBlockFile {
-                path: path.clone(),
-                format: meta.format.name(),
-                problem: format!(
-                    "an uncompressed chunk of {} {} is {chunk_bytes} bytes, but this file has {}; \
-                     {} says the array is not compressed, so the chunk is damaged or belongs to \
-                     another array",
-                    format::shape_text(&meta.chunks),
-                    meta.dtype.numpy_descr(),
-                    file.len(),
-                    meta.path.display()
-                ),
-            });
-        }
-        blocks.push(InputBlock {
-            path,
-            storage: Storage::Contiguous { data_offset: 0 },
-            check: None,
-        });
+        blocks.push(chunk_block(path, &meta, chunk_bytes)?);
     }
     Ok(InputArray {
         source: dir.to_path_buf(),
@@ -86,5 +47,49 @@ pub fn scan_array(dir: &Path, meta: ZarrArrayMeta) -> Result<InputArray> {
         block_shape,
         files: FileShape::Padded(meta.chunks),
         blocks,
+    })
+}
+
+/// The input block of the chunk whose file is at `path`: absent, or
+/// exactly `chunk_bytes` long.
+fn chunk_block(path: PathBuf, meta: &ZarrArrayMeta, chunk_bytes: u64) -> Result<InputBlock> {
+    let file = match fs::metadata(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(InputBlock {
+                path,
+                storage: Storage::Absent {
+                    fill: meta.fill.clone(),
+                },
+                check: None,
+            });
+        }
+        Err(e) => return Err(Error::io(&path, "stat", e)),
+    };
+    if !file.is_file() {
+        return Err(Error::bad_input(
+            &path,
+            "is where a chunk of the array belongs, but is not a file",
+        ));
+    }
+    if file.len() != chunk_bytes {
+        return Err(Error::BadBlockFile {
+            path: path.clone(),
+            format: meta.format.name(),
+            problem: format!(
+                "an uncompressed chunk of {} {} is {chunk_bytes} bytes, but this file has {}; \
+                 {} says the array is not compressed, so the chunk is damaged or belongs to \
+                 another array",
+                format::shape_text(&meta.chunks),
+                meta.dtype.numpy_descr(),
+                file.len(),
+                meta.path.display()
+            ),
+        });
+    }
+    Ok(InputBlock {
+        path,
+        storage: Storage::Contiguous { data_offset: 0 },
+        check: None,
     })
 }
