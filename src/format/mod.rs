@@ -462,36 +462,54 @@ pub fn place<'a>(
 /// Checks against the reference readers (numpy, h5py) the files are for.
 #[cfg(test)]
 pub(crate) mod test_python {
-    use std::ffi::OsStr;
+    use std::ffi::{OsStr, OsString};
+    use std::io::Write;
     use std::process::Command;
 
-    /// Whether python3 can import `module`; says so when it cannot, so a
-    /// skipped check is visible in the test output.
+    /// The Python with the readers: `RECHUNKFS_PYTHON`, else the venv
+    /// `scripts/setup` makes under target/.
+    fn python() -> OsString {
+        std::env::var_os("RECHUNKFS_PYTHON").unwrap_or_else(|| {
+            concat!(env!("CARGO_MANIFEST_DIR"), "/target/pyenv/bin/python").into()
+        })
+    }
+
+    /// Whether the readers' Python can import `module`. Under
+    /// `./scripts/test` (`RECHUNKFS_TEST_ALL=1`) a missing one fails the
+    /// test, naming it; elsewhere the test says `skipped:` on one line.
     pub fn python_with(module: &str) -> bool {
-        let available = Command::new("python3")
+        let python = python();
+        let available = Command::new(&python)
             .args(["-c", &format!("import {module}")])
             .output()
             .is_ok_and(|output| output.status.success());
-        if !available {
-            eprintln!(
-                "note: python3 with {module} is not available; skipping the check against it"
-            );
+        if available {
+            return true;
         }
-        available
+        let what = format!("{} with {module}", python.to_string_lossy());
+        if std::env::var_os("RECHUNKFS_TEST_ALL").is_some_and(|v| v == "1") {
+            panic!("missing prerequisite: {what} (./scripts/test installs it)");
+        }
+        // Straight to stderr: the harness hides what a passing test prints.
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: a check against {module}: needs {what} (./scripts/test installs it)"
+        );
+        false
     }
 
     /// Run `script` with `arguments`, failing the test with Python's stderr
     /// if it fails; returns its stdout.
     pub fn run_python(script: &str, arguments: &[impl AsRef<OsStr>]) -> Vec<u8> {
-        let output = Command::new("python3")
+        let output = Command::new(python())
             .arg("-c")
             .arg(script)
             .args(arguments)
             .output()
-            .expect("python3 runs");
+            .expect("the readers' Python runs");
         assert!(
             output.status.success(),
-            "python3 failed: {}",
+            "python failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
         output.stdout
