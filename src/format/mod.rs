@@ -271,7 +271,7 @@ pub(crate) fn read_head(
     format: &'static str,
     up_to: u64,
 ) -> Result<(File, u64, Vec<u8>)> {
-    let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+    let file = crate::sys::files::open_regular(path)?;
     let file_len = file
         .metadata()
         .map_err(|e| Error::io(path, "stat", e))?

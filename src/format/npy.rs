@@ -120,7 +120,26 @@ pub fn decode_header(bytes: &[u8]) -> std::result::Result<NpyHeader, HeaderProbl
     } else {
         header_bytes.iter().map(|&b| char::from(b)).collect()
     };
-    read_dict(&header_text, data_offset as u64)
+    read_dict(&header_text, data_offset as u64).map_err(|problem| {
+        if runs_into_data(&header_text) {
+            HeaderProblem::Malformed(format!(
+                "its header length field says {header_len} bytes, which runs past the header's \
+                 end into the data: the length is damaged"
+            ))
+        } else {
+            problem
+        }
+    })
+}
+
+/// Whether a header that does not parse runs on past the line that ends
+/// its dict: numpy ends a header with a newline, so text after it is data
+/// read as header, through a damaged length.
+fn runs_into_data(header_text: &str) -> bool {
+    header_text
+        .find('}')
+        .and_then(|close| header_text[close..].find('\n').map(|n| close + n))
+        .is_some_and(|newline| !header_text[newline + 1..].trim().is_empty())
 }
 
 /// The major version after the magic, and the length of the preamble it
@@ -223,8 +242,34 @@ fn bad_magic(bytes: &[u8]) -> HeaderProblem {
     ))
 }
 
+/// A header quoted in a message: its first line, printable ASCII only, at
+/// most 200 characters, so a damaged header never floods the terminal.
 fn malformed_header(problem: &str, header_text: &str) -> HeaderProblem {
-    let shown: String = header_text.trim_end().chars().take(200).collect();
+    let line = header_text.split('\n').next().unwrap_or("").trim_end();
+    let mut shown: String = line
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .take(200)
+        .collect();
+    if line.chars().count() > 200 {
+        shown.push_str("...");
+    }
+    let problem: String = problem
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect();
     HeaderProblem::Malformed(format!("its header {shown:?} is not usable: {problem}"))
 }
 

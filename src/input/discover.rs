@@ -10,6 +10,7 @@ use crate::array::geometry::FileShape;
 use crate::array::names::parse_grid_index;
 use crate::error::{Error, Result};
 use crate::format::{self, BlockFormat};
+use crate::sys::files;
 
 /// A block file of a directory input, by the grid index its name gives
 /// (internal C order).
@@ -98,6 +99,7 @@ pub(super) fn list_block_files(dir: &Path) -> Result<Vec<NamedBlock>> {
             );
             continue;
         };
+        check_regular(&entry, &path)?;
         let index = grid_index_of(&path, format)?;
         named.push(NamedBlock {
             index,
@@ -106,6 +108,26 @@ pub(super) fn list_block_files(dir: &Path) -> Result<Vec<NamedBlock>> {
         });
     }
     Ok(named)
+}
+
+/// Refuses a block-file name that is not a regular file (or a symlink to
+/// one): a FIFO would block the run's first read of it forever. The
+/// directory listing says what each entry is, so regular files cost no
+/// extra call.
+fn check_regular(entry: &fs::DirEntry, path: &Path) -> Result<()> {
+    let listed = entry.file_type().map_err(|e| Error::io(path, "stat", e))?;
+    let kind = if listed.is_symlink() {
+        fs::metadata(path)
+            .map_err(|e| Error::io(path, "following the symlink", e))?
+            .file_type()
+    } else {
+        listed
+    };
+    if kind.is_file() {
+        Ok(())
+    } else {
+        Err(files::not_regular(path, kind))
+    }
 }
 
 /// The grid index a block file's name gives, in internal C order (names

@@ -108,19 +108,23 @@ fn index_names(dir: &Path, named: &[NamedBlock]) -> Result<Names> {
             ),
         ));
     }
+    // Duplicates first: `0_0_0.h5` beside `0_0_0.npy` is one index named
+    // twice, whatever else differs between the two.
     let mut by_index: BTreeMap<Vec<usize>, PathBuf> = BTreeMap::new();
     for block in named {
-        check_like_first(block, first)?;
         if let Some(other) = by_index.insert(block.index.clone(), block.path.clone()) {
             return Err(Error::bad_input(
                 &block.path,
                 format!(
-                    "duplicates block {}: {} claims the same grid index",
-                    user_name(first.format.axis_order(), &block.index),
+                    "duplicates block {}: {} claims the same grid index; keep one of them",
+                    user_name(block.format.axis_order(), &block.index),
                     other.display()
                 ),
             ));
         }
+    }
+    for block in named {
+        check_like_first(block, first)?;
     }
     Ok(Names {
         format: first.format,

@@ -173,10 +173,7 @@ impl InputArray {
             return discover::scan_single_file(path, dataset);
         }
         if !meta.is_dir() {
-            return Err(Error::bad_input(
-                path,
-                "is neither a block file nor a directory of block files",
-            ));
+            return Err(crate::sys::files::not_regular(path, meta.file_type()));
         }
         if let Some(zarr) = format::zarr::read_metadata(path)? {
             return zarr::scan_array(path, zarr);

@@ -179,7 +179,7 @@ fn header_check(path: &Path, info: &format::BlockInfo) -> Result<Option<HeaderCh
 
 /// The file at `path`, open, and its length.
 fn open_with_len(path: &Path) -> Result<(fs::File, u64)> {
-    let file = fs::File::open(path).map_err(|e| Error::io(path, "opening", e))?;
+    let file = crate::sys::files::open_regular(path)?;
     let len = file
         .metadata()
         .map_err(|e| Error::io(path, "stat", e))?

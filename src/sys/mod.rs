@@ -3,5 +3,6 @@
 //! lowest stage: it knows nothing of arrays.
 
 pub mod cgroup;
+pub mod files;
 pub mod limits;
 pub mod pagecache;

@@ -1,0 +1,83 @@
+//! Opening input files so that nothing but a regular file is ever read: a
+//! FIFO named like a block would block an open, and a read, forever, and a
+//! device or socket has no array in it.
+
+use std::fs::{File, FileType, OpenOptions};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// Opens `path` for reading without blocking (a FIFO's open waits for a
+/// writer otherwise), then refuses it unless it is a regular file (a
+/// symlink is followed). For a regular file the flag changes nothing.
+pub fn open_regular(path: &Path) -> Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| Error::io(path, "opening", e))?;
+    let kind = file
+        .metadata()
+        .map_err(|e| Error::io(path, "stat", e))?
+        .file_type();
+    if !kind.is_file() {
+        return Err(not_regular(path, kind));
+    }
+    Ok(file)
+}
+
+/// The refusal of `path`, which is `kind` and not a regular file.
+pub fn not_regular(path: &Path, kind: FileType) -> Error {
+    Error::bad_input(
+        path,
+        format!(
+            "is {}, not a regular file: block files must be regular files (or symlinks to \
+             them); move it out of the input",
+            describe(kind)
+        ),
+    )
+}
+
+/// What a file that is not a regular one is, in words.
+fn describe(kind: FileType) -> &'static str {
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_symlink() {
+        "a symlink to nothing"
+    } else {
+        "not a regular file"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fifo_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("0_0_0.h5");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let error = open_regular(&fifo).unwrap_err().to_string();
+        assert!(
+            error.contains("is a FIFO (named pipe), not a regular file"),
+            "{error}"
+        );
+        let error = open_regular(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("is a directory"), "{error}");
+        let file = dir.path().join("1_0_0.h5");
+        std::fs::write(&file, b"x").unwrap();
+        let link = dir.path().join("2_0_0.h5");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(open_regular(&link).is_ok());
+    }
+}

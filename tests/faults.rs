@@ -1,0 +1,216 @@
+//! Faults a hostile or unlucky user brings: inputs that are not what their
+//! names say, damaged headers, killed processes, full disks. Each case runs
+//! the real binary under a deadline: a hang fails the test instead of
+//! stalling the suite, and a refusal must name the file and leave nothing
+//! behind.
+
+#[macro_use]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use rechunkfs::format::BlockFormat;
+
+use common::{dtype, make_blocks, stderr};
+
+/// Runs the binary with `args`, killing it and failing the test if it has
+/// not ended within `limit`.
+fn run_within(limit: Duration, args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rechunkfs");
+    let deadline = Instant::now() + limit;
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("reap");
+            panic!("rechunkfs {args:?} hung: {}", stderr(&output));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().expect("collect output")
+}
+
+fn text(path: &Path) -> &str {
+    path.to_str().expect("UTF-8 path")
+}
+
+/// A 3×3×3 grid of HDF5 blocks under `root/name`.
+fn grid(root: &Path, name: &str) -> PathBuf {
+    make_blocks(
+        root,
+        name,
+        &[90, 90, 90],
+        &[32, 32, 32],
+        dtype("u2"),
+        BlockFormat::Hdf5,
+    )
+}
+
+/// `rechunk` and `plan` of `input` both refuse it within seconds, naming
+/// `named` and saying each of `says`; no output directory is left.
+fn assert_refused(root: &Path, input: &Path, named: &Path, says: &[&str]) {
+    let out = root.join("out");
+    for args in [
+        vec![
+            "rechunk",
+            text(input),
+            text(&out),
+            "--shape",
+            "40,40,40",
+            "-q",
+        ],
+        vec!["plan", text(input), "--shape", "40,40,40"],
+    ] {
+        let output = run_within(Duration::from_secs(20), &args);
+        let message = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {message}");
+        assert!(
+            message.contains(text(named)),
+            "{args:?} names no {named:?}: {message}"
+        );
+        for part in says {
+            assert!(message.contains(part), "{args:?} lacks '{part}': {message}");
+        }
+        assert!(!out.exists(), "{args:?} left {}", out.display());
+    }
+}
+
+#[test]
+fn a_fifo_named_like_a_block_is_refused_without_hanging() {
+    let root = tempfile::tempdir().unwrap();
+    for name in ["1_0_1.h5", "0_0_0.h5"] {
+        let input = grid(root.path(), &format!("in-{name}"));
+        let fifo = input.join(name);
+        std::fs::remove_file(&fifo).unwrap();
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert_refused(
+            root.path(),
+            &input,
+            &fifo,
+            &["is a FIFO (named pipe), not a regular file"],
+        );
+        // Given as the input itself.
+        assert_refused(root.path(), &fifo, &fifo, &["is a FIFO (named pipe)"]);
+    }
+}
+
+#[test]
+fn a_directory_named_like_a_block_is_refused_as_one() {
+    let root = tempfile::tempdir().unwrap();
+    let input = grid(root.path(), "in");
+    let dir = input.join("1_0_1.h5");
+    std::fs::remove_file(&dir).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    assert_refused(
+        root.path(),
+        &input,
+        &dir,
+        &["is a directory, not a regular file"],
+    );
+}
+
+#[test]
+fn a_symlink_to_a_block_is_read_and_a_dangling_one_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let input = grid(root.path(), "in");
+    let moved = root.path().join("elsewhere.h5");
+    std::fs::rename(input.join("2_2_2.h5"), &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, input.join("2_2_2.h5")).unwrap();
+    let out = root.path().join("out");
+    let output = run_within(
+        Duration::from_secs(30),
+        &[
+            "rechunk",
+            text(&input),
+            text(&out),
+            "--shape",
+            "40,40,40",
+            "-q",
+        ],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    common::verify_output(
+        &out,
+        &[90, 90, 90],
+        &[40, 40, 40],
+        dtype("u2"),
+        BlockFormat::Hdf5,
+    );
+    std::fs::remove_dir_all(&out).unwrap();
+    std::fs::remove_file(&moved).unwrap();
+    assert_refused(
+        root.path(),
+        &input,
+        &input.join("2_2_2.h5"),
+        &["following the symlink"],
+    );
+}
+
+#[test]
+fn one_index_in_two_formats_is_a_duplicate() {
+    let root = tempfile::tempdir().unwrap();
+    let input = grid(root.path(), "in");
+    let npy = make_blocks(
+        root.path(),
+        "npy",
+        &[90, 90, 90],
+        &[32, 32, 32],
+        dtype("u2"),
+        BlockFormat::Npy,
+    );
+    std::fs::copy(npy.join("0_0_0.npy"), input.join("0_0_0.npy")).unwrap();
+    let out = root.path().join("out");
+    let output = run_within(
+        Duration::from_secs(20),
+        &["rechunk", text(&input), text(&out), "--shape", "40,40,40"],
+    );
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{message}");
+    assert!(message.contains("duplicates block 0_0_0"), "{message}");
+    assert!(
+        message.contains("0_0_0.h5") && message.contains("0_0_0.npy"),
+        "{message}"
+    );
+    assert!(!message.contains("share a format"), "{message}");
+}
+
+#[test]
+fn a_damaged_npy_header_length_is_said_without_quoting_data() {
+    let root = tempfile::tempdir().unwrap();
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &[200, 200, 100],
+        &[100, 100, 100],
+        dtype("u2"),
+        BlockFormat::Npy,
+    );
+    let block = input.join("1_1_0.npy");
+    let mut bytes = std::fs::read(&block).unwrap();
+    bytes[8..10].copy_from_slice(&u16::MAX.to_le_bytes());
+    std::fs::write(&block, &bytes).unwrap();
+    let out = root.path().join("out");
+    let output = run_within(
+        Duration::from_secs(20),
+        &["rechunk", text(&input), text(&out), "--shape", "50,50,50"],
+    );
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{message}");
+    assert!(message.contains("1_1_0.npy"), "{message}");
+    assert!(
+        message.contains("header length field says 65535 bytes"),
+        "{message}"
+    );
+    assert!(
+        message.len() < 400,
+        "{} bytes of message: {message}",
+        message.len()
+    );
+    assert!(message.is_ascii(), "{message}");
+}
