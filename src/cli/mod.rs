@@ -255,7 +255,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn mount_command(args: MountArgs) -> anyhow::Result<()> {
-    use crate::fuse::session::{self, MountRequest};
+    use crate::fuse::session;
+    use crate::view::MountRequest;
     session::check_mount_point(&args.view)?;
     session::check_fuse()?;
     // The daemon outlives this command; absolute paths keep status and
@@ -278,7 +279,7 @@ fn mount_command(args: MountArgs) -> anyhow::Result<()> {
         allow_other: args.allow_other,
         in_order: args.in_order,
     };
-    let prepared = session::prepare(&request)?;
+    let prepared = crate::view::prepare(&request)?;
     let status = prepared.core.status();
     let summary = format!(
         "{} blocks of {} ({} done already), staging in {}",

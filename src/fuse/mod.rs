@@ -5,7 +5,18 @@
 //! parks it; the session loop moves on at once. Every write path answers
 //! EROFS.
 
-pub mod session;
+mod client;
+mod daemon;
+mod mountpoint;
+
+/// Bringing a view up and down, as the commands call it: checks before
+/// mounting, the daemon that serves the view, and what other processes do
+/// to it (status, wait, unmount).
+pub mod session {
+    pub use super::client::{detach, read_status, unmount, wait_status};
+    pub use super::daemon::{log_path, serve, serve_in_background};
+    pub use super::mountpoint::{check_fuse, check_mount_point, is_mounted};
+}
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -185,6 +196,14 @@ impl RechunkFs {
                 opens.cached.remove(&ino);
             }
         }
+    }
+}
+
+/// An error about the view's mount point (or what mounting it needs).
+fn bad_view(path: &std::path::Path, problem: impl Into<String>) -> crate::error::Error {
+    crate::error::Error::BadOutput {
+        path: path.to_path_buf(),
+        problem: problem.into(),
     }
 }
 

@@ -15,8 +15,11 @@
 //! answers it with an error.
 
 pub mod materialise;
+mod prepare;
 pub mod staging;
 pub mod sweep;
+
+pub use prepare::{prepare, MountRequest, PreparedView};
 
 use std::borrow::Cow;
 use std::collections::HashMap;
