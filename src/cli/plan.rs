@@ -36,14 +36,7 @@ pub(super) fn problem_of(
             input.ndim()
         );
     }
-    let problem = Problem::new(
-        input.shape.clone(),
-        input.block_shape.clone(),
-        output,
-        input.dtype.size as u64,
-    )?;
-    let output_files = crate::output::filetree::output_file_shape(format, &problem.output());
-    Ok(problem.with_files(input.files.clone(), output_files))
+    Ok(crate::output::problem_for(input, output, format)?)
 }
 
 /// The memory a plan was made in, and why.

@@ -39,24 +39,24 @@ pub(super) struct OpenFiles {
 }
 
 impl OpenFiles {
-    fn add(&mut self, ino: u64, handle: u64, passthrough: bool) {
-        let counts = if passthrough {
+    /// Handles per inode in one mode.
+    fn counts(&mut self, passthrough: bool) -> &mut HashMap<u64, u64> {
+        if passthrough {
             &mut self.backed
         } else {
             &mut self.cached
-        };
-        *counts.entry(ino).or_default() += 1;
+        }
+    }
+
+    fn add(&mut self, ino: u64, handle: u64, passthrough: bool) {
+        *self.counts(passthrough).entry(ino).or_default() += 1;
         self.handles.insert(handle, (ino, passthrough));
     }
 
     /// Forgets `handle`; the inode whose backing it was the last to use.
     pub(super) fn remove(&mut self, handle: u64) -> Option<u64> {
         let (ino, passthrough) = self.handles.remove(&handle)?;
-        let counts = if passthrough {
-            &mut self.backed
-        } else {
-            &mut self.cached
-        };
+        let counts = self.counts(passthrough);
         let count = counts.get_mut(&ino)?;
         *count -= 1;
         if *count > 0 {

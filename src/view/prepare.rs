@@ -118,14 +118,7 @@ fn plan_view(
     output_block: Vec<u64>,
     format: BlockFormat,
 ) -> Result<(Problem, Plan, Option<u64>)> {
-    let problem = Problem::new(
-        input.shape.clone(),
-        input.block_shape.clone(),
-        output_block,
-        input.dtype.size as u64,
-    )?;
-    let output_files = crate::output::filetree::output_file_shape(format, &problem.output());
-    let problem = problem.with_files(input.files.clone(), output_files);
+    let problem = crate::output::problem_for(input, output_block, format)?;
     let cgroup_limit = crate::sys::cgroup::memory_limit();
     let (plan, mem) = plan::plan_within(&problem, request.strategy, request.mem, cgroup_limit)?;
     if mem != request.mem {
