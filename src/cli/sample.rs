@@ -1,8 +1,9 @@
-//! Synthetic arrays whose every voxel can be checked: the bytes of the
-//! element at C-order linear index `n` of the whole array are the first
-//! bytes of `splitmix64(n)`. Any misplaced, dropped or duplicated element
-//! shows, whatever the dtype; readers in other languages recompute it in a
-//! line (`tests/fixtures/verify.py` does).
+//! `sample`, and the synthetic arrays it writes (tests write them too),
+//! whose every voxel can be checked: the bytes of the element at C-order
+//! linear index `n` of the whole array are the first bytes of
+//! `splitmix64(n)`. Any misplaced, dropped or duplicated element shows,
+//! whatever the dtype; readers in other languages recompute it in a line
+//! (`tests/fixtures/verify.py` does).
 //!
 //! Shapes here are internal C order; files are named in the user-facing
 //! order of their format (see [`crate::array::axes`]), so a NIfTI sample's names
@@ -13,6 +14,7 @@ use std::path::Path;
 use crate::array::dtype::DType;
 use crate::array::geometry::{self, IndexBox, Partition, Region};
 use crate::array::names::grid_name;
+use crate::array::units::parse_shape;
 use crate::error::{Error, Result};
 use crate::format::{self, BlockFormat};
 
@@ -104,5 +106,28 @@ pub fn write_block_file(
     let data = region_bytes(array, region, dtype.size);
     file.write_all_at(&data, template.data_offset)
         .map_err(|e| Error::io(path, "writing", e))?;
+    Ok(())
+}
+
+/// `sample`: writes a sample array as block files, shapes given in the
+/// format's user-facing order.
+pub(super) fn sample_command(args: crate::cli::SampleArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+
+    let dtype: DType = args.dtype.parse()?;
+    let format: BlockFormat = args.format.parse()?;
+    // Written as the format's readers will address it (see crate::array::axes).
+    let order = format.axis_order();
+    let array = order.to_internal(&parse_shape(&args.array).context("--array")?);
+    let blocks = order.to_internal(&parse_shape(&args.blocks).context("--blocks")?);
+    write_sample(&args.output, &array, &blocks, dtype, format, &args.dataset)?;
+    eprintln!(
+        "wrote a {} {} array as {} blocks of {} into {}",
+        geometry::show_shape(&order.to_user(&array)),
+        dtype,
+        format.name(),
+        geometry::show_shape(&order.to_user(&blocks)),
+        args.output.display()
+    );
     Ok(())
 }

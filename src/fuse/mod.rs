@@ -1,17 +1,29 @@
 //! The FUSE adapter: translates fuser's calls into [`ViewCore`] methods and
-//! their results into replies. No decisions are made here.
+//! their results into replies. No decisions about the view are made here:
+//! what to answer, and how an open file is served, is the core's; what is
+//! left is fuser's types, the kernel's settings, and the passthrough
+//! backings the core's answers name.
 //!
 //! Reads of pending blocks hand fuser's `ReplyData` to the core, which
 //! parks it; the session loop moves on at once. Every write path answers
 //! EROFS.
 
-pub mod session;
+mod client;
+mod daemon;
+mod mountpoint;
 
-use std::collections::hash_map::Entry;
+/// Bringing a view up and down, as the commands call it: checks before
+/// mounting, the daemon that serves the view, and what other processes do
+/// to it (status, wait, unmount).
+pub mod session {
+    pub use super::client::{detach, read_status, unmount, wait_status};
+    pub use super::daemon::{log_path, serve, serve_in_background};
+    pub use super::mountpoint::{check_fuse, check_mount_point, is_mounted};
+}
+
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +37,7 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::view::{CacheMode, NodeAttr, NodeKind, ViewCore, STATUS_INO, WAIT_INO};
+use crate::view::{BlockOpen, CacheMode, NodeAttr, NodeKind, ViewCore};
 
 /// Block files never change, so the kernel may trust their attributes long.
 const STABLE_TTL: Duration = Duration::from_secs(3600);
@@ -41,10 +53,11 @@ pub struct RechunkFs {
     core: Arc<ViewCore>,
     uid: u32,
     gid: u32,
-    /// Whether completed blocks are opened in passthrough mode: the kernel
-    /// then reads the staging file itself, with no request reaching us.
-    passthrough: AtomicBool,
-    opens: Mutex<OpenFiles>,
+    /// The passthrough backing of each inode the core serves so (one per
+    /// inode, for as long as any handle using it is open). Its lock is held
+    /// from the core's answer to an open or release until the backing is
+    /// registered or dropped, so the two agree.
+    backing: Mutex<HashMap<u64, BackingId>>,
     /// To the thread that reads ahead for sweeping readers
     /// ([`ViewCore::read_ahead`]): opening a cold file blocks on the disk,
     /// which must not hold up the thread answering the open.
@@ -53,20 +66,6 @@ pub struct RechunkFs {
 
 /// Read-ahead requests waiting for the thread; more are dropped (advice).
 const READ_AHEAD_QUEUE: usize = 64;
-
-/// Which block files are open in which mode. The kernel refuses (EIO) to
-/// mix cached and passthrough opens of one inode, so an inode stays in the
-/// mode of its open handles until they are all closed.
-#[derive(Default)]
-struct OpenFiles {
-    /// Cached-mode handles per inode.
-    cached: HashMap<u64, u64>,
-    /// Backing id and passthrough handles per inode: one id per inode for
-    /// as long as any handle using it is open.
-    backing: HashMap<u64, (BackingId, u64)>,
-    /// Each handle's inode and whether it is passthrough.
-    handles: HashMap<u64, (u64, bool)>,
-}
 
 impl RechunkFs {
     pub fn new(core: Arc<ViewCore>) -> RechunkFs {
@@ -90,8 +89,7 @@ impl RechunkFs {
             core,
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
-            passthrough: AtomicBool::new(false),
-            opens: Mutex::new(OpenFiles::default()),
+            backing: Mutex::new(HashMap::new()),
             read_ahead,
         }
     }
@@ -123,8 +121,8 @@ impl RechunkFs {
         }
     }
 
-    fn ttl(ino: u64) -> Duration {
-        if ino == STATUS_INO || ino == WAIT_INO {
+    fn ttl(&self, ino: u64) -> Duration {
+        if self.core.changes(ino) {
             Duration::ZERO
         } else {
             STABLE_TTL
@@ -133,58 +131,52 @@ impl RechunkFs {
 }
 
 impl RechunkFs {
-    /// Opens a block file: in passthrough mode when the block is done, the
-    /// kernel allows it and no cached handle is open on it; cached otherwise.
-    fn open_block(&self, ino: u64, handle: u64, reply: ReplyOpen) {
-        let mut opens = self.opens.lock();
-        let opens = &mut *opens;
-        let cached_open = opens.cached.get(&ino).copied().unwrap_or(0) > 0;
-        if !cached_open && self.passthrough.load(Ordering::Relaxed) {
-            if let Entry::Vacant(slot) = opens.backing.entry(ino) {
-                if let Some(file) = self.core.done_block_file(ino) {
-                    match reply.open_backing(file.as_fd()) {
-                        Ok(id) => {
-                            slot.insert((id, 0));
-                        }
-                        Err(e) => {
-                            log::warn!(
-                                "passthrough refused ({e}); serving completed blocks by reads"
-                            );
-                            self.passthrough.store(false, Ordering::Relaxed);
-                        }
-                    }
+    /// Replies to an open the page cache may keep, in the mode the core
+    /// chooses: cached, or passthrough (registering the inode's backing at
+    /// its first passthrough open).
+    fn open_kept(&self, ino: u64, handle: u64, reply: ReplyOpen) {
+        let mut backing = self.backing.lock();
+        let fh = FileHandle(handle);
+        match self.core.open_block(ino, handle) {
+            BlockOpen::Cached => reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE),
+            BlockOpen::Passthrough => match backing.get(&ino) {
+                Some(id) => reply.opened_passthrough(fh, FopenFlags::empty(), id),
+                None => {
+                    log::error!("inode {ino}: no passthrough backing; serving it by reads");
+                    self.core.serve_cached(handle);
+                    reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE);
                 }
-            }
-            if let Some((id, count)) = opens.backing.get_mut(&ino) {
-                *count += 1;
-                opens.handles.insert(handle, (ino, true));
-                reply.opened_passthrough(FileHandle(handle), FopenFlags::empty(), id);
-                return;
-            }
+            },
+            BlockOpen::PassthroughFrom(file) => match reply.open_backing(file.as_fd()) {
+                Ok(id) => {
+                    let id = backing.entry(ino).or_insert(id);
+                    reply.opened_passthrough(fh, FopenFlags::empty(), id);
+                }
+                Err(e) => {
+                    log::warn!("passthrough refused ({e}); serving completed blocks by reads");
+                    self.core.allow_passthrough(false);
+                    self.core.serve_cached(handle);
+                    reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE);
+                }
+            },
         }
-        *opens.cached.entry(ino).or_default() += 1;
-        opens.handles.insert(handle, (ino, false));
-        reply.opened(FileHandle(handle), FopenFlags::FOPEN_KEEP_CACHE);
     }
 
-    fn release_block(&self, handle: u64) {
-        let mut opens = self.opens.lock();
-        let Some((ino, passthrough)) = opens.handles.remove(&handle) else {
-            return;
-        };
-        if passthrough {
-            if let Some((_, count)) = opens.backing.get_mut(&ino) {
-                *count -= 1;
-                if *count == 0 {
-                    opens.backing.remove(&ino);
-                }
-            }
-        } else if let Some(count) = opens.cached.get_mut(&ino) {
-            *count -= 1;
-            if *count == 0 {
-                opens.cached.remove(&ino);
-            }
+    /// Hands the done blocks a reader sweeping the view will open next to
+    /// the read-ahead thread.
+    fn read_ahead_after(&self, ino: u64) {
+        let ahead = self.core.opened(ino);
+        if let (false, Some(sender)) = (ahead.is_empty(), &self.read_ahead) {
+            let _ = sender.try_send(ahead);
         }
+    }
+}
+
+/// An error about the view's mount point (or what mounting it needs).
+fn bad_view(path: &std::path::Path, problem: impl Into<String>) -> crate::error::Error {
+    crate::error::Error::BadOutput {
+        path: path.to_path_buf(),
+        problem: problem.into(),
     }
 }
 
@@ -216,7 +208,7 @@ impl Filesystem for RechunkFs {
         }
         let passthrough = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok();
-        self.passthrough.store(passthrough, Ordering::Relaxed);
+        self.core.allow_passthrough(passthrough);
         log::info!(
             "passthrough for completed blocks: {}",
             if passthrough {
@@ -230,14 +222,14 @@ impl Filesystem for RechunkFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.core.lookup(parent.0, name) {
-            Ok(node) => reply.entry(&Self::ttl(node.ino), &self.attr(&node), Generation(0)),
+            Ok(node) => reply.entry(&self.ttl(node.ino), &self.attr(&node), Generation(0)),
             Err(code) => reply.error(errno(code)),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.core.getattr(ino.0) {
-            Ok(node) => reply.attr(&Self::ttl(ino.0), &self.attr(&node)),
+            Ok(node) => reply.attr(&self.ttl(ino.0), &self.attr(&node)),
             Err(code) => reply.error(errno(code)),
         }
     }
@@ -246,11 +238,8 @@ impl Filesystem for RechunkFs {
         let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
         match self.core.open(ino.0, write) {
             Ok((handle, CacheMode::KeepCache)) => {
-                self.open_block(ino.0, handle, reply);
-                let ahead = self.core.opened(ino.0);
-                if let (false, Some(sender)) = (ahead.is_empty(), &self.read_ahead) {
-                    let _ = sender.try_send(ahead);
-                }
+                self.open_kept(ino.0, handle, reply);
+                self.read_ahead_after(ino.0);
             }
             Ok((handle, CacheMode::Direct)) => {
                 reply.opened(FileHandle(handle), FopenFlags::FOPEN_DIRECT_IO)
@@ -292,8 +281,11 @@ impl Filesystem for RechunkFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.core.release(fh.0);
-        self.release_block(fh.0);
+        let mut backing = self.backing.lock();
+        if let Some(ino) = self.core.release(fh.0) {
+            backing.remove(&ino);
+        }
+        drop(backing);
         reply.ok();
     }
 
@@ -362,7 +354,7 @@ impl Filesystem for RechunkFs {
                     let Ok(node) = self.core.getattr(entry.ino) else {
                         continue;
                     };
-                    let ttl = Self::ttl(entry.ino);
+                    let ttl = self.ttl(entry.ino);
                     if reply.add(
                         INodeNo(entry.ino),
                         next,
@@ -393,8 +385,7 @@ impl Filesystem for RechunkFs {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let files = self.core.output().count() + 2;
-        let bytes: u64 = crate::array::geometry::volume(&self.core.layout().array)
-            * self.core.layout().dtype.size as u64;
+        let bytes = self.core.array_bytes();
         reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
     }
 

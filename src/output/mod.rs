@@ -4,3 +4,26 @@
 
 pub mod directory;
 pub mod filetree;
+
+use crate::error::Result;
+use crate::format::BlockFormat;
+use crate::input::InputArray;
+use crate::plan::Problem;
+
+/// The problem of rechunking `input` into blocks of `output_block`
+/// (internal order) written as `format`, whose files the format shapes
+/// (Zarr pads edge chunks, which costs writes more seeks).
+pub fn problem_for(
+    input: &InputArray,
+    output_block: Vec<u64>,
+    format: BlockFormat,
+) -> Result<Problem> {
+    let problem = Problem::new(
+        input.shape.clone(),
+        input.block_shape.clone(),
+        output_block,
+        input.dtype.size as u64,
+    )?;
+    let output_files = filetree::output_file_shape(format, &problem.output());
+    Ok(problem.with_files(input.files.clone(), output_files))
+}

@@ -264,6 +264,40 @@ fn step_delay() -> Option<std::time::Duration> {
         .map(std::time::Duration::from_millis)
 }
 
+/// Runs `plan` into `sink` until it ends or `stop` is set, then makes
+/// whatever completed durable (also when stopping).
+fn run(
+    core: &Arc<ViewCore>,
+    input: &InputArray,
+    plan: &Plan,
+    sink: &mut StagingSink,
+    stop: &AtomicBool,
+) -> Result<RunStats> {
+    let step_delay = step_delay();
+    let mut read_blocks_done = 0;
+    let running = Instant::now();
+    let result = Executor::new(plan, input)
+        .with_cancel(stop)
+        .with_witness(core.staging().as_ref())
+        .run(sink, |stats: &RunStats| {
+            core.update_run(stats);
+            // Progress also comes within a read block's steps;
+            // the delay is per read block.
+            if stats.read_blocks_done > read_blocks_done {
+                read_blocks_done = stats.read_blocks_done;
+                if let Some(delay) = step_delay {
+                    std::thread::sleep(delay);
+                }
+            }
+        });
+    log::debug!("ran the plan in {:.3} s", running.elapsed().as_secs_f64());
+    // Whatever completed is made durable, also when stopping.
+    let flushing = Instant::now();
+    let flushed = sink.flush();
+    log::debug!("flushed in {:.3} s", flushing.elapsed().as_secs_f64());
+    result.and_then(|stats| flushed.map(|()| stats))
+}
+
 /// A running materialiser.
 pub struct Materialiser {
     cancel: Arc<AtomicBool>,
@@ -290,30 +324,7 @@ impl Materialiser {
                 if on_demand {
                     sink = sink.with_on_demand(input.clone(), plan.clone(), mem);
                 }
-                let progress_core = core.clone();
-                let step_delay = step_delay();
-                let mut read_blocks_done = 0;
-                let running = Instant::now();
-                let result = Executor::new(&plan, &input)
-                    .with_cancel(&stop)
-                    .with_witness(core.staging().as_ref())
-                    .run(&mut sink, |stats: &RunStats| {
-                        progress_core.update_run(stats);
-                        // Progress also comes within a read block's steps;
-                        // the delay is per read block.
-                        if stats.read_blocks_done > read_blocks_done {
-                            read_blocks_done = stats.read_blocks_done;
-                            if let Some(delay) = step_delay {
-                                std::thread::sleep(delay);
-                            }
-                        }
-                    });
-                log::debug!("ran the plan in {:.3} s", running.elapsed().as_secs_f64());
-                // Whatever completed is made durable, also when stopping.
-                let flushing = Instant::now();
-                let flushed = sink.flush();
-                log::debug!("flushed in {:.3} s", flushing.elapsed().as_secs_f64());
-                let result = result.and_then(|stats| flushed.map(|()| stats));
+                let result = run(&core, &input, &plan, &mut sink, &stop);
                 match result {
                     Ok(stats) => {
                         log::info!(

@@ -4,19 +4,27 @@
 //! sizes, and reads that are answered at once (done blocks, header bytes,
 //! metadata) or parked until the block completes (pending data).
 //!
-//! Inode numbers are computed, not stored: the root, then the static files,
-//! then one per output block (`FIRST_BLOCK_INO + rank`), then one per
-//! nested directory, so a grid of millions of blocks costs no table.
-//!
-//! Nothing here knows about FUSE: `fuse.rs` is a thin adapter that calls
-//! these methods, and tests drive them directly. Replies are callbacks, so a
-//! parked read holds no thread: it waits in a list until the materialiser
-//! marks its block done, or until the view fails or shuts down, which
-//! answers it with an error.
+//! Nothing here knows about FUSE: [`crate::fuse`] is a thin adapter that
+//! calls these methods, and tests drive them directly. Replies are
+//! callbacks, so a parked read holds no thread: it waits in a list until
+//! the materialiser marks its block done, or until the view fails or shuts
+//! down, which answers it with an error.
 
+mod layout;
 pub mod materialise;
+mod opens;
+mod prepare;
 pub mod staging;
-pub mod sweep;
+mod status;
+mod sweep;
+
+pub use layout::{
+    BlockTemplates, ViewLayout, METADATA_INO, METADATA_NAME, ROOT_INO, STATE_XATTR, STATUS_INO,
+    STATUS_NAME, WAIT_INO, WAIT_NAME,
+};
+pub use opens::BlockOpen;
+pub use prepare::{prepare, MountRequest, PreparedView};
+pub use status::Status;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -30,40 +38,20 @@ use std::time::{Instant, SystemTime};
 
 use lru::LruCache;
 use parking_lot::Mutex;
-use serde::Serialize;
 
-use crate::array::axes::AxisOrder;
 use crate::array::dtype::DType;
-use crate::array::geometry::{IndexBox, Partition};
+use crate::array::geometry::Partition;
 use crate::array::names::block_file_name;
-use crate::array::space::Space;
 use crate::engine::RunStats;
 use crate::error::Result;
-use crate::format::{self, BlockFormat, BlockTemplate};
-use crate::output::directory::metadata_json;
+use crate::format::{self, BlockTemplate};
 use crate::output::filetree::{Dir, FileTree, Node};
 use crate::plan::Plan;
 use crate::sys::pagecache;
+use crate::view::layout::Namespace;
+use crate::view::opens::OpenFiles;
 use crate::view::staging::Staging;
 use crate::view::sweep::Sweeps;
-
-pub const ROOT_INO: u64 = 1;
-pub const METADATA_INO: u64 = 2;
-pub const STATUS_INO: u64 = 3;
-pub const WAIT_INO: u64 = 4;
-/// Further static files (a Zarr array's metadata) take inodes from here.
-const FIRST_EXTRA_STATIC_INO: u64 = 5;
-const FIRST_BLOCK_INO: u64 = 16;
-/// The metadata file: the whole array and its new grid, as JSON.
-pub const METADATA_NAME: &str = crate::output::directory::METADATA_NAME;
-/// Live progress, as JSON (what `rechunkfs status` reads).
-pub const STATUS_NAME: &str = ".rechunkfs-status.json";
-/// The status once materialising has ended: a read of it waits until then
-/// (what `rechunkfs status --wait` reads, instead of polling). Not listed
-/// in the root, so a tool copying the whole view does not wait on it.
-pub const WAIT_NAME: &str = ".rechunkfs-wait.json";
-/// Extended attribute of each block file: `done`, `pending` or `failed`.
-pub const STATE_XATTR: &str = "user.rechunkfs.state";
 
 /// An errno for a reply.
 pub type Errno = i32;
@@ -100,22 +88,6 @@ pub enum CacheMode {
     KeepCache,
     /// Contents change between reads (the status file): bypass the cache.
     Direct,
-}
-
-/// The shape of what the view serves.
-#[derive(Clone, Debug, Serialize)]
-pub struct ViewLayout {
-    pub source: std::path::PathBuf,
-    pub array: Vec<u64>,
-    pub dtype: DType,
-    pub input_block: Vec<u64>,
-    pub output_block: Vec<u64>,
-    pub format: BlockFormat,
-    pub dataset: String,
-    /// Where the whole array lies in the world (NIfTI headers record it).
-    pub space: Space,
-    /// The order of names and shapes people see (the input's; see [`crate::array::axes`]).
-    pub axis_order: AxisOrder,
 }
 
 struct Waiter {
@@ -157,46 +129,25 @@ struct ViewState {
     on_demand_seconds: f64,
 }
 
-/// Progress, as `rechunkfs status` and the status file show it.
-#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
-pub struct Status {
-    pub state: String,
-    pub blocks_done: u64,
-    pub blocks_total: u64,
-    /// Blocks found complete in the staging area at mount (not redone).
-    pub blocks_resumed: u64,
-    pub bytes_done: u64,
-    pub bytes_total: u64,
-    /// Seeks the plan's run has made (blocks extracted on demand are then
-    /// skipped by the plan, so this can end below `seeks_planned`).
-    pub seeks_made: u64,
-    pub seeks_planned: u64,
-    /// Blocks extracted ahead of the plan for waiting readers, and the
-    /// extra seeks that took (counted apart from the plan's).
-    #[serde(default)]
-    pub on_demand_blocks: u64,
-    #[serde(default)]
-    pub on_demand_seeks: u64,
-    /// Time spent extracting them (reading their input, writing them).
-    #[serde(default)]
-    pub on_demand_seconds: f64,
-    /// Done blocks read ahead for readers sweeping the view in order.
-    #[serde(default)]
-    pub read_ahead_blocks: u64,
-    pub rate_bytes_per_second: f64,
-    pub eta_seconds: Option<f64>,
-    pub elapsed_seconds: f64,
-    pub waiting_reads: u64,
-    pub error: Option<String>,
-    pub staging: std::path::PathBuf,
-    pub pid: u32,
-}
-
-/// A file whose bytes are fixed at mount (metadata).
-struct StaticFile {
-    ino: u64,
-    name: String,
-    bytes: Vec<u8>,
+impl ViewState {
+    /// `blocks` blocks, none done yet.
+    fn new(blocks: u64) -> ViewState {
+        ViewState {
+            done: vec![false; blocks as usize],
+            done_count: 0,
+            done_bytes: 0,
+            resumed: 0,
+            waiters: HashMap::new(),
+            end_waiters: Vec::new(),
+            phase: Phase::Materialising,
+            failure: None,
+            run: RunStats::default(),
+            urgent: Vec::new(),
+            on_demand_blocks: 0,
+            on_demand_seeks: 0,
+            on_demand_seconds: 0.0,
+        }
+    }
 }
 
 /// The state of a mounted view, shared by the filesystem adapter, the
@@ -204,15 +155,14 @@ struct StaticFile {
 pub struct ViewCore {
     layout: ViewLayout,
     output: Partition,
-    files: FileTree,
+    names: Namespace,
     templates: BlockTemplates,
     staging: Arc<Staging>,
-    /// `rechunkfs.json` first, then the format's own metadata files.
-    statics: Vec<StaticFile>,
     planned_seeks: u64,
     state: Mutex<ViewState>,
     staged_files: Mutex<LruCache<u64, Arc<File>>>,
     status_snapshots: Mutex<HashMap<u64, Vec<u8>>>,
+    opens: Mutex<OpenFiles>,
     sweeps: Mutex<Sweeps>,
     read_ahead_blocks: AtomicU64,
     next_handle: AtomicU64,
@@ -228,53 +178,6 @@ const OPEN_STAGED_FILES: usize = 256;
 /// when they are large: the kernel reads ahead within each file anyway.
 const SWEEP_AHEAD_BLOCKS: u64 = 4;
 const SWEEP_AHEAD_BYTES: u64 = 32 << 20;
-
-/// The header bytes and layout of every distinct block file shape a view
-/// serves (interior and edge files may differ).
-///
-/// Made before the staging area, so that a format that cannot hold the
-/// blocks (NIfTI's limits, MINC2 scaling) is refused with nothing made.
-pub struct BlockTemplates {
-    by_file_shape: HashMap<Vec<u64>, BlockTemplate>,
-}
-
-impl BlockTemplates {
-    pub fn for_view(layout: &ViewLayout, output: &Partition) -> Result<BlockTemplates> {
-        let files = FileTree::for_output(layout.format, output.clone(), layout.axis_order);
-        // Distinct file shapes: per dimension the interior and the edge
-        // extent, so at most 2^N, found without walking a huge grid.
-        let extents: Vec<Vec<u64>> = (0..output.ndim())
-            .map(|d| {
-                let axis = output.axis(d);
-                let mut list: Vec<u64> = [axis.extent(0), axis.extent(axis.count() - 1)]
-                    .iter()
-                    .map(|&e| files.files().file_extent(d, e))
-                    .collect();
-                list.dedup();
-                list
-            })
-            .collect();
-        let mut by_file_shape = HashMap::new();
-        let counts: Vec<usize> = extents.iter().map(Vec::len).collect();
-        for choice in IndexBox::grid(&counts) {
-            let shape: Vec<u64> = choice
-                .iter()
-                .enumerate()
-                .map(|(d, &i)| extents[d][i])
-                .collect();
-            let template = format::template_in_space(
-                layout.format,
-                &shape,
-                layout.dtype,
-                &layout.dataset,
-                format::VIEW_DATA_ALIGNMENT,
-                &layout.space,
-            )?;
-            by_file_shape.insert(shape, template);
-        }
-        Ok(BlockTemplates { by_file_shape })
-    }
-}
 
 impl ViewCore {
     /// A view of `plan`'s output, its files made from `templates`, staged
@@ -294,29 +197,15 @@ impl ViewCore {
             |rank| files.path(rank),
             (SWEEP_AHEAD_BYTES / block_bytes.max(1)).clamp(1, SWEEP_AHEAD_BLOCKS),
         );
-        let mut core = ViewCore {
-            statics: Vec::new(),
-            files,
+        let core = ViewCore {
+            names: Namespace::new(&layout, files),
             planned_seeks: plan.prediction.seeks(),
-            state: Mutex::new(ViewState {
-                done: vec![false; output.count() as usize],
-                done_count: 0,
-                done_bytes: 0,
-                resumed: 0,
-                waiters: HashMap::new(),
-                end_waiters: Vec::new(),
-                phase: Phase::Materialising,
-                failure: None,
-                run: RunStats::default(),
-                urgent: Vec::new(),
-                on_demand_blocks: 0,
-                on_demand_seeks: 0,
-                on_demand_seconds: 0.0,
-            }),
+            state: Mutex::new(ViewState::new(output.count())),
             staged_files: Mutex::new(LruCache::new(
                 NonZeroUsize::new(OPEN_STAGED_FILES).unwrap_or(NonZeroUsize::MIN),
             )),
             status_snapshots: Mutex::new(HashMap::new()),
+            opens: Mutex::new(OpenFiles::default()),
             sweeps: Mutex::new(sweeps),
             read_ahead_blocks: AtomicU64::new(0),
             next_handle: AtomicU64::new(1),
@@ -327,46 +216,32 @@ impl ViewCore {
             staging,
             layout,
         };
-        core.statics.push(StaticFile {
-            ino: METADATA_INO,
-            name: METADATA_NAME.into(),
-            bytes: core.metadata_json(),
-        });
-        let format_files = format::array_metadata_files(
-            core.layout.format,
-            &core.layout.array,
-            &core.files.block_shape(),
-            core.layout.dtype,
-        );
-        for (i, (name, bytes)) in format_files.into_iter().enumerate() {
-            core.statics.push(StaticFile {
-                ino: FIRST_EXTRA_STATIC_INO + i as u64,
-                name: name.into(),
-                bytes,
-            });
-        }
-        {
-            let mut state = core.state.lock();
-            for &rank in done {
-                if let Some(slot) = state.done.get_mut(rank as usize) {
-                    if !*slot {
-                        *slot = true;
-                        state.done_count += 1;
-                        state.resumed += 1;
-                    }
-                }
-            }
-            state.done_bytes = 0;
-            for rank in 0..state.done.len() as u64 {
-                if state.done[rank as usize] {
-                    state.done_bytes += core.data_len(rank);
-                }
-            }
-            if state.done_count == core.output.count() {
-                state.phase = Phase::Complete;
-            }
-        }
+        core.resume(done);
         core
+    }
+
+    /// Counts blocks found complete in the staging area as done (and
+    /// resumed); with all of them, the view is complete.
+    fn resume(&self, done: &[u64]) {
+        let mut state = self.state.lock();
+        for &rank in done {
+            if let Some(slot) = state.done.get_mut(rank as usize) {
+                if !*slot {
+                    *slot = true;
+                    state.done_count += 1;
+                    state.resumed += 1;
+                }
+            }
+        }
+        state.done_bytes = 0;
+        for rank in 0..state.done.len() as u64 {
+            if state.done[rank as usize] {
+                state.done_bytes += self.data_len(rank);
+            }
+        }
+        if state.done_count == self.output.count() {
+            state.phase = Phase::Complete;
+        }
     }
 
     pub fn layout(&self) -> &ViewLayout {
@@ -383,7 +258,7 @@ impl ViewCore {
 
     /// The files the view serves for the output blocks.
     pub fn files(&self) -> &FileTree {
-        &self.files
+        self.names.files()
     }
 
     /// The template of output block `rank`'s file (its header bytes and
@@ -391,11 +266,9 @@ impl ViewCore {
     /// whose header records it (NIfTI).
     pub fn template(&self, rank: u64) -> Cow<'_, BlockTemplate> {
         let region = self.output.block(&self.output.unravel(rank));
-        let file_shape = self.files.file_shape(rank);
-        // Every file shape was templated at construction.
-        let template = &self.templates.by_file_shape[&file_shape];
+        let file_shape = self.files().file_shape(rank);
         format::place(
-            template,
+            self.templates.of_shape(&file_shape),
             self.layout.format,
             &file_shape,
             self.layout.dtype,
@@ -409,10 +282,15 @@ impl ViewCore {
         self.output.block(&self.output.unravel(rank)).volume() * self.layout.dtype.size as u64
     }
 
+    /// Bytes of the whole array.
+    pub fn array_bytes(&self) -> u64 {
+        geometry_bytes(&self.layout.array, self.layout.dtype)
+    }
+
     /// The path of output block `rank`'s file in the view (`2_0_1.h5`,
     /// `2.0.1`, `c/2/0/1`).
     pub fn block_name(&self, rank: u64) -> String {
-        self.files.path(rank)
+        self.files().path(rank)
     }
 
     /// Where the staging area keeps output block `rank`'s file: flat
@@ -424,78 +302,20 @@ impl ViewCore {
         ))
     }
 
-    fn metadata_json(&self) -> Vec<u8> {
-        let mut value = metadata_json(
-            &self.layout.array,
-            self.layout.dtype,
-            &self.layout.input_block,
-            &self.output,
-            self.layout.format,
-            &self.layout.dataset,
-            self.layout.axis_order,
-            &self.layout.source,
-        );
-        // The view's own naming (Zarr chunk keys, nested or not) and edges.
-        let letters = ["{i}", "{j}", "{k}", "{l}", "{m}", "{n}", "{o}", "{p}"];
-        let key = self.files.key();
-        let mut pattern = letters[..self.output.ndim()].join(&key.separator.to_string());
-        if let Some(prefix) = &key.prefix {
-            pattern = format!("{prefix}{}{pattern}", key.separator);
-        }
-        value["file_name_pattern"] = serde_json::json!(format!("{pattern}{}", key.suffix));
-        value["edge_blocks"] = serde_json::json!(if self.files.files().is_padded() {
-            "edge chunks are padded to the full block shape, as Zarr stores them"
-        } else {
-            "edge blocks are smaller"
-        });
-        let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or_default();
-        bytes.push(b'\n');
-        bytes
-    }
-
-    fn block_rank(&self, ino: u64) -> Option<u64> {
-        let rank = ino.checked_sub(FIRST_BLOCK_INO)?;
-        (rank < self.output.count()).then_some(rank)
-    }
-
-    fn static_file(&self, ino: u64) -> Option<&StaticFile> {
-        self.statics.iter().find(|file| file.ino == ino)
-    }
-
-    /// The directory an inode is, if it is one.
-    fn dir_of(&self, ino: u64) -> Option<Dir> {
-        if ino == ROOT_INO {
-            return Some(Dir::Root);
-        }
-        let ordinal = ino.checked_sub(FIRST_BLOCK_INO + self.output.count())?;
-        self.files.dir_of_ordinal(ordinal)
-    }
-
-    fn node_ino(&self, node: Node) -> u64 {
-        match node {
-            Node::Block(rank) => FIRST_BLOCK_INO + rank,
-            Node::Dir(Dir::Root) => ROOT_INO,
-            Node::Dir(dir) => {
-                FIRST_BLOCK_INO + self.output.count() + self.files.dir_ordinal(dir).unwrap_or(0)
-            }
-        }
-    }
-
-    fn node_kind(node: Node) -> NodeKind {
-        match node {
-            Node::Block(_) => NodeKind::File,
-            Node::Dir(_) => NodeKind::Directory,
-        }
+    /// Whether `ino`'s size and contents change while the view is mounted
+    /// (the status files), so that the kernel must not keep its attributes.
+    pub fn changes(&self, ino: u64) -> bool {
+        ino == STATUS_INO || ino == WAIT_INO
     }
 
     fn node_attr(&self, ino: u64) -> std::result::Result<NodeAttr, Errno> {
         let (kind, size) = if ino == STATUS_INO || ino == WAIT_INO {
             (NodeKind::File, self.status_bytes().len() as u64)
-        } else if let Some(file) = self.static_file(ino) {
+        } else if let Some(file) = self.names.static_file(ino) {
             (NodeKind::File, file.bytes.len() as u64)
-        } else if let Some(rank) = self.block_rank(ino) {
+        } else if let Some(rank) = self.names.block_rank(ino) {
             (NodeKind::File, self.template(rank).file_len())
-        } else if self.dir_of(ino).is_some() {
+        } else if self.names.dir_of(ino).is_some() {
             (NodeKind::Directory, 0)
         } else {
             return Err(libc::ENOENT);
@@ -513,7 +333,7 @@ impl ViewCore {
     }
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> std::result::Result<NodeAttr, Errno> {
-        let Some(dir) = self.dir_of(parent) else {
+        let Some(dir) = self.names.dir_of(parent) else {
             return Err(if self.node_attr(parent).is_ok() {
                 libc::ENOTDIR
             } else {
@@ -528,12 +348,12 @@ impl ViewCore {
             if name == WAIT_NAME {
                 return self.node_attr(WAIT_INO);
             }
-            if let Some(file) = self.statics.iter().find(|file| file.name == name) {
+            if let Some(file) = self.names.static_named(name) {
                 return self.node_attr(file.ino);
             }
         }
-        let node = self.files.lookup(dir, name).ok_or(libc::ENOENT)?;
-        self.node_attr(self.node_ino(node))
+        let node = self.files().lookup(dir, name).ok_or(libc::ENOENT)?;
+        self.node_attr(self.names.node_ino(node))
     }
 
     /// Directory entries from position `offset` on (`.`, `..`; in the root
@@ -544,37 +364,38 @@ impl ViewCore {
         ino: u64,
         offset: u64,
     ) -> std::result::Result<impl Iterator<Item = (u64, DirEntry)> + '_, Errno> {
-        let Some(dir) = self.dir_of(ino) else {
+        let Some(dir) = self.names.dir_of(ino) else {
             return Err(if self.node_attr(ino).is_ok() {
                 libc::ENOTDIR
             } else {
                 libc::ENOENT
             });
         };
-        let parent = self.node_ino(Node::Dir(self.files.parent(dir)));
+        let parent = self.names.node_ino(Node::Dir(self.files().parent(dir)));
         let mut fixed = vec![
             (ino, NodeKind::Directory, ".".to_string()),
             (parent, NodeKind::Directory, "..".to_string()),
         ];
         if dir == Dir::Root {
             fixed.extend(
-                self.statics
+                self.names
+                    .statics()
                     .iter()
                     .map(|file| (file.ino, NodeKind::File, file.name.clone())),
             );
             fixed.push((STATUS_INO, NodeKind::File, STATUS_NAME.to_string()));
         }
         let fixed_len = fixed.len() as u64;
-        let total = fixed_len + self.files.child_count(dir);
+        let total = fixed_len + self.files().child_count(dir);
         Ok((offset..total).map(move |position| {
             let entry = if position < fixed_len {
                 let (ino, kind, name) = fixed[position as usize].clone();
                 DirEntry { ino, kind, name }
             } else {
-                let (name, node) = self.files.child(dir, position - fixed_len);
+                let (name, node) = self.files().child(dir, position - fixed_len);
                 DirEntry {
-                    ino: self.node_ino(node),
-                    kind: Self::node_kind(node),
+                    ino: self.names.node_ino(node),
+                    kind: Namespace::node_kind(node),
                     name,
                 }
             };
@@ -604,8 +425,11 @@ impl ViewCore {
         Ok((handle, CacheMode::KeepCache))
     }
 
-    pub fn release(&self, handle: u64) {
+    /// Closes `handle`. Returns the inode whose passthrough backing it was
+    /// the last to use (see [`ViewCore::open_block`]): no longer needed.
+    pub fn release(&self, handle: u64) -> Option<u64> {
         self.status_snapshots.lock().remove(&handle);
+        self.opens.lock().remove(handle)
     }
 
     /// Reads `size` bytes at `offset`. `reply` is called now, or later when
@@ -617,29 +441,40 @@ impl ViewCore {
             return reply(Ok(fixed(&snapshot.unwrap_or_else(|| self.status_bytes()))));
         }
         if ino == WAIT_INO {
-            {
-                let mut state = self.state.lock();
-                if state.phase == Phase::Materialising {
-                    state.end_waiters.push(EndWaiter {
-                        handle,
-                        offset,
-                        size,
-                        reply,
-                    });
-                    return;
-                }
-            }
-            return reply(Ok(fixed(&self.end_snapshot(handle))));
+            return self.read_wait_file(handle, offset, size, reply);
         }
-        if let Some(file) = self.static_file(ino) {
+        if let Some(file) = self.names.static_file(ino) {
             return reply(Ok(fixed(&file.bytes)));
         }
-        if self.dir_of(ino).is_some() {
+        if self.names.dir_of(ino).is_some() {
             return reply(Err(libc::EISDIR));
         }
-        let Some(rank) = self.block_rank(ino) else {
+        let Some(rank) = self.names.block_rank(ino) else {
             return reply(Err(libc::ENOENT));
         };
+        self.read_block(rank, offset, size, reply);
+    }
+
+    /// A read of the wait file: parked while materialising, else answered.
+    fn read_wait_file(&self, handle: u64, offset: u64, size: u32, reply: ReadReply) {
+        {
+            let mut state = self.state.lock();
+            if state.phase == Phase::Materialising {
+                state.end_waiters.push(EndWaiter {
+                    handle,
+                    offset,
+                    size,
+                    reply,
+                });
+                return;
+            }
+        }
+        reply(Ok(slice_at(&self.end_snapshot(handle), offset, size)))
+    }
+
+    /// A read of block `rank`'s file: header and trailer bytes come from its
+    /// template, data from the staged file once the block is done.
+    fn read_block(&self, rank: u64, offset: u64, size: u32, reply: ReadReply) {
         let template = self.template(rank);
         let file_len = template.file_len();
         let end = offset.saturating_add(size as u64).min(file_len);
@@ -657,29 +492,42 @@ impl ViewCore {
             };
             return reply(Ok(bytes));
         }
-        {
-            let mut state = self.state.lock();
-            if !state.done[rank as usize] {
-                match state.phase {
-                    Phase::Materialising => {
-                        let waiters = state.waiters.entry(rank).or_default();
-                        let first = waiters.is_empty();
-                        waiters.push(Waiter { offset, end, reply });
-                        if first {
-                            // Someone waits for it: the materialiser may
-                            // extract it ahead of the plan.
-                            state.urgent.push(rank);
-                        }
-                        return;
-                    }
-                    Phase::Failed | Phase::Stopping | Phase::Complete => {
-                        drop(state);
-                        return reply(Err(libc::EIO));
-                    }
+        if let Some(reply) = self.park_unless_done(rank, offset, end, reply) {
+            reply(self.read_staged(rank, offset, end));
+        }
+    }
+
+    /// Parks a read of bytes `offset..end` of block `rank` until the block
+    /// is done, or answers it with EIO if it never will be. Gives the reply
+    /// back if the block is done already.
+    fn park_unless_done(
+        &self,
+        rank: u64,
+        offset: u64,
+        end: u64,
+        reply: ReadReply,
+    ) -> Option<ReadReply> {
+        let mut state = self.state.lock();
+        if state.done[rank as usize] {
+            return Some(reply);
+        }
+        match state.phase {
+            Phase::Materialising => {
+                let waiters = state.waiters.entry(rank).or_default();
+                let first = waiters.is_empty();
+                waiters.push(Waiter { offset, end, reply });
+                if first {
+                    // Someone waits for it: the materialiser may
+                    // extract it ahead of the plan.
+                    state.urgent.push(rank);
                 }
             }
+            Phase::Failed | Phase::Stopping | Phase::Complete => {
+                drop(state);
+                reply(Err(libc::EIO));
+            }
         }
-        reply(self.read_staged(rank, offset, end));
+        None
     }
 
     /// The wait file's contents for `handle`: the status when it was first
@@ -724,22 +572,12 @@ impl ViewCore {
         Ok(file)
     }
 
-    /// The staged file of `ino` if it is a completed block: what the kernel
-    /// may read directly (FUSE passthrough), bypassing this process.
-    pub fn done_block_file(&self, ino: u64) -> Option<Arc<File>> {
-        let rank = self.block_rank(ino)?;
-        if !self.is_done(rank) {
-            return None;
-        }
-        self.staged_file(rank).ok()
-    }
-
     /// Notes that a file was opened. For a reader sweeping the blocks in
     /// order ([`Sweeps`]), the done blocks it will open next: to be read
     /// ahead ([`ViewCore::read_ahead`]), away from the thread that answers
     /// the open.
     pub fn opened(&self, ino: u64) -> Vec<u64> {
-        let Some(rank) = self.block_rank(ino) else {
+        let Some(rank) = self.names.block_rank(ino) else {
             return Vec::new();
         };
         let mut ahead = self.sweeps.lock().opened(rank);
@@ -867,7 +705,7 @@ impl ViewCore {
 
     /// Extended attribute `name` of `ino`.
     pub fn getxattr(&self, ino: u64, name: &OsStr) -> std::result::Result<Vec<u8>, Errno> {
-        let rank = self.block_rank(ino).ok_or(libc::ENODATA)?;
+        let rank = self.names.block_rank(ino).ok_or(libc::ENODATA)?;
         if name != STATE_XATTR {
             return Err(libc::ENODATA);
         }
@@ -883,60 +721,13 @@ impl ViewCore {
     }
 
     pub fn listxattr(&self, ino: u64) -> Vec<u8> {
-        if self.block_rank(ino).is_some() {
+        if self.names.block_rank(ino).is_some() {
             let mut names = STATE_XATTR.as_bytes().to_vec();
             names.push(0);
             names
         } else {
             Vec::new()
         }
-    }
-
-    pub fn status(&self) -> Status {
-        let state = self.state.lock();
-        let elapsed = self.started.elapsed().as_secs_f64();
-        let bytes_total: u64 = geometry_bytes(&self.layout.array, self.layout.dtype);
-        let written = state.run.bytes_written;
-        let rate = if elapsed > 0.0 {
-            written as f64 / elapsed
-        } else {
-            0.0
-        };
-        let remaining = bytes_total.saturating_sub(state.done_bytes);
-        Status {
-            state: match state.phase {
-                Phase::Materialising => "materialising",
-                Phase::Complete => "complete",
-                Phase::Failed => "failed",
-                Phase::Stopping => "stopping",
-            }
-            .to_string(),
-            blocks_done: state.done_count,
-            blocks_total: self.output.count(),
-            blocks_resumed: state.resumed,
-            bytes_done: state.done_bytes,
-            bytes_total,
-            seeks_made: state.run.seeks(),
-            seeks_planned: self.planned_seeks,
-            on_demand_blocks: state.on_demand_blocks,
-            on_demand_seeks: state.on_demand_seeks,
-            on_demand_seconds: state.on_demand_seconds,
-            read_ahead_blocks: self.read_ahead_blocks.load(Ordering::Relaxed),
-            rate_bytes_per_second: rate,
-            eta_seconds: (state.phase == Phase::Materialising && rate > 0.0)
-                .then(|| remaining as f64 / rate),
-            elapsed_seconds: elapsed,
-            waiting_reads: state.waiters.values().map(|w| w.len() as u64).sum(),
-            error: state.failure.clone(),
-            staging: self.staging.dir().to_path_buf(),
-            pid: std::process::id(),
-        }
-    }
-
-    fn status_bytes(&self) -> Vec<u8> {
-        let mut bytes = serde_json::to_vec_pretty(&self.status()).unwrap_or_default();
-        bytes.push(b'\n');
-        bytes
     }
 }
 

@@ -285,58 +285,15 @@ impl Staging {
     /// there is discarded first; otherwise an area made for anything else,
     /// or for input files that have changed since, is refused.
     pub fn open(dir: &Path, manifest: &Manifest, rebuild: bool) -> Result<(Staging, Vec<u64>)> {
-        let manifest_path = dir.join(MANIFEST);
         if rebuild {
-            for name in [MANIFEST, JOURNAL] {
-                let path = dir.join(name);
-                if path.exists() {
-                    fs::remove_file(&path).map_err(|e| Error::io(&path, "removing", e))?;
-                }
-            }
-            let blocks = dir.join(BLOCKS);
-            if blocks.exists() {
-                fs::remove_dir_all(&blocks).map_err(|e| Error::io(&blocks, "removing", e))?;
-            }
+            discard(dir)?;
         }
         fs::create_dir_all(dir.join(BLOCKS))
             .map_err(|e| Error::io(dir, "creating the staging area", e))?;
         let journal_path = dir.join(JOURNAL);
-        let fresh = match fs::read(&manifest_path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
-            Err(e) => return Err(Error::io(&manifest_path, "reading", e)),
-            Ok(bytes) => match serde_json::from_slice::<Manifest>(&bytes) {
-                Ok(found) => {
-                    if let Some(why) = found.mismatch(manifest) {
-                        return Err(cannot_resume(dir, &why));
-                    }
-                    false
-                }
-                // A crash before the first record can leave the manifest
-                // unwritten (it is made durable by that record's sync), and
-                // then nothing was recorded: the area starts afresh.
-                Err(_) if journal_is_empty(&journal_path)? => true,
-                Err(e) => {
-                    return Err(Error::BadOutput {
-                        path: manifest_path.clone(),
-                        problem: format!(
-                            "is not a readable staging manifest ({e}); pass --rebuild to start over"
-                        ),
-                    })
-                }
-            },
-        };
+        let fresh = !holds(dir, manifest, &journal_path)?;
         if fresh {
-            let bytes = serde_json::to_vec_pretty(manifest)
-                .map_err(|e| Error::BadArgument(format!("encoding the manifest: {e}")))?;
-            // Not synced here: record_done syncs the filesystem before it
-            // appends the first record, and only a record makes the area
-            // worth resuming. That keeps two syncs off a view's start.
-            write_replacing(&manifest_path, &bytes)?;
-            // A journal left without its manifest belongs to nothing.
-            if journal_path.exists() {
-                fs::remove_file(&journal_path)
-                    .map_err(|e| Error::io(&journal_path, "removing", e))?;
-            }
+            start_afresh(dir, manifest, &journal_path)?;
         }
         let journal = if fresh {
             Journal::default()
@@ -352,19 +309,7 @@ impl Staging {
                 *slot = true;
             }
         }
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&journal_path)
-            .map_err(|e| Error::io(&journal_path, "opening the journal", e))?;
-        // A torn or damaged tail (a crash while appending) is cut off, so
-        // the records appended now start on a record boundary.
-        let valid = ((journal.done.len() + journal.inputs_read.len()) * RECORD_BYTES) as u64;
-        if file.metadata().map(|m| m.len()).unwrap_or(valid) > valid {
-            file.set_len(valid).map_err(|e| {
-                Error::io(&journal_path, "cutting a damaged tail from the journal", e)
-            })?;
-        }
+        let file = open_journal(&journal_path, &journal)?;
         Ok((
             Staging {
                 dir: dir.to_path_buf(),
@@ -452,6 +397,82 @@ fn identity_from_words([size, mtime_low, mtime_high]: [u64; 3]) -> FileIdentity 
         size,
         mtime_ns: (((mtime_high as u128) << 64) | mtime_low as u128) as i128,
     }
+}
+
+/// Removes what a staging area holds: its manifest, journal and blocks.
+fn discard(dir: &Path) -> Result<()> {
+    for name in [MANIFEST, JOURNAL] {
+        let path = dir.join(name);
+        if path.exists() {
+            fs::remove_file(&path).map_err(|e| Error::io(&path, "removing", e))?;
+        }
+    }
+    let blocks = dir.join(BLOCKS);
+    if blocks.exists() {
+        fs::remove_dir_all(&blocks).map_err(|e| Error::io(&blocks, "removing", e))?;
+    }
+    Ok(())
+}
+
+/// Whether the area in `dir` was made for `manifest`, and so may be
+/// resumed; false when it has no manifest yet. Refuses an area made for
+/// anything else.
+fn holds(dir: &Path, manifest: &Manifest, journal_path: &Path) -> Result<bool> {
+    let manifest_path = dir.join(MANIFEST);
+    match fs::read(&manifest_path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io(&manifest_path, "reading", e)),
+        Ok(bytes) => match serde_json::from_slice::<Manifest>(&bytes) {
+            Ok(found) => match found.mismatch(manifest) {
+                Some(why) => Err(cannot_resume(dir, &why)),
+                None => Ok(true),
+            },
+            // A crash before the first record can leave the manifest
+            // unwritten (it is made durable by that record's sync), and
+            // then nothing was recorded: the area starts afresh.
+            Err(_) if journal_is_empty(journal_path)? => Ok(false),
+            Err(e) => Err(Error::BadOutput {
+                path: manifest_path.clone(),
+                problem: format!(
+                    "is not a readable staging manifest ({e}); pass --rebuild to start over"
+                ),
+            }),
+        },
+    }
+}
+
+/// Writes `manifest` into a new area in `dir`, and removes any journal
+/// left without one.
+fn start_afresh(dir: &Path, manifest: &Manifest, journal_path: &Path) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(manifest)
+        .map_err(|e| Error::BadArgument(format!("encoding the manifest: {e}")))?;
+    // Not synced here: record_done syncs the filesystem before it
+    // appends the first record, and only a record makes the area
+    // worth resuming. That keeps two syncs off a view's start.
+    write_replacing(&dir.join(MANIFEST), &bytes)?;
+    // A journal left without its manifest belongs to nothing.
+    if journal_path.exists() {
+        fs::remove_file(journal_path).map_err(|e| Error::io(journal_path, "removing", e))?;
+    }
+    Ok(())
+}
+
+/// The journal at `path`, open for appending after the records of
+/// `journal` (what was read of it).
+fn open_journal(path: &Path, journal: &Journal) -> Result<File> {
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(path, "opening the journal", e))?;
+    // A torn or damaged tail (a crash while appending) is cut off, so
+    // the records appended now start on a record boundary.
+    let valid = ((journal.done.len() + journal.inputs_read.len()) * RECORD_BYTES) as u64;
+    if file.metadata().map(|m| m.len()).unwrap_or(valid) > valid {
+        file.set_len(valid)
+            .map_err(|e| Error::io(path, "cutting a damaged tail from the journal", e))?;
+    }
+    Ok(file)
 }
 
 fn cannot_resume(dir: &Path, why: &str) -> Error {

@@ -1,0 +1,105 @@
+//! `mount`: checks what can be checked in the calling process, prepares
+//! the view, then serves it here (foreground, with a progress bar) or from
+//! a daemon forked once the view is prepared.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::array::geometry::show_shape;
+use crate::array::units::parse_shape;
+use crate::cli::report::{progress_bar, thousands};
+use crate::cli::{mem_of, MountArgs};
+use crate::format::BlockFormat;
+use crate::fuse::session;
+use crate::view::{MountRequest, PreparedView, ViewCore};
+
+pub(super) fn mount_command(args: MountArgs) -> anyhow::Result<()> {
+    session::check_mount_point(&args.view)?;
+    session::check_fuse()?;
+    let prepared = crate::view::prepare(&request_of(&args)?)?;
+    let summary = summary(&prepared);
+    if args.foreground {
+        let core = prepared.core.clone();
+        let view = args.view.clone();
+        session::serve(prepared, move |ready| match ready {
+            Ok(()) => {
+                eprintln!("mounted {}: {summary}; Ctrl-C unmounts", view.display());
+                spawn_progress(core);
+            }
+            Err(e) => eprintln!("rechunkfs: error: {e}"),
+        })?;
+        eprintln!("unmounted {}", args.view.display());
+    } else {
+        let log = session::log_path(&prepared);
+        let pid = session::serve_in_background(prepared)?;
+        eprintln!(
+            "mounted {}: {summary}; daemon pid {pid}, log {}",
+            args.view.display(),
+            log.display()
+        );
+    }
+    Ok(())
+}
+
+fn request_of(args: &MountArgs) -> anyhow::Result<MountRequest> {
+    // The daemon outlives this command; absolute paths keep status and
+    // logs unambiguous.
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    Ok(MountRequest {
+        input: absolute(&args.input),
+        view: absolute(&args.view),
+        output_block: parse_shape(&args.planning.shape).context("--shape")?,
+        mem: mem_of(&args.planning)?,
+        strategy: args.planning.strategy.parse()?,
+        staging: args.staging.as_deref().map(absolute),
+        format: args
+            .format
+            .as_deref()
+            .map(str::parse::<BlockFormat>)
+            .transpose()?,
+        dataset: args.input_args.dataset.clone(),
+        rebuild: args.rebuild,
+        allow_other: args.allow_other,
+        in_order: args.in_order,
+    })
+}
+
+/// "24 blocks of 10×10×10 (0 done already), staging in DIR".
+fn summary(prepared: &PreparedView) -> String {
+    let status = prepared.core.status();
+    let layout = prepared.core.layout();
+    format!(
+        "{} blocks of {} ({} done already), staging in {}",
+        thousands(status.blocks_total),
+        show_shape(&layout.axis_order.to_user(&layout.output_block)),
+        thousands(status.blocks_done),
+        status.staging.display()
+    )
+}
+
+/// A progress bar for a foreground mount, until every block is done.
+fn spawn_progress(core: Arc<ViewCore>) {
+    let status = core.status();
+    let bar = progress_bar(status.bytes_total, false);
+    let _ = std::thread::Builder::new()
+        .name("progress".into())
+        .spawn(move || loop {
+            let status = core.status();
+            bar.set_position(status.bytes_done);
+            bar.set_message(format!(
+                "blocks {}/{}",
+                status.blocks_done, status.blocks_total
+            ));
+            if status.state != "materialising" {
+                bar.finish_with_message(format!(
+                    "{} ({} blocks)",
+                    status.state, status.blocks_done
+                ));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        });
+}

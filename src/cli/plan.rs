@@ -1,0 +1,319 @@
+//! `plan`: what rechunking will do, from block files or from shapes alone,
+//! as a report or JSON. Also the planning `rechunk` shares: the problem
+//! an input and `--shape` pose, and the memory a plan was made in.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::json;
+
+use crate::array::axes::AxisOrder;
+use crate::array::dtype::DType;
+use crate::array::geometry::{show_shape, Partition};
+use crate::array::units::{parse_shape, show_bytes};
+use crate::cli::report::thousands;
+use crate::cli::{mem_of, PlanArgs};
+use crate::format::BlockFormat;
+use crate::input::InputArray;
+use crate::plan::{self, Plan, Problem, Strategy};
+
+/// The problem of rechunking `input` into blocks of `shape` (in the
+/// input's user-facing order) written as `format` (which says how its files
+/// are shaped: Zarr pads edge chunks).
+pub(super) fn problem_of(
+    input: &InputArray,
+    shape: &str,
+    format: BlockFormat,
+) -> anyhow::Result<Problem> {
+    let order = input.axis_order();
+    let output = order.to_internal(&parse_shape(shape)?);
+    if output.len() != input.ndim() {
+        bail!(
+            "--shape {} has {} dimensions but the input array {} has {}",
+            shape,
+            output.len(),
+            show_shape(&order.to_user(&input.shape)),
+            input.ndim()
+        );
+    }
+    Ok(crate::output::problem_for(input, output, format)?)
+}
+
+/// The memory a plan was made in, and why.
+pub(super) struct Budget {
+    /// What the plan was given (None: unlimited).
+    pub(super) used: Option<u64>,
+    /// `--mem` (None: not given).
+    pub(super) requested: Option<u64>,
+    /// The memory cgroup's limit, which caps `used` at half of it.
+    pub(super) cgroup_limit: Option<u64>,
+}
+
+impl Budget {
+    /// " within 128 MiB (--mem 192 MiB, capped at half of the 256 MiB memory cgroup)".
+    pub(super) fn describe(&self) -> String {
+        let Some(used) = self.used else {
+            return " (no memory limit)".into();
+        };
+        let mut text = format!(" within {}", show_bytes(used));
+        if self.used != self.requested {
+            if let Some(limit) = self.cgroup_limit {
+                text += &format!(
+                    " ({}half of the {} memory cgroup: the rest is page cache for reading ahead and writing back)",
+                    self.requested
+                        .map_or(String::new(), |mem| format!("--mem {}, capped at ", show_bytes(mem))),
+                    show_bytes(limit)
+                );
+            }
+        }
+        text
+    }
+}
+
+/// The plans a `plan` command reports: the chosen one, keep's and the
+/// baseline's for comparison, and keep(r̂) (keep with no memory limit).
+struct Plans {
+    chosen: Plan,
+    keep: Option<Plan>,
+    baseline: Plan,
+    rhat: Plan,
+    budget: Budget,
+}
+
+pub(super) fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let format = args
+        .format
+        .as_deref()
+        .map(str::parse::<BlockFormat>)
+        .transpose()?;
+    let (problem, dtype, order) = problem_of_args(&args, format)?;
+    let plans = make_plans(&args, &problem)?;
+    let elapsed = started.elapsed();
+    if args.json {
+        let report = plan_json(&plans, dtype, order, elapsed);
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_plan(&plans, dtype, order, elapsed);
+    }
+    Ok(())
+}
+
+/// The problem to plan, its dtype and axis order: from IN's block files,
+/// or from `--array`, `--blocks` and `--dtype` alone.
+fn problem_of_args(
+    args: &PlanArgs,
+    format: Option<BlockFormat>,
+) -> anyhow::Result<(Problem, DType, AxisOrder)> {
+    Ok(match (&args.input, &args.array) {
+        (Some(input), _) => {
+            let input = InputArray::scan(input, Some(&args.input_args.dataset))?;
+            let format = format.unwrap_or_else(|| input.format.default_output());
+            let problem = problem_of(&input, &args.planning.shape, format)?;
+            (problem, input.dtype, input.axis_order())
+        }
+        (None, Some(array)) => {
+            let dtype: DType = args.dtype.as_deref().unwrap_or("u1").parse()?;
+            let array = parse_shape(array).context("--array")?;
+            let blocks = parse_shape(args.blocks.as_deref().unwrap_or("")).context("--blocks")?;
+            let output = parse_shape(&args.planning.shape).context("--shape")?;
+            let problem = Problem::new(array, blocks, output, dtype.size as u64)?;
+            let output_files = crate::output::filetree::output_file_shape(
+                format.unwrap_or(BlockFormat::Hdf5),
+                &problem.output(),
+            );
+            let input_files = crate::array::geometry::FileShape::Exact;
+            (
+                problem.with_files(input_files, output_files),
+                dtype,
+                AxisOrder::C,
+            )
+        }
+        (None, None) => bail!("give IN (block files) or --array, --blocks and --dtype"),
+    })
+}
+
+fn make_plans(args: &PlanArgs, problem: &Problem) -> anyhow::Result<Plans> {
+    let strategy: Strategy = args.planning.strategy.parse()?;
+    let requested = mem_of(&args.planning)?;
+    let cgroup_limit = crate::sys::cgroup::memory_limit();
+    let (chosen, mem) = plan::plan_within(problem, strategy, requested, cgroup_limit)?;
+    let keep = match strategy {
+        Strategy::Keep => Some(chosen.clone()),
+        Strategy::Baseline => plan::plan(problem, Strategy::Keep, mem).ok(),
+    };
+    Ok(Plans {
+        chosen,
+        keep,
+        baseline: plan::baseline(problem),
+        rhat: plan::keep_rhat(problem),
+        budget: Budget {
+            used: mem,
+            requested,
+            cgroup_limit,
+        },
+    })
+}
+
+fn grid_of(partition: &Partition, order: AxisOrder) -> Vec<usize> {
+    order.to_user(&partition.grid_shape())
+}
+
+fn show_grid(partition: &Partition, order: AxisOrder) -> String {
+    grid_of(partition, order)
+        .iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join("×")
+}
+
+fn plan_json(
+    plans: &Plans,
+    dtype: DType,
+    order: AxisOrder,
+    elapsed: Duration,
+) -> serde_json::Value {
+    let Plans {
+        chosen,
+        keep,
+        baseline,
+        rhat,
+        budget,
+    } = plans;
+    let problem = &chosen.problem;
+    let user = |shape: &[u64]| order.to_user(shape);
+    json!({
+        "array": user(&problem.array),
+        "dtype": dtype.numpy_descr(),
+        "elem_size": problem.elem_size,
+        "axis_order": order,
+        "input_block": user(&problem.input_block),
+        "output_block": user(&problem.output_block),
+        "input_grid": grid_of(&chosen.input, order),
+        "output_grid": grid_of(&chosen.output, order),
+        "strategy": chosen.strategy,
+        "read_shape": user(&chosen.read_shape),
+        "read_grid": grid_of(&chosen.read, order),
+        "read_blocks": chosen.read.count(),
+        "read_steps": chosen.steps.count(),
+        "write_blocks": chosen.write.count(),
+        "write_modes": order.to_user(&chosen.write_modes),
+        "seeks": {
+            "planned": chosen.prediction.seeks(),
+            "read": chosen.prediction.read_seeks,
+            "write": chosen.prediction.write_seeks,
+            "keep": keep.as_ref().map(|p| p.prediction.seeks()),
+            "baseline": baseline.prediction.seeks(),
+            "lower_bound": problem.lower_bound_seeks(),
+        },
+        "peak_memory_bytes": chosen.prediction.peak_bytes,
+        "mem_limit_bytes": budget.used,
+        "mem_requested_bytes": budget.requested,
+        "cgroup_memory_limit_bytes": budget.cgroup_limit,
+        "keep_rhat": {
+            "read_shape": user(&rhat.read_shape),
+            "seeks": rhat.prediction.seeks(),
+            "peak_memory_bytes": rhat.prediction.peak_bytes,
+        },
+        "baseline_peak_memory_bytes": baseline.prediction.peak_bytes,
+        "planning_seconds": elapsed.as_secs_f64(),
+    })
+}
+
+fn print_plan(plans: &Plans, dtype: DType, order: AxisOrder, elapsed: Duration) {
+    let chosen = &plans.chosen;
+    print_grids(chosen, dtype, order);
+    let strategy = chosen.strategy.name();
+    println!("strategy      {strategy}{}", plans.budget.describe());
+    print_reads(chosen, order);
+    print_seeks(plans);
+    println!(
+        "peak memory   {} ({} bytes)",
+        show_bytes(chosen.prediction.peak_bytes),
+        thousands(chosen.prediction.peak_bytes)
+    );
+    println!("planned in    {:.3} s", elapsed.as_secs_f64());
+}
+
+/// The array, and the input and output blocks and grids.
+fn print_grids(chosen: &Plan, dtype: DType, order: AxisOrder) {
+    let problem = &chosen.problem;
+    let user = |shape: &[u64]| show_shape(&order.to_user(shape));
+    let nbytes = crate::array::geometry::volume(&problem.array) * problem.elem_size;
+    println!(
+        "array         {} {dtype} ({}){}",
+        user(&problem.array),
+        show_bytes(nbytes),
+        match order {
+            AxisOrder::C => "",
+            AxisOrder::Nifti => ", shapes in NIfTI (x, y, z) order",
+        }
+    );
+    println!(
+        "input blocks  {}, grid {} ({} blocks)",
+        user(&problem.input_block),
+        show_grid(&chosen.input, order),
+        thousands(chosen.input.count())
+    );
+    println!(
+        "output blocks {}, grid {} ({} blocks)",
+        user(&problem.output_block),
+        show_grid(&chosen.output, order),
+        thousands(chosen.output.count())
+    );
+}
+
+/// What the plan reads and how it writes.
+fn print_reads(chosen: &Plan, order: AxisOrder) {
+    let steps = if chosen.steps.count() > chosen.read.count() {
+        format!(" in {} steps", thousands(chosen.steps.count()))
+    } else {
+        String::new()
+    };
+    println!(
+        "read shape    {} ({} read blocks{steps}), {} write blocks, writes per dimension: {}",
+        show_shape(&order.to_user(&chosen.read_shape)),
+        thousands(chosen.read.count()),
+        thousands(chosen.write.count()),
+        order
+            .to_user(&chosen.write_modes)
+            .iter()
+            .map(|m| match m {
+                plan::WriteMode::Keep => "keep",
+                plan::WriteMode::Immediate => "immediate",
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+}
+
+/// The plan's seeks beside keep's, the baseline's and the lower bound.
+fn print_seeks(plans: &Plans) {
+    let chosen = &plans.chosen;
+    println!(
+        "seeks         {} (reads {} + writes {})",
+        thousands(chosen.prediction.seeks()),
+        thousands(chosen.prediction.read_seeks),
+        thousands(chosen.prediction.write_seeks)
+    );
+    if let Some(keep) = &plans.keep {
+        println!("  keep        {}", thousands(keep.prediction.seeks()));
+    }
+    let base = plans.baseline.prediction.seeks();
+    println!(
+        "  baseline    {}{}",
+        thousands(base),
+        if chosen.prediction.seeks() > 0 {
+            format!(
+                " ({:.1}× the planned seeks)",
+                base as f64 / chosen.prediction.seeks() as f64
+            )
+        } else {
+            String::new()
+        }
+    );
+    println!(
+        "  lower bound {} (n_I + n_O)",
+        thousands(chosen.problem.lower_bound_seeks())
+    );
+}

@@ -1,0 +1,118 @@
+//! How results are shown to a person: progress bars on a terminal, the
+//! report of a run (human or JSON), and numbers grouped so that block and
+//! seek counts can be read at a glance.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::array::axes::AxisOrder;
+use crate::array::units::show_bytes;
+use crate::engine::RunStats;
+use crate::plan::Plan;
+
+/// A progress bar on a terminal, nothing elsewhere.
+pub(super) fn progress_bar(total_bytes: u64, quiet: bool) -> indicatif::ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total_bytes);
+    let style = indicatif::ProgressStyle::with_template(
+        "{elapsed_precise} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar
+}
+
+pub(super) fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Prints what a run of `plan` did, as text or one JSON object.
+pub(super) fn report_run(
+    plan: &Plan,
+    stats: &RunStats,
+    order: AxisOrder,
+    elapsed: Duration,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let seconds = elapsed.as_secs_f64();
+    if as_json {
+        let report = json!({
+            "strategy": plan.strategy,
+            "read_shape": order.to_user(&plan.read_shape),
+            "seeks": {
+                "made": stats.seeks(),
+                "read": stats.read_seeks,
+                "write": stats.write_seeks,
+                "planned": plan.prediction.seeks(),
+            },
+            "bytes_read": stats.bytes_read,
+            "fill_bytes": stats.fill_bytes,
+            "bytes_written": stats.bytes_written,
+            "peak_memory_bytes": stats.peak_held_bytes,
+            "planned_peak_memory_bytes": plan.prediction.peak_bytes,
+            "output_blocks": stats.output_blocks_done,
+            "peak_rss_bytes": peak_rss_bytes(),
+            "seconds": seconds,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_run(plan, stats, seconds);
+    }
+    Ok(())
+}
+
+fn print_run(plan: &Plan, stats: &RunStats, seconds: f64) {
+    println!(
+        "wrote {} blocks ({}) in {:.2} s, {}/s",
+        thousands(stats.output_blocks_done),
+        show_bytes(stats.bytes_written),
+        seconds,
+        show_bytes((stats.bytes_written as f64 / seconds.max(1e-9)) as u64)
+    );
+    println!(
+        "seeks {} (reads {} + writes {}; planned {})",
+        thousands(stats.seeks()),
+        thousands(stats.read_seeks),
+        thousands(stats.write_seeks),
+        thousands(plan.prediction.seeks())
+    );
+    if stats.fill_bytes > 0 {
+        println!(
+            "{} came from absent Zarr chunks' fill value, read without I/O \
+             (counted in the seeks as if read)",
+            show_bytes(stats.fill_bytes)
+        );
+    }
+    println!(
+        "peak memory held {} (planned {}); peak RSS {}",
+        show_bytes(stats.peak_held_bytes),
+        show_bytes(plan.prediction.peak_bytes),
+        peak_rss_bytes().map_or("unknown".into(), show_bytes)
+    );
+}
+
+/// This process's peak resident set size, from `getrusage`.
+fn peak_rss_bytes() -> Option<u64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given; zeroed is a valid rusage.
+    let status = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    if status != 0 {
+        return None;
+    }
+    // SAFETY: initialised by the successful call above.
+    let usage = unsafe { usage.assume_init() };
+    Some(usage.ru_maxrss as u64 * 1024)
+}

@@ -1,0 +1,134 @@
+//! `status` and `umount`: what other processes ask of a running view. The
+//! wait is the daemon's answer to one read, so `status --wait` ends the
+//! moment the view does, and its progress bar only polls for show.
+
+use std::path::Path;
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::Duration;
+
+use anyhow::bail;
+
+use crate::array::units::show_bytes;
+use crate::cli::report::{progress_bar, thousands};
+use crate::cli::{StatusArgs, UmountArgs};
+use crate::fuse::session;
+use crate::view::Status;
+
+/// How often `status --wait` moves its progress bar. The wait itself ends
+/// when the daemon answers (see [`crate::fuse::session::wait_status`]), not on a tick.
+const PROGRESS_TICK: Duration = Duration::from_millis(200);
+
+pub(super) fn umount_command(args: UmountArgs) -> anyhow::Result<()> {
+    session::unmount(&args.view)?;
+    eprintln!("unmounted {}", args.view.display());
+    Ok(())
+}
+
+pub(super) fn status_command(args: StatusArgs) -> anyhow::Result<()> {
+    let mut status = session::read_status(&args.view)?;
+    if args.wait && status.state == "materialising" {
+        status = wait_for_end(&args, &status)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print_status(&args.view, &status);
+    }
+    if args.wait && status.state != "complete" {
+        bail!(
+            "{}: the view is {} before every block was done{}",
+            args.view.display(),
+            status.state,
+            status
+                .error
+                .as_deref()
+                .map_or(String::new(), |e| format!(": {e}"))
+        );
+    }
+    Ok(())
+}
+
+/// The view's status once materialising has ended, with a progress bar
+/// meanwhile (from `status`, its status now).
+fn wait_for_end(args: &StatusArgs, status: &Status) -> anyhow::Result<Status> {
+    let bar = progress_bar(status.bytes_total, args.json);
+    let (ended, end) = std::sync::mpsc::channel();
+    let view = args.view.clone();
+    std::thread::Builder::new()
+        .name("wait".into())
+        .spawn(move || {
+            let _ = ended.send(session::wait_status(&view));
+        })?;
+    let status = loop {
+        match end.recv_timeout(PROGRESS_TICK) {
+            Ok(result) => break result?,
+            Err(RecvTimeoutError::Timeout) => {
+                if !bar.is_hidden() {
+                    bar.set_position(session::read_status(&args.view)?.bytes_done);
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                bail!(
+                    "{}: the wait for the view ended without an answer",
+                    args.view.display()
+                )
+            }
+        }
+    };
+    bar.finish_and_clear();
+    Ok(status)
+}
+
+fn print_status(view: &Path, status: &Status) {
+    let percent = |done: u64, total: u64| {
+        if total == 0 {
+            100.0
+        } else {
+            done as f64 * 100.0 / total as f64
+        }
+    };
+    println!("view      {}", view.display());
+    println!("state     {}", status.state);
+    println!(
+        "blocks    {} / {} done ({:.1}%), {} resumed from staging",
+        thousands(status.blocks_done),
+        thousands(status.blocks_total),
+        percent(status.blocks_done, status.blocks_total),
+        thousands(status.blocks_resumed)
+    );
+    println!(
+        "bytes     {} / {}",
+        show_bytes(status.bytes_done),
+        show_bytes(status.bytes_total)
+    );
+    println!(
+        "seeks     {} so far; the plan makes {}",
+        thousands(status.seeks_made),
+        thousands(status.seeks_planned)
+    );
+    let eta = status
+        .eta_seconds
+        .map_or("-".to_string(), |s| format!("{:.0} s", s));
+    println!(
+        "rate      {}/s, ETA {eta}, running {:.0} s",
+        show_bytes(status.rate_bytes_per_second as u64),
+        status.elapsed_seconds
+    );
+    println!(
+        "waiting   {} reads parked on pending blocks",
+        status.waiting_reads
+    );
+    println!(
+        "on demand {} blocks extracted ahead of the plan for waiting readers ({} extra seeks, {:.2} s)",
+        thousands(status.on_demand_blocks),
+        thousands(status.on_demand_seeks),
+        status.on_demand_seconds
+    );
+    println!(
+        "read ahead {} done blocks for readers opening the blocks in order",
+        thousands(status.read_ahead_blocks)
+    );
+    println!("error     {}", status.error.as_deref().unwrap_or("none"));
+    println!("staging   {}", status.staging.display());
+    println!("daemon    pid {}", status.pid);
+}

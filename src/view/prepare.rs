@@ -1,0 +1,193 @@
+//! Getting a view ready to serve: the input scanned, the plan made, the
+//! formats' templates checked and the staging area opened, so that what a
+//! mount would trip over is found before anything is mounted.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::format::BlockFormat;
+use crate::input::{HeaderChecks, InputArray};
+use crate::plan::{self, Plan, Problem, Strategy};
+use crate::view::staging::{Manifest, Staging};
+use crate::view::{BlockTemplates, ViewCore, ViewLayout};
+
+/// What `rechunkfs mount` was asked for.
+#[derive(Clone, Debug)]
+pub struct MountRequest {
+    pub input: PathBuf,
+    pub view: PathBuf,
+    pub output_block: Vec<u64>,
+    pub mem: Option<u64>,
+    pub strategy: Strategy,
+    pub staging: Option<PathBuf>,
+    pub format: Option<BlockFormat>,
+    pub dataset: String,
+    pub rebuild: bool,
+    pub allow_other: bool,
+    /// Never extract blocks ahead of the plan for waiting readers.
+    pub in_order: bool,
+}
+
+/// A view ready to mount: everything checked, nothing running yet.
+pub struct PreparedView {
+    pub core: Arc<ViewCore>,
+    pub input: InputArray,
+    pub plan: Plan,
+    pub view: PathBuf,
+    pub allow_other: bool,
+    /// The memory limit, also for blocks extracted ahead of the plan.
+    pub mem: Option<u64>,
+    /// Whether blocks readers wait for may be extracted ahead of the plan.
+    pub on_demand: bool,
+}
+
+/// Scans, plans and opens the staging area: everything short of mounting.
+pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
+    let mut laps = Laps::new();
+    let (input, output_block) = scan(request)?;
+    laps.mark("scan");
+    let format = request
+        .format
+        .unwrap_or_else(|| input.format.default_output());
+    let (problem, plan, mem) = plan_view(request, &input, output_block, format)?;
+    laps.mark("plan");
+    let staging_dir = match &request.staging {
+        Some(dir) => dir.clone(),
+        None => Staging::default_dir(&input.source, &input.dataset, &problem.output_block, format)?,
+    };
+    let layout = layout_of(request, &input, &problem, format)?;
+    // Before the staging area: what the format cannot hold is refused
+    // with nothing made.
+    let templates = BlockTemplates::for_view(&layout, &plan.output)?;
+    laps.mark("templates");
+    let manifest = Manifest::new(&input, &problem.output_block, format);
+    let (staging, done) = Staging::open(&staging_dir, &manifest, request.rebuild)?;
+    laps.mark("staging");
+    let core = Arc::new(ViewCore::new(
+        layout,
+        &plan,
+        templates,
+        Arc::new(staging),
+        &done,
+    ));
+    laps.mark("view");
+    log::debug!(
+        "prepared the view of {} input blocks: {laps}",
+        input.blocks.len()
+    );
+    Ok(PreparedView {
+        core,
+        input,
+        plan,
+        view: request.view.clone(),
+        allow_other: request.allow_other,
+        mem,
+        on_demand: !request.in_order,
+    })
+}
+
+/// The input, and the output block shape in its internal order.
+fn scan(request: &MountRequest) -> Result<(InputArray, Vec<u64>)> {
+    // Headers are checked as the materialiser reads each block (see
+    // crate::input): a bad one stops it, and `status` says why.
+    let input = InputArray::scan_with(
+        &request.input,
+        Some(&request.dataset),
+        HeaderChecks::BeforeUse,
+    )?;
+    // --shape is in the input's user-facing order (see crate::array::axes).
+    let output_block = input.axis_order().to_internal(&request.output_block);
+    if output_block.len() != input.ndim() {
+        return Err(Error::BadArgument(format!(
+            "--shape {} has {} dimensions but the input array {} has {}",
+            crate::array::geometry::show_shape(&request.output_block),
+            request.output_block.len(),
+            crate::array::geometry::show_shape(&input.axis_order().to_user(&input.shape)),
+            input.ndim()
+        )));
+    }
+    Ok((input, output_block))
+}
+
+/// The problem, its plan, and the memory limit the plan was made within.
+fn plan_view(
+    request: &MountRequest,
+    input: &InputArray,
+    output_block: Vec<u64>,
+    format: BlockFormat,
+) -> Result<(Problem, Plan, Option<u64>)> {
+    let problem = crate::output::problem_for(input, output_block, format)?;
+    let cgroup_limit = crate::sys::cgroup::memory_limit();
+    let (plan, mem) = plan::plan_within(&problem, request.strategy, request.mem, cgroup_limit)?;
+    if mem != request.mem {
+        log::info!(
+            "planning within {} bytes, half of the memory cgroup's {} bytes (--mem: {:?})",
+            mem.unwrap_or(0),
+            cgroup_limit.unwrap_or(0),
+            request.mem
+        );
+    }
+    Ok((problem, plan, mem))
+}
+
+fn layout_of(
+    request: &MountRequest,
+    input: &InputArray,
+    problem: &Problem,
+    format: BlockFormat,
+) -> Result<ViewLayout> {
+    Ok(ViewLayout {
+        source: input.source.clone(),
+        array: input.shape.clone(),
+        dtype: input.dtype,
+        input_block: input.block_shape.clone(),
+        output_block: problem.output_block.clone(),
+        format,
+        // The dataset asked for: also what an HDF5 view of a Zarr or MINC2
+        // input (whose image has no /data of its own) names its dataset.
+        dataset: request.dataset.clone(),
+        space: input.space()?,
+        axis_order: input.axis_order(),
+    })
+}
+
+/// Where the time of a few steps went, for a debug log line.
+struct Laps {
+    started: Instant,
+    last: Instant,
+    steps: Vec<(&'static str, Duration)>,
+}
+
+impl Laps {
+    fn new() -> Laps {
+        let now = Instant::now();
+        Laps {
+            started: now,
+            last: now,
+            steps: Vec::new(),
+        }
+    }
+
+    /// The step that ends now.
+    fn mark(&mut self, step: &'static str) {
+        let now = Instant::now();
+        self.steps.push((step, now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Laps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.1} ms", self.started.elapsed().as_secs_f64() * 1e3)?;
+        for (i, (step, took)) in self.steps.iter().enumerate() {
+            let open = if i == 0 { " (" } else { ", " };
+            write!(f, "{open}{step} {:.1}", took.as_secs_f64() * 1e3)?;
+        }
+        if !self.steps.is_empty() {
+            write!(f, ")")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,99 @@
+//! Progress as `rechunkfs status` and the status file show it. The status
+//! is JSON because other processes read it through the view, and a daemon
+//! of another version may be the one answering.
+
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+
+use crate::view::{Phase, ViewCore};
+
+/// Progress, as `rechunkfs status` and the status file show it.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct Status {
+    pub state: String,
+    pub blocks_done: u64,
+    pub blocks_total: u64,
+    /// Blocks found complete in the staging area at mount (not redone).
+    pub blocks_resumed: u64,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    /// Seeks the plan's run has made (blocks extracted on demand are then
+    /// skipped by the plan, so this can end below `seeks_planned`).
+    pub seeks_made: u64,
+    pub seeks_planned: u64,
+    /// Blocks extracted ahead of the plan for waiting readers, and the
+    /// extra seeks that took (counted apart from the plan's).
+    #[serde(default)]
+    pub on_demand_blocks: u64,
+    #[serde(default)]
+    pub on_demand_seeks: u64,
+    /// Time spent extracting them (reading their input, writing them).
+    #[serde(default)]
+    pub on_demand_seconds: f64,
+    /// Done blocks read ahead for readers sweeping the view in order.
+    #[serde(default)]
+    pub read_ahead_blocks: u64,
+    pub rate_bytes_per_second: f64,
+    pub eta_seconds: Option<f64>,
+    pub elapsed_seconds: f64,
+    pub waiting_reads: u64,
+    pub error: Option<String>,
+    pub staging: std::path::PathBuf,
+    pub pid: u32,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Materialising => "materialising",
+            Phase::Complete => "complete",
+            Phase::Failed => "failed",
+            Phase::Stopping => "stopping",
+        }
+    }
+}
+
+impl ViewCore {
+    pub fn status(&self) -> Status {
+        let state = self.state.lock();
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let bytes_total: u64 = self.array_bytes();
+        let written = state.run.bytes_written;
+        let rate = if elapsed > 0.0 {
+            written as f64 / elapsed
+        } else {
+            0.0
+        };
+        let remaining = bytes_total.saturating_sub(state.done_bytes);
+        Status {
+            state: state.phase.name().to_string(),
+            blocks_done: state.done_count,
+            blocks_total: self.output.count(),
+            blocks_resumed: state.resumed,
+            bytes_done: state.done_bytes,
+            bytes_total,
+            seeks_made: state.run.seeks(),
+            seeks_planned: self.planned_seeks,
+            on_demand_blocks: state.on_demand_blocks,
+            on_demand_seeks: state.on_demand_seeks,
+            on_demand_seconds: state.on_demand_seconds,
+            read_ahead_blocks: self.read_ahead_blocks.load(Ordering::Relaxed),
+            rate_bytes_per_second: rate,
+            eta_seconds: (state.phase == Phase::Materialising && rate > 0.0)
+                .then(|| remaining as f64 / rate),
+            elapsed_seconds: elapsed,
+            waiting_reads: state.waiters.values().map(|w| w.len() as u64).sum(),
+            error: state.failure.clone(),
+            staging: self.staging.dir().to_path_buf(),
+            pid: std::process::id(),
+        }
+    }
+
+    /// The status file's bytes: the status as pretty JSON, one line feed.
+    pub(super) fn status_bytes(&self) -> Vec<u8> {
+        let mut bytes = serde_json::to_vec_pretty(&self.status()).unwrap_or_default();
+        bytes.push(b'\n');
+        bytes
+    }
+}
