@@ -2,12 +2,15 @@
 printing, sizes, shapes, ratios, files, and the rechunkfs binary in use."""
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILT = ROOT / "target" / "release" / "rechunkfs"
+# Where `cargo build --release` puts the binary: under CARGO_TARGET_DIR when
+# set (relative to the repository, where the build runs), else target/.
+BUILT = ROOT / os.environ.get("CARGO_TARGET_DIR", "target") / "release" / "rechunkfs"
 PYTHON = ROOT / "target" / "pyenv" / "bin" / "python"
 VERIFY = ROOT / "tests" / "fixtures" / "verify.py"
 PEERS_DIR = ROOT / "bench" / "peers"

@@ -1,6 +1,6 @@
 """The machine under the runs: facts about it for the report, the memory
-cgroups that cap a run, dropping the page cache before one, and syncing a
-filesystem after one."""
+cgroups that cap a run, the tmpfs a fast-storage workload runs on,
+dropping the page cache before a run, and syncing a filesystem after one."""
 import ctypes
 import ctypes.util
 import datetime
@@ -73,6 +73,14 @@ def git_state():
         return "?"
 
 
+def shown_path(path):
+    """path relative to the repository when inside it, else as it is."""
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def machine_lines(workdir):
     mem = meminfo()
     try:
@@ -95,7 +103,7 @@ def machine_lines(workdir):
         f"- this shell's memory cgroup limit: {show_bytes(own_limit) if own_limit and own_limit < (1 << 60) else 'none'}",
         f"- work directory: {workdir} on {dev} ({fstype}, mounted at {mnt}): "
         f"{show_bytes(du.free)} free of {show_bytes(du.total)}",
-        f"- rechunkfs: {BUILT.relative_to(ROOT)} built from commit {git_state()} (run from a copy in the work directory)",
+        f"- rechunkfs: {shown_path(BUILT)} built from commit {git_state()} (run from a copy in the work directory)",
     ]
     return lines
 
@@ -298,6 +306,37 @@ class MemoryCgroups:
     def remove_all(self):
         for group in list(self.live):
             self.remove(group)
+
+
+# --------------------------------------------------------------------------
+# tmpfs
+
+
+def mount_tmpfs(path, size):
+    """A fresh tmpfs of size bytes at path (one left mounted there by an
+    interrupted run is unmounted first); None, or why it could not."""
+    if os.path.ismount(path):
+        why = umount_tmpfs(path)
+        if why:
+            return why
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    return None if r.returncode == 0 else (r.stderr.strip() or f"mount exited {r.returncode}")
+
+
+def umount_tmpfs(path):
+    """Unmounts the tmpfs at path, which frees its pages, and removes the
+    empty mount point; None, or why it could not."""
+    if os.path.ismount(path):
+        r = subprocess.run(["umount", str(path)], capture_output=True, text=True)
+        if r.returncode != 0:
+            return r.stderr.strip() or f"umount exited {r.returncode}"
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+    return None
 
 
 # --------------------------------------------------------------------------
