@@ -14,7 +14,7 @@ from pathlib import Path
 from .common import FORMAT, PEERS_DIR, Binary, last_lines, parse_json, read_text, say, shape_str, write_text
 from .system import timed_sync
 from .tools import new_record, run_process, verify
-from .workloads import input_arg
+from .workloads import input_arg, storage_dir
 
 # View reads: repeat (view, staging, staging, view) for each reader until
 # each side has read this long, at most this many times.
@@ -76,7 +76,7 @@ def run_view(w, cap, mem, ctx, tag, measure_read, check):
     """Mount a view, time it until complete, read it, check it, unmount it."""
     rec = new_record(w, "view", cap, mem)
     view = ctx.workdir / "view"
-    staging = ctx.workdir / "staging"
+    staging = storage_dir(ctx.workdir, w) / "staging"
     if view in ctx.mounted or os.path.ismount(view):
         umount(ctx, view)
     shutil.rmtree(staging, ignore_errors=True)

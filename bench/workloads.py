@@ -1,6 +1,7 @@
-"""The workloads (W1, W2, split, merge, and their --quick variants), and
-rechunkfs's own input for each: generated once with `rechunkfs sample` into
-the work directory and reused while its marker matches."""
+"""The workloads (W1, W1-tmpfs, W2, split, merge, and their --quick
+variants), where each one's data live (the work directory's disk, or a
+tmpfs the harness mounts for W1-tmpfs), and rechunkfs's own input for each:
+generated with `rechunkfs sample` and reused while its marker matches."""
 import json
 import shutil
 import subprocess
@@ -10,14 +11,20 @@ from .common import (DTYPE, FORMAT, ITEMSIZE, MARKER, Binary, cube, die, prod, r
                      show_bytes, write_text)
 
 
+# The tmpfs W1-tmpfs runs on: a stand-in for storage faster than the disk.
+# Its pages count against a memory cgroup, so its runs are uncapped.
+TMPFS_SIZE = 3 << 30
+
+
 class Workload:
-    def __init__(self, name, array, blocks, shape, single_file, about):
+    def __init__(self, name, array, blocks, shape, single_file, about, storage="disk"):
         self.name = name
         self.array = array
         self.blocks = blocks          # input block shape (== array: one file)
         self.shape = shape            # output block shape
         self.single_file = single_file
         self.about = about
+        self.storage = storage        # "disk" (the work directory's) or "tmpfs"
 
     @property
     def nbytes(self):
@@ -40,7 +47,25 @@ class Workload:
     def label(self):
         src = "1 file" if self.single_file else f"{cube(self.blocks)} blocks"
         dst = "1 file" if all(s >= n for s, n in zip(self.shape, self.array)) else f"{cube(self.shape)}"
-        return f"{self.name} ({cube(self.array)} {DTYPE}, {src} → {dst})"
+        where = ", on tmpfs" if self.storage == "tmpfs" else ""
+        return f"{self.name} ({cube(self.array)} {DTYPE}, {src} → {dst}{where})"
+
+    def output_sizes(self):
+        """The output blocks' array bytes: {bytes: how many blocks}. Each
+        side has full blocks and, when the block does not divide it, one
+        shorter edge block."""
+        sizes = {ITEMSIZE: 1}
+        for n, s in zip(self.array, self.shape):
+            s = min(s, n)
+            side = {s: n // s}
+            if n % s:
+                side[n % s] = 1
+            grown = {}
+            for size, count in sizes.items():
+                for length, times in side.items():
+                    grown[size * length] = grown.get(size * length, 0) + count * times
+            sizes = grown
+        return sizes
 
     def data_name(self):
         return f"data-{shape_str(self.array, 'x')}-in-{shape_str(self.blocks, 'x')}-{DTYPE}-{FORMAT}"
@@ -51,6 +76,8 @@ def workloads(quick):
         return {
             "W1": Workload("W1", [350] * 3, [35] * 3, [50] * 3, False,
                            "quick variant of W1 (350³ in 35³ blocks → 50³)"),
+            "W1-tmpfs": Workload("W1-tmpfs", [350] * 3, [35] * 3, [50] * 3, False,
+                                 "quick W1 on a tmpfs", storage="tmpfs"),
             "W2": Workload("W2", [350] * 3, [70] * 3, [100] * 3, False,
                            "quick variant of W2 (350³ in 70³ blocks → 100³)"),
             "split": Workload("split", [250] * 3, [250] * 3, [50] * 3, True,
@@ -61,6 +88,9 @@ def workloads(quick):
     return {
         "W1": Workload("W1", [700] * 3, [35] * 3, [50] * 3, False,
                        "keep paper configuration 4 (3500³ in 175³ → 250³) with every length / 5"),
+        "W1-tmpfs": Workload("W1-tmpfs", [700] * 3, [35] * 3, [50] * 3, False,
+                             "W1 with its input, output and staging on a tmpfs, for storage faster than"
+                             " the disk", storage="tmpfs"),
         "W2": Workload("W2", [1750] * 3, [175] * 3, [250] * 3, False,
                        "keep paper configuration 4 (3500³ in 175³ → 250³) with every length / 2"),
         "split": Workload("split", [350] * 3, [350] * 3, [50] * 3, True,
@@ -85,8 +115,14 @@ def out_block(w):
     return [min(s, n) for s, n in zip(w.shape, w.array)]
 
 
+def storage_dir(workdir, w):
+    """Where w's input, outputs and staging live: the work directory, or
+    the tmpfs mounted under it for a tmpfs workload."""
+    return workdir / "tmpfs" if w.storage == "tmpfs" else workdir
+
+
 def data_path(workdir, w):
-    return workdir / w.data_name()
+    return storage_dir(workdir, w) / w.data_name()
 
 
 def data_ready(workdir, w):
@@ -112,6 +148,13 @@ def input_arg(workdir, w):
 def input_files(workdir, w):
     d = data_path(workdir, w)
     return sorted(p for p in d.iterdir() if p.suffix == "." + FORMAT)
+
+
+def file_overhead(workdir, w):
+    """Bytes an input file holds beyond its array bytes (its header), on
+    average: what an output block file of rechunkfs's format adds too."""
+    files = input_files(workdir, w)
+    return max(0, (sum(p.stat().st_size for p in files) - w.nbytes) // max(1, len(files)))
 
 
 def generate(workdir, w):
