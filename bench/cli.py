@@ -1,6 +1,6 @@
 """The command line: the options of a run, their checks and defaults, the
-render-only mode, and the run's clean-up (views unmounted, cgroups removed)
-however it ends."""
+render-only mode, and the run's clean-up (views unmounted, the tmpfs
+unmounted, cgroups removed) however it ends."""
 import argparse
 import json
 import os
@@ -21,10 +21,12 @@ HELP = """Benchmark rechunkfs against its peers and against the disk's own limit
 For each workload the same array is prepared once in the form each tool
 reads (cached in the work directory), then every tool rechunks it with the
 page cache dropped before each run, with no memory cap and inside a memory
-cgroup smaller than the array; every output is checked voxel by voxel
-against the source; the tables (wall time, peak RSS, seeks where known,
-ratios against rechunkfs keep and against the targets of issue 5) are
-printed and written with a chart.
+cgroup smaller than the array, every tool with the same memory budget;
+every run's output is checked voxel by voxel against the source, outside
+its timed part; the tables (wall time, peak RSS, seeks where known, what
+each tool does for durability, ratios against rechunkfs keep, keep against
+the physical limit, and the targets of issue 5) are printed and written
+with a chart.
 
 Tools (--peers selects among all but the first two; default all):
   keep         rechunkfs rechunk --strategy keep (HDF5 blocks in, HDF5 blocks out)
@@ -41,10 +43,14 @@ Tools (--peers selects among all but the first two; default all):
                rounds), by two readers in turn: plain 8 MiB reads, as most
                tools read, and the same advised posix_fadvise SEQUENTIAL, as
                cp reads (advice that passthrough does not pass on)
-  limit        the physical limit, in one Python process (bench/peers/limit.py):
-               read every input file with 8 MiB reads, write as many bytes as
-               fresh files (as many as the output has), syncfs; timed by its own
-               clock around that I/O (the interpreter's cold start excluded)
+  limit        the physical limit (bench/peers/limit.py, one Python process):
+               8 reader threads read every input file, overlapped with 4
+               writer threads writing files the sizes of the output's, then
+               syncfs; write-back started per file, a syncfs every 256 MiB,
+               and pages dropped as rechunkfs drops them (inputs once read,
+               outputs once synced, when the page cache cannot hold the
+               array: 4 x the array > the smaller of the cgroup's limit and
+               MemAvailable); its buffers stay within MEM
   tensorstore  TensorStore: Zarr v2 -> Zarr v2 with the new chunks, dst.write(src)
                (bench/peers/ts_copy.py; cache_pool = MEM)
   rechunker-python, rechunker-dask (or: rechunker)
@@ -63,8 +69,11 @@ Tools (--peers selects among all but the first two; default all):
                the same with H5TOOLS_BUFSIZE = the whole array: one read of all
                of it, then one write (issue 5's reference, "h5repack with a
                718 MB buffer"); it holds the array, so no MEM applies
-MEM: in capped runs --mem = cap minus --headroom, for every tool; uncapped,
-rechunkfs runs without --mem and the peers get what its keep plan holds.
+MEM, the same for every tool in a workload and cap: in capped runs --mem =
+cap minus --headroom; uncapped, --budget, or by default what rechunkfs
+keep's plan holds without --mem (at least one input or output block), given
+to rechunkfs as --mem too. A peer OOM-killed under the cap runs again with
+half (--oom-retries), said in the notes.
 Peers' Python packages go into a venv of the harness's own (WORKDIR/venv,
 made on first use). A tool that cannot be installed or cannot read its
 input is shown as such in the table; the others still run.
@@ -72,25 +81,32 @@ input is shown as such in the table; the others still run.
 Inputs: rechunkfs's HDF5 blocks (`rechunkfs sample`); the peers' Zarr v2
 array (uncompressed, chunks = input blocks) and chunked HDF5 file, written
 by bench/peers/prepare.py from the same splitmix64 content.
-Outputs are checked with tests/fixtures/verify.py (rechunkfs, the view) and
-bench/peers/verify_peer.py (peers) on the first finished run of each
-workload+tool+cap (not timed; --no-verify skips it); a wrong output is
-shown as WRONG and makes the exit status 1.
+Every run's output is checked, after its clock stopped, with
+tests/fixtures/verify.py (rechunkfs, the view) and bench/peers/verify_peer.py
+(peers); the limit's by its counts of files and bytes (--no-verify skips
+the checks); a wrong output is shown as WRONG and makes the exit status 1.
 
-Wall time is measured here around each tool's process(es) and includes a
-syncfs of the output's filesystem after the tool exits, so that every tool's
-output is on disk when its clock stops (rechunkfs, TensorStore and the
-limit already sync; zarr-python, zarrs and h5repack do not).
+Wall time, for every tool alike, runs from its process's start (interpreter
+start-up and imports included) to its exit, plus a syncfs of the output's
+filesystem after it exits, so that every output is on disk when its clock
+stops. What a tool does itself for durability is stated beside its time:
+rechunkfs and the limit syncfs per 256 MiB, TensorStore fsyncs every file,
+zarr-python, zarrs and h5repack do nothing of their own.
 
 Workloads (--workload, comma-separated, or "all"; default W1):
   W1     700^3 uint16 in 35^3 blocks -> 50^3 blocks: the keep paper's
          configuration 4 (3500^3 in 175^3 -> 250^3) with every length / 5.
+  W1-tmpfs
+         W1 on a tmpfs (mount -t tmpfs -o size=3g, mounted by the harness
+         under WORKDIR/tmpfs for its rounds and unmounted after): input,
+         outputs and the view's staging; uncapped only (tmpfs pages count
+         against a memory cgroup); rechunkfs and the limit only.
   W2     1750^3 uint16 in 175^3 blocks -> 250^3 blocks (10.7 GB; only when
          named or with "all"; skipped with a message if the disk cannot hold
          its inputs, the peers' copies and the largest output).
   split  one 350^3 HDF5 file -> 50^3 blocks.
   merge  a 350^3 array in 35^3 blocks -> one file (--shape = the array).
---quick shrinks them for a smoke run: W1 350^3 in 35^3 -> 50^3, W2 350^3 in
+--quick shrinks them for a smoke run: W1 and W1-tmpfs 350^3 in 35^3 -> 50^3, W2 350^3 in
 70^3 -> 100^3, split one 250^3 file -> 50^3, merge 350^3 in 35^3 -> one file.
 
 Memory cap: a child of this process's memory cgroup per capped run, limit
@@ -126,7 +142,7 @@ Blocks on demand are measured apart: bench/run on-demand --help.
 def parser():
     ap = argparse.ArgumentParser(prog="bench/run", description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="W1",
-                    help="W1, W2, split, merge, a comma-separated list, or all (default: W1)")
+                    help="W1, W1-tmpfs, W2, split, merge, a comma-separated list, or all (default: W1)")
     ap.add_argument("--quick", action="store_true", help="smaller variants for a fast smoke run")
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench-out",
                     help="where data, outputs, the peers' venv and results go (default: bench-out/ in the repo)")
@@ -138,8 +154,10 @@ def parser():
                     help="cgroup memory limit for the capped runs (default 256M; 64M with --quick); 0 = no capped runs")
     ap.add_argument("--headroom", type=parse_size, default=None,
                     help="capped runs pass --mem CAP-HEADROOM to every tool (default: min(64M, cap/2))")
-    ap.add_argument("--peer-mem", type=parse_size, default=None,
-                    help="memory budget of the peers in uncapped runs (default: what rechunkfs keep's plan holds)")
+    ap.add_argument("--budget", "--peer-mem", dest="budget", type=parse_size, default=None,
+                    help="every tool's memory budget in uncapped runs: rechunkfs --mem, the peers' knobs, the"
+                         " limit's buffers (default: what rechunkfs keep's plan holds without --mem, at least one"
+                         " input or output block)")
     ap.add_argument("--oom-retries", type=int, default=1,
                     help="capped runs: a peer OOM-killed with the --mem budget runs again with half, this many "
                          "times (default 1; 0 = never)")
@@ -151,7 +169,9 @@ def parser():
                     help="runs per configuration, 5 at least when a run takes under 1 s, 15 under 0.5 s; the table shows the"
                          " median wall time (min–max) (default 2)")
     ap.add_argument("--no-verify", action="store_true", help="do not check outputs")
-    ap.add_argument("--no-build", action="store_true", help="use the existing target/release/rechunkfs")
+    ap.add_argument("--no-build", action="store_true",
+                    help="use the existing release binary ($CARGO_TARGET_DIR/release/rechunkfs, else "
+                         "target/release/rechunkfs)")
     ap.add_argument("--publish", action="store_true",
                     help="write the results and chart to docs/bench/ (results.md, chart.svg; a run without W1: "
                          "results-NAMES.md, chart-NAMES.svg) for the README, replacing the ones there")
@@ -218,4 +238,5 @@ def main(argv=None):
         if session.ctx is not None:
             for view in list(session.ctx.mounted):
                 umount(session.ctx, view)
+        session.close_tmpfs()
         cgroups.remove_all()

@@ -1,7 +1,9 @@
 """One benchmark run, step by step: build and stage rechunkfs, describe the
 machine, install the peers, check the disk, prepare every input, set up the
-memory cgroups, run every tool in seeded rounds per workload and cap
-(checking each output once), and save and report the results."""
+memory cgroups and every tool's memory budget, run every tool in seeded
+rounds per workload and cap (a tmpfs workload inside a tmpfs mounted for
+its rounds alone), check every run's output, and save and report the
+results."""
 import json
 import random
 import shutil
@@ -9,11 +11,11 @@ import shutil
 from .common import MARKER, MIB, PUBLISH_DIR, die, remove_path, say, show_bytes
 from .peer_setup import Peers
 from .report import READER_LABELS, aggregate, cap_label, mbps, published_suffix, write_results
-from .system import CacheDropper, CgroupError, machine_lines
-from .tools import (H5REPACK_TOOLS, MEM_KNOB, REPEATS_FOR_SHORT_RUNS, TOOLS, Context, build, ensure_python, label,
-                    plan, run_one, run_peer, stage_binary, verify)
+from .system import CacheDropper, CgroupError, machine_lines, mount_tmpfs, umount_tmpfs
+from .tools import (H5REPACK_TOOLS, MEM_KNOB, REPEATS_FOR_SHORT_RUNS, TOOLS, Context, build, check_limit,
+                    ensure_python, label, plan, run_one, run_peer, stage_binary, verify)
 from .view import run_view
-from .workloads import data_path, data_ready, disk_need, generate, input_arg
+from .workloads import TMPFS_SIZE, data_path, data_ready, disk_need, generate, input_arg, storage_dir
 
 
 class Session:
@@ -27,7 +29,6 @@ class Session:
         self.cap = cap
         self.mem = mem
         self.workdir = workdir
-        self.out = workdir / "out"
         self.cgroups = cgroups
         self.ctx = None           # set once runs can start; views to unmount live in it
         self.peers = None
@@ -38,8 +39,8 @@ class Session:
         self.notes = []
         self.budget_notes = []
         self.records = []
-        self.checked = set()      # (workload, tool, cap) whose output was checked
-        self.mems = {}            # workload -> the peers' memory budget without a cap
+        self.mems = {}            # workload -> every tool's memory budget without a cap
+        self.tmpfs = None         # the tmpfs mounted for a tmpfs workload's rounds
         self.total = 0
 
     def run(self):
@@ -59,12 +60,20 @@ class Session:
         self.dropper = CacheDropper()
         self.ctx = Context(self.workdir, self.cgroups, self.dropper, self.a.timeout, self.peers)
         self.memory_budgets(caps)
-        self.total = len(self.wl) * len(caps) * len(self.tools)
+        self.total = sum(len(self.caps_of(w, caps)) for w in self.wl) * len(self.tools)
         n = 0
         for w in self.wl:
-            inp = input_arg(self.workdir, w)
-            for c in caps:
-                n = self.run_rounds(w, inp, c, n)
+            if not self.caps_of(w, caps):
+                self.notes.append(f"{w.name} skipped: it runs uncapped only, and --no-uncapped was given")
+                continue
+            if not self.enter_storage(w):
+                continue
+            try:
+                inp = input_arg(self.workdir, w)
+                for c in self.caps_of(w, caps):
+                    n = self.run_rounds(w, inp, c, n)
+            finally:
+                self.leave_storage(w)
         self.final_notes()
         return self.save()
 
@@ -93,6 +102,9 @@ class Session:
         free = shutil.disk_usage(self.workdir).free - 64 * MIB
         kept = []
         for w in self.wl:
+            if w.storage == "tmpfs":
+                kept.append(w)      # its own tmpfs: enter_storage checks it
+                continue
             inputs, largest = disk_need(self.workdir, w, self.optional, self.peers)
             need = int((inputs + largest) * 1.05)
             msg = (f"disk for {w.name}: about {show_bytes(need)} (inputs to write {show_bytes(inputs)}, largest output"
@@ -109,7 +121,10 @@ class Session:
         self.wl = kept
 
     def prepare_inputs(self):
+        """The inputs on disk, made or reused; a tmpfs workload's are made in enter_storage."""
         for w in self.wl:
+            if w.storage == "tmpfs":
+                continue
             if not data_ready(self.workdir, w):
                 generate(self.workdir, w)
             else:
@@ -134,6 +149,43 @@ class Session:
             self.notes.append(f"capped runs SKIPPED: no usable memory cgroup ({e})")
             self.cgroups.version = None
 
+    def enter_storage(self, w):
+        """Mounts a tmpfs workload's tmpfs and writes its input there; False
+        (said in the notes) when it cannot. Disk workloads are ready."""
+        if w.storage != "tmpfs":
+            return True
+        need = 2 * (w.nbytes + w.input_files * 8192)      # input + one output or staging
+        why = None if need <= TMPFS_SIZE else f"needs about {show_bytes(need)}, more than the tmpfs's " \
+                                               f"{show_bytes(TMPFS_SIZE)}"
+        path = storage_dir(self.workdir, w)
+        why = why or mount_tmpfs(path, TMPFS_SIZE)
+        if why:
+            say(f"SKIPPED {w.name}: cannot use a tmpfs at {path}: {why}")
+            self.notes.append(f"{w.name} skipped: no tmpfs at {path} ({why})")
+            return False
+        self.tmpfs = path
+        say(f"tmpfs of {show_bytes(TMPFS_SIZE)} mounted at {path} for {w.name}")
+        generate(self.workdir, w)
+        self.budget_of(w)
+        return True
+
+    def leave_storage(self, w):
+        """Unmounts a tmpfs workload's tmpfs, which frees its pages before the next workload."""
+        if w.storage == "tmpfs":
+            self.close_tmpfs()
+
+    def close_tmpfs(self):
+        if self.tmpfs is not None:
+            why = umount_tmpfs(self.tmpfs)
+            if why:
+                say(f"warning: could not unmount the tmpfs at {self.tmpfs}: {why}")
+            self.tmpfs = None
+
+    def caps_of(self, w, caps):
+        """The caps w runs under: a tmpfs workload runs uncapped only, since
+        its files' pages would count against the cgroup."""
+        return [c for c in caps if c is None] if w.storage == "tmpfs" else caps
+
     def caps(self):
         """The caps each workload runs under: None (uncapped) and/or the cgroup limit."""
         caps = ([] if self.a.no_uncapped else [None]) + ([self.cap] if self.cap and self.cgroups.version else [])
@@ -142,17 +194,26 @@ class Session:
         return caps
 
     def memory_budgets(self, caps):
-        # What "--mem" means for a peer without a cap: what rechunkfs keep's
-        # own plan holds, but never less than one input or output block,
-        # which rechunker refuses to go below (keep reads a split or merge
-        # in steps and holds less than that).
+        """Every tool's memory budget in the uncapped runs of each disk
+        workload (a tmpfs workload's once its input exists)."""
         for w in self.wl:
-            p, _ = plan(input_arg(self.workdir, w), w, "keep", None)
-            self.mems[w.name] = max((p or {}).get("peak_memory_bytes") or 1 << 30, w.largest_block_bytes)
-        if caps[0] is None and self.optional:
-            self.notes.append("uncapped runs: rechunkfs runs without --mem; the peers get what its keep plan holds,"
-                              " or one input or output block if that is more, as their memory budget ("
-                              + ", ".join(f"{k} {show_bytes(v)}" for k, v in self.mems.items()) + ")")
+            if w.storage != "tmpfs":
+                self.budget_of(w)
+        if caps[0] is None:
+            say("uncapped runs: every tool's memory budget is --budget, or what rechunkfs keep's plan holds"
+                " without one (at least one input or output block)")
+
+    def budget_of(self, w):
+        # What rechunkfs keep's own plan holds without --mem, but never less
+        # than one input or output block, which rechunker refuses to go
+        # below (keep reads a split or merge in steps and holds less than
+        # that). rechunkfs then gets it as --mem too, so that no tool has
+        # more memory to work in than another.
+        if self.a.budget:
+            self.mems[w.name] = self.a.budget
+            return
+        p, _ = plan(input_arg(self.workdir, w), w, "keep", None)
+        self.mems[w.name] = max((p or {}).get("peak_memory_bytes") or 1 << 30, w.largest_block_bytes)
 
     # -- the runs
 
@@ -178,13 +239,13 @@ class Session:
         return n
 
     def new_state(self, tool, n, w, c):
-        """A tool's state across the rounds of one workload and cap, with its memory budget."""
-        if tool in ("limit", "h5repack-whole"):
-            m = None        # no memory knob: the cap alone applies
-        elif c is not None:
-            m = self.mem
+        """A tool's state across the rounds of one workload and cap, with its
+        memory budget: the same for every tool (--mem under the cap, else
+        the workload's budget), but for h5repack holding the whole array."""
+        if tool == "h5repack-whole":
+            m = None        # it holds the array by design: no budget applies
         else:
-            m = None if TOOLS[tool][1] == "rechunkfs" else (self.a.peer_mem or self.mems[w.name])
+            m = self.mem if c is not None else self.mems[w.name]
         return {"tool": tool, "n": n, "m": m, "runs": self.a.repeat, "done": 0, "stopped": False,
                 "retries": self.a.oom_retries if (c is not None and tool in MEM_KNOB) else 0}
 
@@ -194,9 +255,9 @@ class Session:
         found = self.attempt(w, inp, c, capname, st)
         if found is None:
             return
-        rec, target, key, do_check = found
+        rec, target = found
         if rec["status"] == "ok":
-            self.after_success(w, c, st, rec, target, key, do_check)
+            self.after_success(w, c, st, rec, target)
         elif rec["status"] == "timeout":
             say(f"    killed after {self.a.timeout:g} s (timeout)")
         else:
@@ -204,15 +265,14 @@ class Session:
         if target is not None and not (tool in ("keep", "baseline") and self.a.keep_output):
             remove_path(target)
             if tool not in ("keep", "baseline"):
-                shutil.rmtree(self.workdir / "out-peer", ignore_errors=True)
+                shutil.rmtree(storage_dir(self.workdir, w) / "out-peer", ignore_errors=True)
         if rec["status"] != "ok":
             st["stopped"] = True    # no point repeating a timeout or a failure
         st["done"] = repeat + 1
 
     def attempt(self, w, inp, c, capname, st):
         """Runs the tool once, again with half the budget after an OOM kill
-        where it may; (record, output, check key, check now?), or None when
-        the tool is unavailable."""
+        where it may; (record, output), or None when the tool is unavailable."""
         tool, repeat = st["tool"], st["done"]
         while True:
             runs = st["runs"]
@@ -221,9 +281,7 @@ class Session:
             say(f"[{st['n']}/{self.total}] {w.label()}: {label(tool)}, {capname}{tag} ...")
             runtag = f"{'nocap' if c is None else 'cap'}-{repeat + 1}" + \
                 (f"-budget{m >> 20}M" if m is not None and tool in MEM_KNOB else "")
-            key = (w.name, tool, c)
-            do_check = not self.a.no_verify and key not in self.checked
-            rec, target = self.run_tool(w, inp, c, m, tool, runtag, repeat, do_check)
+            rec, target = self.run_tool(w, inp, c, m, tool, runtag, repeat)
             rec["repeat"] = repeat
             if self.dropper.failed and "drop_caches" not in " ".join(self.notes):
                 self.notes.append(f"page cache NOT dropped before runs (echo 3 > /proc/sys/vm/drop_caches "
@@ -236,14 +294,17 @@ class Session:
             if rec["status"] == "oom" and st["retries"] and repeat == 0:
                 self.lower_budget(w, c, st, rec, m, tool)
                 continue
-            return rec, target, key, do_check
+            return rec, target
 
-    def run_tool(self, w, inp, c, m, tool, runtag, repeat, do_check):
-        """One timed run of any tool; (record, output to check and remove, or None)."""
+    def run_tool(self, w, inp, c, m, tool, runtag, repeat):
+        """One timed run of any tool; (record, output to check and remove, or None).
+        The view's output is checked here, while it is mounted."""
         if tool in ("keep", "baseline"):
-            return run_one(inp, self.out, w, tool, c, m, self.ctx), self.out
+            out = storage_dir(self.workdir, w) / "out"
+            return run_one(inp, out, w, tool, c, m, self.ctx), out
         if tool == "view":
-            return run_view(w, c, m, self.ctx, runtag, measure_read=(repeat == 0), check=do_check), None
+            check = not self.a.no_verify
+            return run_view(w, c, m, self.ctx, runtag, measure_read=(repeat == 0), check=check), None
         return run_peer(tool, w, c, m, self.ctx, runtag)
 
     def lower_budget(self, w, c, st, rec, m, tool):
@@ -257,9 +318,8 @@ class Session:
                                  f"{show_bytes(m)}, run again with {show_bytes(lower)}")
         st["m"] = lower
 
-    def after_success(self, w, c, st, rec, target, key, do_check):
-        """Asks for more runs of a short tool, prints the run, checks its output once."""
-        tool = st["tool"]
+    def after_success(self, w, c, st, rec, target):
+        """Asks for more runs of a short tool, prints the run, checks its output."""
         # A median of two is their mean: one slow run moves it by half
         # its excess. Short runs, the noisiest, get more.
         for seconds, at_least in REPEATS_FOR_SHORT_RUNS:
@@ -277,33 +337,50 @@ class Session:
         for reader, side in (rec.get("reads") or {}).items():
             say(f"    read cold ({READER_LABELS[reader]}): view {mbps(side['view']):,.0f} MB/s, staging "
                 f"{mbps(side['staging']):,.0f} MB/s")
-        if do_check and tool != "limit" and target is not None:
-            if tool in ("keep", "baseline"):
-                ok, text, secs = verify(target, w)
-            else:
-                ok, text, secs = self.peers.verify("h5" if tool in H5REPACK_TOOLS else "zarr", target, w)
-            rec["verified"] = ok
-            rec["verify_text"] = text.splitlines()[-1] if text else ""
+        if not self.a.no_verify:
+            self.check(w, st["tool"], rec, target)
         if rec.get("verified") is not None:
-            self.checked.add(key)
             say(f"    {'verified' if rec['verified'] else 'VERIFY FAILED'}: {rec.get('verify_text')}")
+
+    def check(self, w, tool, rec, target):
+        """Checks one run's output, after its clock stopped (the view's was
+        checked while mounted): voxel by voxel, or for the limit, which
+        writes no array, its byte and file counts."""
+        if tool == "limit":
+            check_limit(rec, w, self.workdir)
+            return
+        if target is None:
+            return
+        if tool in ("keep", "baseline"):
+            ok, text, secs = verify(target, w)
+        else:
+            ok, text, secs = self.peers.verify("h5" if tool in H5REPACK_TOOLS else "zarr", target, w)
+        rec["verified"] = ok
+        rec["verify_text"] = text.splitlines()[-1] if text else ""
+        rec["verify_seconds"] = secs
 
     # -- after the runs
 
     def final_notes(self):
         notes = self.notes
         notes += self.budget_notes
-        tried = {(r["workload"], r["tool"], r["cap_bytes"]) for r in self.records
-                 if r["status"] == "ok" and r["tool"] != "limit"}
-        unchecked = sorted({f"{k[0]} {label(k[1])}" for k in tried - self.checked})
+        finished = [r for r in self.records if r["status"] == "ok"]
+        unchecked = sorted({f"{r['workload']} {label(r['tool'])}" for r in finished if r.get("verified") is None})
         if self.a.no_verify:
             notes.append("outputs NOT verified (--no-verify)")
         elif unchecked:
             notes.append(f"not verified: {', '.join(unchecked)}")
         else:
-            notes.append(f"every finished tool's output verified voxel by voxel ({len(self.checked)} checks: the first"
-                         " finished run of each workload+tool+cap; rechunkfs outputs and the view with"
-                         " tests/fixtures/verify.py, peers with bench/peers/verify_peer.py)")
+            notes.append(f"every finished run's output verified, outside its timed part ({len(finished)} checks):"
+                         " voxel by voxel, rechunkfs outputs and the view with tests/fixtures/verify.py, peers with"
+                         " bench/peers/verify_peer.py; the physical limit, which writes no array, by its counts of"
+                         " files and bytes read and written")
+        if self.mems:
+            notes.append("memory budget in uncapped runs, the same for every tool (rechunkfs --mem, the peers' knobs,"
+                         " the limit's buffers; not h5repack holding the whole array): "
+                         + ", ".join(f"{k} {show_bytes(v)}" for k, v in self.mems.items())
+                         + ("" if self.a.budget else " (what rechunkfs keep's plan holds without --mem, or one"
+                            " input or output block if that is more)"))
         if not self.dropper.failed:
             notes.append("page cache dropped (sync; echo 3 > /proc/sys/vm/drop_caches) before every run")
         for r in aggregate(self.records):
