@@ -22,14 +22,15 @@
 //! where that count cannot change.
 
 pub mod pieces;
+mod pool;
 pub mod seekio;
+mod sink;
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::IoSliceMut;
 use std::num::NonZeroUsize;
 use std::ops::Range;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use lru::LruCache;
@@ -43,7 +44,9 @@ use crate::format::Storage;
 use crate::input::{HeaderCheck, InputArray, InputBlock};
 use crate::plan::Plan;
 use crate::sys::pagecache;
+use pool::BufferPool;
 use seekio::{FileKey, SeekCounter, SeekLog};
+pub use sink::{reopen, BlockSink, OpenOutput, OutputFiles, OutputTarget};
 
 /// Told of each input file just before its bytes are first read (a view's
 /// staging area records the file's size and mtime, so that a remount can
@@ -92,114 +95,6 @@ fn fill_absent(
         layout.fill_segment(segment, buffers, fill)
     })?;
     Ok(filled)
-}
-
-/// An output block file open for positioned writes of its data.
-pub struct OutputTarget<'a> {
-    pub file: &'a File,
-    pub path: &'a Path,
-    /// Byte offset of the block's data (after its header).
-    pub data_offset: u64,
-    /// Shape of the C-order array the file's data region holds: the
-    /// block's shape, or larger when the format pads edge blocks (Zarr).
-    /// The padding is never written: creating the file at its full length
-    /// leaves it a hole that reads as zeros.
-    pub file_shape: &'a [u64],
-}
-
-/// Where output blocks are written.
-pub trait BlockSink {
-    /// The file of output block `rank` (C-order rank in the output grid),
-    /// created on first use.
-    fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>>;
-    /// Every byte of output block `rank` has been written.
-    fn complete(&mut self, rank: u64) -> Result<()>;
-    /// Whether output block `rank` still needs writing (a resumed view
-    /// already has some): unwanted blocks are skipped, not counted.
-    fn wants(&mut self, _rank: u64) -> bool {
-        true
-    }
-    /// Called between read blocks, with `stats.held_bytes` the array bytes
-    /// the executor holds at that moment (the view extracts blocks out of
-    /// order here, within what `--mem` leaves).
-    fn between_steps(&mut self, _stats: &RunStats) -> Result<()> {
-        Ok(())
-    }
-}
-
-/// An output block's file, open for positioned writes of its data.
-pub struct OpenOutput {
-    pub file: File,
-    pub path: std::path::PathBuf,
-    /// Byte offset of the block's data (after its header).
-    pub data_offset: u64,
-    /// Shape of the array the file holds (a padded Zarr edge chunk's is
-    /// larger than its block).
-    pub file_shape: Vec<u64>,
-}
-
-/// The output files a sink has open between a block's first write and its
-/// completion. Blocks written piece by piece (a baseline plan) can be many
-/// more than the open-file limit allows, so the least recently used are
-/// closed and reopened when written again.
-pub struct OutputFiles {
-    open: LruCache<u64, OpenOutput>,
-    created: std::collections::HashSet<u64>,
-}
-
-impl OutputFiles {
-    pub fn new(capacity: usize) -> OutputFiles {
-        OutputFiles {
-            open: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
-            created: std::collections::HashSet::new(),
-        }
-    }
-
-    /// Whether block `rank`'s file is open now.
-    pub fn is_open(&self, rank: u64) -> bool {
-        self.open.contains(&rank)
-    }
-
-    /// Whether block `rank`'s file was created in this run (and so must be
-    /// reopened, not created again, if it is not open).
-    pub fn was_created(&self, rank: u64) -> bool {
-        self.created.contains(&rank)
-    }
-
-    pub fn insert(&mut self, rank: u64, output: OpenOutput) {
-        self.created.insert(rank);
-        self.open.put(rank, output);
-    }
-
-    /// The target for block `rank`, which must be open.
-    pub fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
-        let open = self
-            .open
-            .get(&rank)
-            .ok_or_else(|| Error::BadArgument("open-file cache lost an entry".into()))?;
-        Ok(OutputTarget {
-            file: &open.file,
-            path: &open.path,
-            data_offset: open.data_offset,
-            file_shape: &open.file_shape,
-        })
-    }
-
-    /// Forgets block `rank` (completed, or rewritten whole elsewhere),
-    /// handing back its file if it was open.
-    pub fn close(&mut self, rank: u64) -> Option<OpenOutput> {
-        self.created.remove(&rank);
-        self.open.pop(&rank)
-    }
-}
-
-/// Opens an existing output file again for writing.
-pub fn reopen(path: &Path) -> Result<File> {
-    File::options()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|e| Error::io(path, "reopening", e))
 }
 
 /// What a run did: counted, not estimated.
@@ -445,67 +340,6 @@ struct WriteReport {
     pieces: Vec<Vec<u8>>,
 }
 
-/// Piece buffers written and handed back, kept for the next steps of the
-/// same sizes. A fresh buffer of [`OWN_MAPPING_BYTES`](crate::sys::limits::OWN_MAPPING_BYTES) or more costs a page
-/// fault and a zeroed page for every 4 KiB the reader fills, and freeing it
-/// unmaps it, which interrupts the other thread to flush its TLB. A merge
-/// (ten 8.5 MB steps) made 21,800 minor page faults and spent 0.09-0.13 s
-/// in the kernel that way, against 5,100 and 0.05-0.06 s with reuse. A
-/// smaller one comes from the heap, which zeroes it: W1's 686 MB of pieces
-/// under 1 MiB were all memset before being read into. A grid's
-/// pieces come in a few sizes, so most are reused. What the pool keeps and
-/// the bytes held fit in the plan's peak, when a buffer is given back and
-/// when a step takes its buffers (kept ones of other sizes are freed then),
-/// so memory stays within what the plan holds at most.
-#[derive(Default)]
-struct BufferPool {
-    free: HashMap<usize, Vec<Vec<u8>>>,
-    bytes: u64,
-}
-
-impl BufferPool {
-    /// Buffers of `lens` bytes for a step, while `held` bytes are held
-    /// besides: kept ones (holding old bytes, all of which the step
-    /// overwrites) where the sizes match, new zeroed ones otherwise. Kept
-    /// buffers that would not fit beside the step in `peak` are freed
-    /// first, so the new ones never come on top of them.
-    fn take_step(&mut self, lens: &[usize], held: u64, peak: u64) -> Vec<Vec<u8>> {
-        let kept: Vec<Option<Vec<u8>>> = lens
-            .iter()
-            .map(|&len| {
-                let buffer = self.free.get_mut(&len).and_then(Vec::pop);
-                if buffer.is_some() {
-                    self.bytes -= len as u64;
-                }
-                buffer
-            })
-            .collect();
-        let step: u64 = lens.iter().map(|&len| len as u64).sum();
-        let room = peak.saturating_sub(held + step);
-        while self.bytes > room {
-            let Some((&len, buffers)) = self.free.iter_mut().find(|(_, b)| !b.is_empty()) else {
-                break;
-            };
-            buffers.pop();
-            self.bytes -= len as u64;
-        }
-        kept.into_iter()
-            .zip(lens)
-            .map(|(buffer, &len)| buffer.unwrap_or_else(|| vec![0u8; len]))
-            .collect()
-    }
-
-    /// Keeps `buffer` if it, the buffers kept and the `held` bytes fit in
-    /// `peak`; frees it otherwise.
-    fn give(&mut self, buffer: Vec<u8>, held: u64, peak: u64) {
-        let len = buffer.len();
-        if held + self.bytes + len as u64 <= peak {
-            self.bytes += len as u64;
-            self.free.entry(len).or_default().push(buffer);
-        }
-    }
-}
-
 /// The writer thread's state: output blocks' remaining volumes, the write
 /// log, and the buffer small row parts are packed through.
 struct Writer<'a> {
@@ -680,7 +514,7 @@ impl<'a> Executor<'a> {
             // the held bytes it is told include the slab in flight and the
             // buffers kept for reuse, the memory its work must fit beside.
             let mut told = self.stats;
-            told.held_bytes += self.pool.bytes;
+            told.held_bytes += self.pool.kept_bytes();
             sink.lock().between_steps(&told)?;
             progress(&self.stats);
         }
@@ -1192,42 +1026,6 @@ pub fn read_region(
 mod tests {
     use super::*;
     use crate::plan::{Problem, Strategy};
-
-    #[test]
-    fn the_buffer_pool_reuses_buffers_within_the_plans_peak() {
-        let mib = 1usize << 20;
-        let mut pool = BufferPool::default();
-        let peak = 4 << 20;
-        let mut first = pool.take_step(&[2 * mib], 0, peak).remove(0);
-        first[0] = 7;
-        // Kept: 2 MiB held besides, peak 4 MiB.
-        pool.give(first, 2 << 20, peak);
-        assert_eq!(pool.bytes, 2 << 20);
-        // Over the peak with it: freed, whatever its size.
-        pool.give(vec![0u8; mib], 2 << 20, peak);
-        pool.give(vec![0u8; 100], (4 << 20) - (2 << 20) - 99, peak);
-        assert_eq!(pool.bytes, 2 << 20);
-        // Small buffers are kept too.
-        pool.give(vec![5u8; 100], 0, peak);
-        assert_eq!(pool.bytes, (2 << 20) + 100);
-        assert_eq!(pool.take_step(&[100], 0, peak)[0][0], 5);
-        assert_eq!(pool.bytes, 2 << 20);
-        // The same size comes back with its old bytes; another is new.
-        let step = pool.take_step(&[2 * mib, 2 * mib], 0, peak);
-        assert_eq!((step[0][0], step[1][0]), (7, 0));
-        assert_eq!(pool.bytes, 0);
-        // A kept buffer of another size that would not fit beside a step
-        // is freed before the step's new buffers are made.
-        pool.give(vec![0u8; 3 * mib], 0, peak);
-        assert_eq!(pool.bytes, 3 << 20);
-        let step = pool.take_step(&[2 * mib], 0, peak);
-        assert_eq!(step[0].len(), 2 * mib);
-        assert_eq!(pool.bytes, 0, "3 MiB kept + a 2 MiB step > the 4 MiB peak");
-        // One that fits stays.
-        pool.give(vec![0u8; mib], 0, peak);
-        pool.take_step(&[2 * mib], 0, peak);
-        assert_eq!(pool.bytes, 1 << 20);
-    }
 
     #[test]
     fn read_ahead_window_fits_what_the_cgroup_leaves() {
