@@ -6,7 +6,7 @@
 //! Memory: a read block is read, step by step (`Plan::steps`: slabs of it
 //! along the first dimension), into one buffer per write block each step
 //! touches (its *pieces*); a piece stays until its part of the write block
-//! is written, which gathers from the pieces. [`pieces`] moves the
+//! is written, which gathers from the pieces. `pieces` moves the
 //! bytes between files and pieces, one I/O call per contiguous run of a
 //! file. The calling thread reads while a writer thread writes the slab of the
 //! completed write block that the previous step finished, so the disk and

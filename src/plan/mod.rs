@@ -23,10 +23,10 @@
 //! segments in C order, then each output piece of the completed write block;
 //! the predictions below model exactly that order. (It overlaps the two in
 //! time, a write block's slabs being written while the rest of its read
-//! block is read; [`step_axis`] cuts read blocks only where counting in
-//! this order cannot change a seek.)
+//! block is read; `steps::step_axis` cuts read blocks only where counting
+//! in this order cannot change a seek.)
 //!
-//! [`step_axis`]: steps::step_axis
+//! [`Axis`]: crate::array::geometry::Axis
 
 mod cost;
 mod dims;
@@ -104,9 +104,8 @@ pub struct Plan {
     /// Read blocks, visited in C order.
     pub read: Partition,
     /// The read blocks cut along the first dimension into the steps the
-    /// executor takes, in order, within each read block ([`step_axis`]).
-    ///
-    /// [`step_axis`]: steps::step_axis
+    /// executor takes, in order, within each read block
+    /// (`steps::step_axis`).
     pub steps: Partition,
     /// Write blocks: each is written when the last read block it needs is read.
     pub write: Partition,
