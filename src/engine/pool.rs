@@ -1,6 +1,6 @@
 //! Piece buffers kept for reuse between steps, within the plan's peak: a
 //! fresh buffer costs page faults or a memset, and freeing a large one
-//! interrupts the other thread (measured below).
+//! interrupts the other thread (see [`BufferPool`] for the measurements).
 
 use std::collections::HashMap;
 

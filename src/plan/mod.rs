@@ -5,7 +5,7 @@
 //! A plan is two partitions of the array: read blocks, read in C order, and
 //! write blocks, each written as soon as the last read block it needs has
 //! been read. Both are product grids, one [`Axis`] per dimension, so every
-//! count here (seeks, memory) is computed per dimension and multiplied:
+//! count (seeks, memory) is computed per dimension and multiplied:
 //! planning a 64,000 × 125,000 block problem takes microseconds, not hours.
 //!
 //! Along each dimension the write intervals follow the read intervals in one
@@ -21,7 +21,7 @@
 //! exactly where the previous I/O call ended in the same file: a disk head
 //! that moves. The executor issues, per read block, each input piece's
 //! segments in C order, then each output piece of the completed write block;
-//! the predictions below model exactly that order. (It overlaps the two in
+//! the predictions (`cost`) model exactly that order. (It overlaps the two in
 //! time, a write block's slabs being written while the rest of its read
 //! block is read; `steps::step_axis` cuts read blocks only where counting
 //! in this order cannot change a seek.)
