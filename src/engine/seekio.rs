@@ -1,6 +1,6 @@
 //! The one I/O layer all array data goes through: positioned, vectored
 //! reads and writes (`preadv`/`pwritev`: one call gathers or scatters many
-//! memory pieces for one file segment; [`crate::engine::pieces`] decides which, or
+//! memory pieces for one file segment; `engine::pieces` decides which, or
 //! packs small rows through a buffer), and the seek counting.
 //!
 //! The convention is keep.md's: a seek is an I/O call that does not start

@@ -1,0 +1,151 @@
+//! One output block's bytes on demand, read straight from the inputs ahead
+//! of the plan: the view serves a block a reader asks for before the plan
+//! reaches it.
+
+use std::fs::File;
+use std::io::IoSliceMut;
+
+use super::inputs::{
+    count_as_contiguous, fill_absent, read_ahead_input, read_hdf5_pieces, unchecked, InputHandle,
+    InputWitness,
+};
+use super::pieces::{PieceGrid, RowLayout};
+use super::seekio::{self, FileKey, SeekCounter};
+use crate::array::geometry::{Axis, IndexBox, Partition, Region};
+use crate::error::{Error, Result};
+use crate::format::Storage;
+use crate::input::{InputArray, InputBlock};
+
+/// Reads `region` of the whole array into `dest`, a C-order buffer of the
+/// region's shape, straight from the input blocks it overlaps: one read
+/// per input block (the span of its part), counted in `counter`, each
+/// input told to `witness` first. For extracting one output block ahead
+/// of the plan.
+pub fn read_region(
+    input: &InputArray,
+    region: &Region,
+    dest: &mut Vec<u8>,
+    counter: &mut SeekCounter,
+    witness: Option<&dyn InputWitness>,
+) -> Result<()> {
+    let grid_of_inputs = input.grid();
+    let mut extraction = Extraction {
+        input,
+        elem: input.dtype.size as u64,
+        grid: PieceGrid::new(&cut_at(region, &input.shape), region),
+        counter,
+        witness,
+    };
+    let buffers = std::slice::from_mut(dest);
+    for input_index in IndexBox::new(grid_of_inputs.overlapping(region)) {
+        let block_box = grid_of_inputs.block(&input_index);
+        let file_box = input.files.file_box(&block_box);
+        let Some(part) = block_box.intersect(region) else {
+            continue;
+        };
+        let rank = grid_of_inputs.linear(&input_index);
+        extraction.read_part(rank, &part, &file_box, buffers)?;
+    }
+    Ok(())
+}
+
+/// The array cut at `region`'s bounds, in an array of `shape`: its one
+/// cell inside the region is the one piece the region is read into.
+fn cut_at(region: &Region, shape: &[u64]) -> Partition {
+    Partition::new(
+        (0..region.ndim())
+            .map(|d| Axis::from_bounds(vec![0, region.origin[d], region.end(d), shape[d]]))
+            .collect(),
+    )
+}
+
+/// A region being read from the inputs: the one piece it is read into.
+struct Extraction<'x> {
+    input: &'x InputArray,
+    elem: u64,
+    grid: PieceGrid,
+    counter: &'x mut SeekCounter,
+    witness: Option<&'x dyn InputWitness>,
+}
+
+impl Extraction<'_> {
+    /// Reads `part` of input block `rank` (whose file holds `file_box`)
+    /// into the region's piece `buffers`.
+    fn read_part(
+        &mut self,
+        rank: u64,
+        part: &Region,
+        file_box: &Region,
+        buffers: &mut [Vec<u8>],
+    ) -> Result<()> {
+        let block = &self.input.blocks[rank as usize];
+        let key = FileKey::Input(rank);
+        let layout = RowLayout::new(part, file_box, self.elem, &self.grid);
+        if let Storage::Absent { fill } = &block.storage {
+            fill_absent(
+                self.witness,
+                rank,
+                block,
+                fill,
+                &layout,
+                buffers,
+                self.counter,
+            )?;
+            return Ok(());
+        }
+        // One read of the span from the part's first byte to its last, then
+        // rows copied out: an out-of-order extraction pays in seeks, and a
+        // row-by-row read of a partial input block would make one per row.
+        let (first, end) = span_of(&layout)?;
+        let opened = open_with_span_ahead(block, first, end)?;
+        match InputHandle::open(self.input, rank, opened, self.witness)? {
+            InputHandle::Contiguous { file, data_offset } => {
+                let mut span = vec![0u8; (end - first) as usize];
+                let at = data_offset + first;
+                seekio::read_exact_at(&file, &block.path, &mut [IoSliceMut::new(&mut span)], at)?;
+                self.counter.read(key, at, end - first);
+                layout.for_each_segment(|segment| {
+                    layout.copy_segment_from(&span, first, segment, buffers)
+                })
+            }
+            InputHandle::Hdf5(reader) => {
+                let counter = &mut *self.counter;
+                count_as_contiguous(&layout, |offset, len| counter.read(key, offset, len))?;
+                read_hdf5_pieces(&reader, file_box, part, &self.grid, buffers)
+            }
+            InputHandle::Opened(_) => Err(unchecked(&block.path)),
+        }
+    }
+}
+
+/// The span of `layout`'s file data from its first byte to its last, as
+/// `(first, end)` offsets.
+fn span_of(layout: &RowLayout) -> Result<(u64, u64)> {
+    let (mut first, mut end) = (u64::MAX, 0);
+    layout.for_each_segment(|segment| {
+        first = first.min(segment.offset);
+        end = end.max(segment.offset + segment.len);
+        Ok(())
+    })?;
+    Ok((first, end))
+}
+
+/// The file of `block`, opened with its header and the span `[first, end)`
+/// of its data asked for at once when the header is still to be checked;
+/// None when there is nothing to check (the read opens it then). Asked for
+/// apart, the check's small read would fetch the header alone (the kernel
+/// reads ahead 16 KiB after a first read of one page) and the span would
+/// wait for a second trip to the disk.
+fn open_with_span_ahead(block: &InputBlock, first: u64, end: u64) -> Result<Option<File>> {
+    let (Some(check), Storage::Contiguous { data_offset }) = (&block.check, &block.storage) else {
+        return Ok(None);
+    };
+    let file = File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?;
+    read_ahead_input(
+        &file,
+        Some(check.as_ref()),
+        data_offset + first,
+        end - first,
+    );
+    Ok(Some(file))
+}

@@ -1,0 +1,503 @@
+//! The executor's input side: block files kept open and checked before
+//! their first read, the kernel kept reading ahead of the plan, absent
+//! chunks filled, and each input told to a witness before it is read, so
+//! that a view can tell later whether an input it read has changed.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::num::NonZeroUsize;
+use std::path::Path;
+
+use lru::LruCache;
+
+use super::pieces::{PackingBuffer, PieceGrid, RowLayout};
+use super::seekio::{FileKey, SeekCounter, SeekLog};
+use crate::array::geometry::{IndexBox, Region};
+use crate::error::{Error, Result};
+use crate::format::hdf5::Hdf5BlockReader;
+use crate::format::Storage;
+use crate::input::{HeaderCheck, InputArray, InputBlock};
+use crate::plan::Plan;
+use crate::sys::pagecache;
+
+/// Told of each input file just before its bytes are first read (a view's
+/// staging area records the file's size and mtime, so that a remount can
+/// tell whether an input it read has changed since).
+pub trait InputWitness: Sync {
+    /// Input block `rank` is about to be read; `meta` is a stat of its file
+    /// when the reader has it open (libhdf5 opens its own, and absent chunks
+    /// have none).
+    fn reading(
+        &self,
+        rank: u64,
+        block: &InputBlock,
+        meta: Option<&std::fs::Metadata>,
+    ) -> Result<()>;
+}
+
+/// Tells `witness`, if there is one, that input block `rank` is about to be read.
+fn tell_witness(
+    witness: Option<&dyn InputWitness>,
+    rank: u64,
+    block: &InputBlock,
+    meta: Option<&std::fs::Metadata>,
+) -> Result<()> {
+    witness.map_or(Ok(()), |witness| witness.reading(rank, block, meta))
+}
+
+/// Reads absent chunk `rank` (of `block`) into the pieces `buffers`: there
+/// is nothing to read, so the segments a present chunk would cost are
+/// counted in `counter` and the fill value is laid into the pieces. Its
+/// absence is what `witness` is told of: a chunk written later is a
+/// change. Returns the bytes filled.
+pub(super) fn fill_absent(
+    witness: Option<&dyn InputWitness>,
+    rank: u64,
+    block: &InputBlock,
+    fill: &[u8],
+    layout: &RowLayout,
+    buffers: &mut [Vec<u8>],
+    counter: &mut SeekCounter,
+) -> Result<u64> {
+    tell_witness(witness, rank, block, None)?;
+    let mut filled = 0;
+    layout.for_each_segment(|segment| {
+        counter.read(FileKey::Input(rank), segment.offset, segment.len);
+        filled += segment.len;
+        layout.fill_segment(segment, buffers, fill)
+    })?;
+    Ok(filled)
+}
+
+/// Input bytes the kernel is asked to read ahead of the executor, at most.
+const PREFETCH_BYTES: u64 = 32 << 20;
+
+/// What the process needs beside the array bytes it holds (code, libhdf5,
+/// packing buffer, allocator slack: 20-50 MiB measured on W1 and W2).
+const PROCESS_BYTES: u64 = 48 << 20;
+
+/// The read-ahead window for `plan`. Inside a memory cgroup the page cache
+/// counts against the same limit as the array bytes held, and pages read
+/// ahead into a full cgroup are reclaimed before they are used, then read
+/// again: the window is then a quarter of what the limit leaves beside the
+/// plan's peak and the process itself. The input file about to be read is
+/// always advised, whatever the window.
+fn read_ahead_bytes(plan: &Plan, cgroup_limit: Option<u64>) -> u64 {
+    match cgroup_limit {
+        None => PREFETCH_BYTES,
+        Some(limit) => {
+            let spare = limit.saturating_sub(plan.prediction.peak_bytes + PROCESS_BYTES);
+            (spare / 4).min(PREFETCH_BYTES)
+        }
+    }
+}
+
+/// An input block's file, as the executor keeps it open.
+pub(super) enum InputHandle {
+    /// Opened to be read ahead; its header not yet checked.
+    Opened(File),
+    /// Raw C-order bytes at `data_offset`.
+    Contiguous { file: File, data_offset: u64 },
+    /// Read through libhdf5.
+    Hdf5(Hdf5BlockReader),
+}
+
+impl InputHandle {
+    /// Readies input block `rank` for reading (in `opened` if the file is
+    /// open already), checking its header if the scan did not
+    /// ([`InputArray::confirmed_storage`]).
+    pub(super) fn open(
+        input: &InputArray,
+        rank: u64,
+        opened: Option<File>,
+        witness: Option<&dyn InputWitness>,
+    ) -> Result<InputHandle> {
+        let block = &input.blocks[rank as usize];
+        let hdf5 = |dataset: &str| {
+            Ok(InputHandle::Hdf5(Hdf5BlockReader::open(
+                &block.path,
+                dataset,
+            )?))
+        };
+        if let (None, Storage::Hdf5Dataset { dataset }) = (&block.check, &block.storage) {
+            // Nothing to check, and libhdf5 opens the file itself.
+            tell_witness(witness, rank, block, None)?;
+            return hdf5(dataset);
+        }
+        let file = match opened {
+            Some(file) => file,
+            None => File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?,
+        };
+        // One stat serves the witness (size and mtime) and the header check
+        // (the length); with neither, none is made.
+        let meta = match (witness, &block.check) {
+            (None, None) => None,
+            _ => Some(
+                file.metadata()
+                    .map_err(|e| Error::io(&block.path, "stat", e))?,
+            ),
+        };
+        tell_witness(witness, rank, block, meta.as_ref())?;
+        match input.confirmed_storage(rank as usize, &file, meta.as_ref())? {
+            Storage::Contiguous { data_offset } => {
+                Ok(InputHandle::Contiguous { file, data_offset })
+            }
+            Storage::Hdf5Dataset { dataset } => hdf5(&dataset),
+            Storage::Absent { .. } => Err(Error::bad_input(
+                &block.path,
+                "an absent chunk has no file to read",
+            )),
+        }
+    }
+
+    /// The open file, where the bytes are read with pread.
+    fn file(&self) -> Option<&File> {
+        match self {
+            InputHandle::Opened(file) | InputHandle::Contiguous { file, .. } => Some(file),
+            InputHandle::Hdf5(_) => None,
+        }
+    }
+}
+
+/// Asks the kernel for `len` bytes at `start` of an input file and, if its
+/// header is still to be checked, for the header too: with the data when
+/// they follow it (one request, not two), on its own before a later part
+/// of a large block (not the bytes between: W2 under a cap read its 10 MB
+/// blocks from the start for every part and took 2.5x as long).
+/// Returns the bytes asked for.
+pub(super) fn read_ahead_input(
+    file: &File,
+    check: Option<&HeaderCheck>,
+    start: u64,
+    len: u64,
+) -> u64 {
+    match check {
+        Some(check) if start <= check.header.len() as u64 => {
+            pagecache::read_ahead(file, 0, start + len);
+            start + len
+        }
+        Some(check) => {
+            let header = check.header.len() as u64;
+            pagecache::read_ahead(file, 0, header);
+            pagecache::read_ahead(file, start, len);
+            header + len
+        }
+        None => {
+            pagecache::read_ahead(file, start, len);
+            len
+        }
+    }
+}
+
+/// Where [`InputReader::read_ahead`] has got to in the plan's reads.
+#[derive(Default)]
+struct ReadAheadCursor {
+    /// The read block whose inputs are being advised.
+    block: u64,
+    /// Its inputs not yet advised, the next one last.
+    inputs: Vec<Vec<usize>>,
+    /// Bytes advised and not yet read.
+    outstanding: u64,
+}
+
+/// The executor's reading of input blocks into a step's pieces: the files
+/// kept open, the kernel kept reading ahead of the plan's reads, and the
+/// pages of inputs read to the end dropped when the page cache cannot hold
+/// the array.
+pub(super) struct InputReader<'a> {
+    plan: &'a Plan,
+    input: &'a InputArray,
+    elem: u64,
+    handles: LruCache<u64, InputHandle>,
+    pub(super) witness: Option<&'a dyn InputWitness>,
+    /// This read block's reads, counted once the previous write block's
+    /// writes are (see [`SeekLog`]).
+    pub(super) reads: SeekLog,
+    /// How many input bytes to ask the kernel for ahead of the reads.
+    read_ahead: u64,
+    ahead: ReadAheadCursor,
+    /// Where small rows are read before being copied to their pieces.
+    packing: PackingBuffer,
+    /// Whether inputs' pages are dropped once read (arrays the page cache
+    /// cannot hold: [`crate::sys::cgroup::page_cache_cannot_hold`]).
+    drop_inputs: bool,
+    /// Elements of partly read input blocks still to be read, by rank.
+    unread: HashMap<u64, u64>,
+    /// Input bytes the kernel was asked for (`RunStats::advised_bytes`).
+    pub(super) advised_bytes: u64,
+    /// Bytes of absent chunks filled (`RunStats::fill_bytes`).
+    pub(super) fill_bytes: u64,
+}
+
+impl<'a> InputReader<'a> {
+    pub(super) fn new(plan: &'a Plan, input: &'a InputArray) -> InputReader<'a> {
+        InputReader {
+            plan,
+            input,
+            elem: input.dtype.size as u64,
+            handles: LruCache::new(
+                NonZeroUsize::new(crate::sys::limits::input_files_kept_open())
+                    .unwrap_or(NonZeroUsize::MIN),
+            ),
+            witness: None,
+            reads: SeekLog::default(),
+            read_ahead: read_ahead_bytes(plan, crate::sys::cgroup::memory_limit()),
+            ahead: ReadAheadCursor::default(),
+            packing: PackingBuffer::new(),
+            drop_inputs: crate::sys::cgroup::page_cache_cannot_hold(input.nbytes()),
+            unread: HashMap::new(),
+            advised_bytes: 0,
+            fill_bytes: 0,
+        }
+    }
+
+    /// Reads the step `step_box` into its pieces `buffers` (the cells of
+    /// `grid`), from every input block it overlaps in C order. The calls
+    /// are logged in [`reads`](Self::reads); an absent chunk, which makes
+    /// none, is counted in `counter` at once.
+    pub(super) fn read_step(
+        &mut self,
+        step_box: &Region,
+        grid: &PieceGrid,
+        buffers: &mut [Vec<u8>],
+        counter: &mut SeekCounter,
+    ) -> Result<()> {
+        let plan = self.plan;
+        for input_index in IndexBox::new(plan.input.overlapping(step_box)) {
+            let block = plan.input.block(&input_index);
+            let Some(region) = block.intersect(step_box) else {
+                continue;
+            };
+            let file_box = self.input.files.file_box(&block);
+            let rank = plan.input.linear(&input_index);
+            self.read_ahead();
+            self.read_input(rank, &file_box, &region, grid, buffers, counter)?;
+            if let Some((_, _, len)) = self.input_span(&input_index, step_box) {
+                self.ahead.outstanding = self.ahead.outstanding.saturating_sub(len);
+            }
+            if self.drop_inputs {
+                let unread = self.unread.entry(rank).or_insert(block.volume());
+                *unread = unread.saturating_sub(region.volume());
+                if *unread == 0 {
+                    self.unread.remove(&rank);
+                    self.finished_with_input(rank);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The bytes of input `input_index` that read block `read_box` reads,
+    /// as one span of its file (first to last byte), for contiguous inputs.
+    fn input_span(&self, input_index: &[usize], read_box: &Region) -> Option<(u64, u64, u64)> {
+        let plan = self.plan;
+        let rank = plan.input.linear(input_index);
+        let Storage::Contiguous { data_offset } = self.input.blocks[rank as usize].storage else {
+            return None;
+        };
+        let block_box = plan.input.block(input_index);
+        let region = block_box.intersect(read_box)?;
+        let file_box = self.input.files.file_box(&block_box);
+        let file_strides = crate::array::geometry::strides(&file_box.shape);
+        let local = region.relative_to(&file_box);
+        let first = crate::array::geometry::linear_offset(&local.origin, &file_strides);
+        let last_coords: Vec<u64> = (0..local.ndim()).map(|d| local.end(d) - 1).collect();
+        let last = crate::array::geometry::linear_offset(&last_coords, &file_strides);
+        Some((
+            rank,
+            data_offset + first * self.elem,
+            (last + 1 - first) * self.elem,
+        ))
+    }
+
+    /// Keeps the kernel reading ahead of us: input files are advised
+    /// (`POSIX_FADV_WILLNEED`) in the order they will be read until the
+    /// bytes advised and not yet read reach the window, so the disk works
+    /// while we copy and write. Called before every input read, it always
+    /// covers that read. Advice only: no data is copied and nothing is
+    /// counted as a seek. The files opened for it stay in the input cache
+    /// for the read itself.
+    fn read_ahead(&mut self) {
+        let total = self.plan.read.count();
+        while self.ahead.block < total
+            && (self.ahead.outstanding == 0 || self.ahead.outstanding < self.read_ahead)
+        {
+            let read_box = self
+                .plan
+                .read
+                .block(&self.plan.read.unravel(self.ahead.block));
+            if self.ahead.inputs.is_empty() {
+                self.ahead.inputs = IndexBox::new(self.plan.input.overlapping(&read_box)).collect();
+                self.ahead.inputs.reverse();
+            }
+            let Some(input_index) = self.ahead.inputs.pop() else {
+                self.ahead.block += 1;
+                continue;
+            };
+            if self.ahead.inputs.is_empty() {
+                self.ahead.block += 1;
+            }
+            let Some((rank, start, len)) = self.input_span(&input_index, &read_box) else {
+                continue;
+            };
+            self.ahead.outstanding += len;
+            let block = &self.input.blocks[rank as usize];
+            if !self.handles.contains(&rank) {
+                // A file that cannot be opened is left for the read to report.
+                let Ok(file) = File::open(&block.path) else {
+                    continue;
+                };
+                self.handles.put(rank, InputHandle::Opened(file));
+            }
+            self.advised_bytes += match self.handles.get(&rank) {
+                Some(InputHandle::Opened(file)) => {
+                    read_ahead_input(file, block.check.as_deref(), start, len)
+                }
+                Some(InputHandle::Contiguous { file, .. }) => {
+                    read_ahead_input(file, None, start, len)
+                }
+                Some(InputHandle::Hdf5(_)) | None => 0,
+            };
+        }
+    }
+
+    /// Every byte of input `rank` the plan needs has been read (each is
+    /// read once): its file is closed and its pages dropped
+    /// ([`pagecache::drop_cached_pages`]).
+    fn finished_with_input(&mut self, rank: u64) {
+        if let Some(file) = self.handles.pop(&rank).as_ref().and_then(InputHandle::file) {
+            pagecache::drop_cached_pages(file);
+        }
+    }
+
+    /// Reads `region` of input block `rank` (whose file holds `file_box`)
+    /// into the pieces `buffers` of `grid`.
+    fn read_input(
+        &mut self,
+        rank: u64,
+        file_box: &Region,
+        region: &Region,
+        grid: &PieceGrid,
+        buffers: &mut [Vec<u8>],
+        counter: &mut SeekCounter,
+    ) -> Result<()> {
+        let block = &self.input.blocks[rank as usize];
+        let layout = RowLayout::new(region, file_box, self.elem, grid);
+        if let Storage::Absent { fill } = &block.storage {
+            self.fill_bytes +=
+                fill_absent(self.witness, rank, block, fill, &layout, buffers, counter)?;
+            return Ok(());
+        }
+        let key = FileKey::Input(rank);
+        match ready_handle(&mut self.handles, self.input, rank, self.witness)? {
+            InputHandle::Contiguous { file, data_offset } => {
+                let (reads, packing) = (&mut self.reads, &mut self.packing);
+                layout.for_each_segment(|segment| {
+                    layout.read_segment(
+                        file,
+                        &block.path,
+                        *data_offset,
+                        segment,
+                        buffers,
+                        packing,
+                    )?;
+                    reads.read(key, data_offset + segment.offset, segment.len);
+                    Ok(())
+                })
+            }
+            InputHandle::Hdf5(reader) => {
+                let reads = &mut self.reads;
+                count_as_contiguous(&layout, |offset, len| reads.read(key, offset, len))?;
+                read_hdf5_pieces(reader, file_box, region, grid, buffers)
+            }
+            InputHandle::Opened(_) => Err(unchecked(&block.path)),
+        }
+    }
+}
+
+/// Input block `rank`'s handle in `handles`, ready to read: the cached one,
+/// its header checked first if it was only opened to be read ahead.
+fn ready_handle<'h>(
+    handles: &'h mut LruCache<u64, InputHandle>,
+    input: &InputArray,
+    rank: u64,
+    witness: Option<&dyn InputWitness>,
+) -> Result<&'h InputHandle> {
+    let handle = match handles.pop(&rank) {
+        Some(InputHandle::Opened(file)) => InputHandle::open(input, rank, Some(file), witness)?,
+        Some(handle) => handle,
+        None => InputHandle::open(input, rank, None, witness)?,
+    };
+    handles.put(rank, handle);
+    handles.get(&rank).ok_or_else(|| {
+        Error::bad_input(
+            &input.blocks[rank as usize].path,
+            "input handle vanished from cache",
+        )
+    })
+}
+
+/// Counts, through `count`, the segments a contiguous file would cost for
+/// `layout`, for reads that libhdf5 makes: so plans stay comparable.
+pub(super) fn count_as_contiguous(
+    layout: &RowLayout,
+    mut count: impl FnMut(u64, u64),
+) -> Result<()> {
+    layout.for_each_segment(|segment| {
+        count(segment.offset, segment.len);
+        Ok(())
+    })
+}
+
+/// Reads `region` of an HDF5 dataset (whose file holds `file_box`) into
+/// the pieces `buffers` of `grid` that it overlaps: libhdf5 moves the bytes.
+pub(super) fn read_hdf5_pieces(
+    reader: &Hdf5BlockReader,
+    file_box: &Region,
+    region: &Region,
+    grid: &PieceGrid,
+    buffers: &mut [Vec<u8>],
+) -> Result<()> {
+    for (local, buffer) in buffers.iter_mut().enumerate() {
+        let piece = grid.piece_box(local);
+        if let Some(part) = piece.intersect(region) {
+            let in_file = part.relative_to(file_box);
+            let in_piece = part.relative_to(&piece);
+            reader.read_box(
+                &in_file.origin,
+                &part.shape,
+                buffer,
+                &piece.shape,
+                &in_piece.origin,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The error for a file read before its header was checked.
+pub(super) fn unchecked(path: &Path) -> Error {
+    Error::bad_input(path, "read before its header was checked")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Problem, Strategy};
+
+    #[test]
+    fn read_ahead_window_fits_what_the_cgroup_leaves() {
+        // 100³ u16 in 10³ blocks -> 25³: keep(r̂) holds a little under 2 MB.
+        let problem = Problem::new(vec![100; 3], vec![10; 3], vec![25; 3], 2).unwrap();
+        let plan = crate::plan::plan(&problem, Strategy::Keep, None).unwrap();
+        let peak = plan.prediction.peak_bytes;
+        assert_eq!(read_ahead_bytes(&plan, None), PREFETCH_BYTES);
+        assert_eq!(read_ahead_bytes(&plan, Some(1 << 40)), PREFETCH_BYTES);
+        let limit = peak + PROCESS_BYTES + (40 << 20);
+        assert_eq!(read_ahead_bytes(&plan, Some(limit)), 10 << 20);
+        // A cap the process barely fits in leaves no window: only the file
+        // about to be read is advised.
+        assert_eq!(read_ahead_bytes(&plan, Some(peak + PROCESS_BYTES)), 0);
+        assert_eq!(read_ahead_bytes(&plan, Some(1 << 20)), 0);
+    }
+}

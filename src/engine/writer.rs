@@ -1,0 +1,270 @@
+//! The write side: pieces wait here until their write block is complete,
+//! then go, a slab at a time, to a writer thread that gathers them into
+//! the output files while the reader goes on with the next step.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::mpsc::{Receiver, Sender};
+
+use parking_lot::Mutex;
+
+use super::pieces::{PackingBuffer, PieceGrid, RowLayout};
+use super::seekio::{FileKey, SeekLog};
+use super::sink::{BlockSink, OutputTarget};
+use crate::array::geometry::{show_shape, IndexBox, Region};
+use crate::error::{Error, Result};
+use crate::plan::Plan;
+use crate::sys::pagecache;
+
+/// Output segments at least this long are handed to the disk as soon as
+/// they are written ([`pagecache::start_writeback_of`]): a slab of a block
+/// much larger than a step. Shorter ones wait for their block to complete
+/// (a whole block is one call then, not one per segment).
+const WRITEBACK_MIN_BYTES: u64 = 1 << 20;
+
+/// The pieces of one write block received so far, one per step
+/// (`Plan::steps`) overlapping it, C order over those steps; taken out a
+/// slab at a time as they are handed to the writer.
+struct PendingWrite {
+    step_ranges: Vec<Range<usize>>,
+    pieces: Vec<Option<Vec<u8>>>,
+}
+
+impl PendingWrite {
+    /// The slot of the piece from step `step_index`.
+    fn slot(&self, step_index: &[usize]) -> usize {
+        self.step_ranges
+            .iter()
+            .zip(step_index)
+            .fold(0usize, |acc, (r, &k)| acc * r.len() + (k - r.start))
+    }
+}
+
+/// The pieces of the write blocks not yet handed to the writer, by rank.
+#[derive(Default)]
+pub(super) struct PendingWrites {
+    blocks: HashMap<u64, PendingWrite>,
+}
+
+impl PendingWrites {
+    /// Files the pieces of step `step_index`, one per write block of
+    /// `grid` (C order), under their write blocks.
+    pub(super) fn file_step(
+        &mut self,
+        plan: &Plan,
+        grid: &PieceGrid,
+        step_index: &[usize],
+        buffers: Vec<Vec<u8>>,
+    ) {
+        for (local, buffer) in buffers.into_iter().enumerate() {
+            let write_index = grid.cut_index(local);
+            let write_rank = plan.write.linear(&write_index);
+            let pending = self.blocks.entry(write_rank).or_insert_with(|| {
+                let step_ranges = plan.steps.overlapping(&plan.write.block(&write_index));
+                let count = step_ranges.iter().map(|r| r.len()).product();
+                PendingWrite {
+                    step_ranges,
+                    pieces: (0..count).map(|_| None).collect(),
+                }
+            });
+            let slot = pending.slot(step_index);
+            pending.pieces[slot] = Some(buffer);
+        }
+    }
+
+    /// Takes the pieces of `slab`, a slab of the completed write block
+    /// `write_index`, one per step overlapping it (C order over those steps).
+    pub(super) fn take_slab(
+        &mut self,
+        plan: &Plan,
+        write_index: &[usize],
+        slab: &Region,
+    ) -> Result<Vec<Vec<u8>>> {
+        let write_rank = plan.write.linear(write_index);
+        let pending = self.blocks.get_mut(&write_rank).ok_or_else(|| {
+            Error::BadArgument(format!(
+                "plan error: write block {write_index:?} completed with no data"
+            ))
+        })?;
+        let pieces: Vec<Vec<u8>> = IndexBox::new(plan.steps.overlapping(slab))
+            .map(|step_index| {
+                let slot = pending.slot(&step_index);
+                pending.pieces[slot].take().ok_or_else(|| {
+                    Error::BadArgument(format!(
+                        "plan error: write block {write_index:?} written before step {step_index:?} was read"
+                    ))
+                })
+            })
+            .collect::<Result<_>>()?;
+        if pending.pieces.iter().all(Option::is_none) {
+            self.blocks.remove(&write_rank);
+        }
+        Ok(pieces)
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+}
+
+/// A slab of a completed write block (all of it, or the part before a
+/// step's end) handed to the writer thread: its pieces, one per step
+/// overlapping it, C order over those steps.
+pub(super) struct WriteJob {
+    pub(super) write_box: Region,
+    /// Rank of the read block that completes the write block.
+    pub(super) read_block: u64,
+    pub(super) pieces: Vec<Vec<u8>>,
+    pub(super) bytes: u64,
+}
+
+/// What the writer thread reports for one job.
+pub(super) struct WriteReport {
+    pub(super) read_block: u64,
+    pub(super) writes: SeekLog,
+    pub(super) blocks_completed: u64,
+    /// The job's pieces, written, back for reuse ([`BufferPool`]).
+    ///
+    /// [`BufferPool`]: super::pool::BufferPool
+    pub(super) pieces: Vec<Vec<u8>>,
+}
+
+/// The writer thread's state: output blocks' remaining volumes, the write
+/// log, and the buffer small row parts are packed through.
+pub(super) struct Writer<'a> {
+    plan: &'a Plan,
+    elem: u64,
+    remaining: HashMap<u64, u64>,
+    packing: PackingBuffer,
+}
+
+impl<'a> Writer<'a> {
+    pub(super) fn new(plan: &'a Plan, elem: u64) -> Writer<'a> {
+        Writer {
+            plan,
+            elem,
+            remaining: HashMap::new(),
+            packing: PackingBuffer::new(),
+        }
+    }
+
+    /// The writer thread: writes each job from `jobs` into `sink` and
+    /// sends its report, until the jobs end or nobody listens.
+    pub(super) fn serve(
+        mut self,
+        jobs: Receiver<WriteJob>,
+        reports: Sender<Result<WriteReport>>,
+        sink: &Mutex<&mut (dyn BlockSink + Send)>,
+    ) {
+        for job in jobs {
+            let report = self.write(job, &mut **sink.lock());
+            if reports.send(report).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Writes a slab of a completed write block to its output blocks,
+    /// gathering from its pieces, which go back with the report.
+    fn write(&mut self, job: WriteJob, sink: &mut dyn BlockSink) -> Result<WriteReport> {
+        let plan = self.plan;
+        let write_box = &job.write_box;
+        let grid = PieceGrid::new(&plan.steps, write_box);
+        let mut writes = SeekLog::default();
+        let mut blocks_completed = 0;
+        for output_index in IndexBox::new(plan.output.overlapping(write_box)) {
+            let block = plan.output.block(&output_index);
+            let Some(region) = block.intersect(write_box) else {
+                continue;
+            };
+            let rank = plan.output.linear(&output_index);
+            if !sink.wants(rank) {
+                continue;
+            }
+            let target = sink.target(rank)?;
+            check_file_holds(&target, &block)?;
+            let file_box = Region::new(block.origin.clone(), target.file_shape.to_vec());
+            let layout = RowLayout::new(&region, &file_box, self.elem, &grid);
+            let key = FileKey::Output(rank);
+            write_segments(
+                &target,
+                key,
+                &layout,
+                &job.pieces,
+                &mut self.packing,
+                &mut writes,
+            )?;
+            if self.completes(rank, &block, &region) {
+                sink.complete(rank)?;
+                blocks_completed += 1;
+            }
+        }
+        Ok(WriteReport {
+            read_block: job.read_block,
+            writes,
+            blocks_completed,
+            pieces: job.pieces,
+        })
+    }
+
+    /// Whether writing `region` of output block `rank` (`block`) completes it.
+    fn completes(&mut self, rank: u64, block: &Region, region: &Region) -> bool {
+        let remaining = self.remaining.entry(rank).or_insert(block.volume());
+        *remaining -= region.volume();
+        if *remaining == 0 {
+            self.remaining.remove(&rank);
+            return true;
+        }
+        false
+    }
+}
+
+/// Refuses a target whose file's array is too small for its `block`.
+fn check_file_holds(target: &OutputTarget, block: &Region) -> Result<()> {
+    if target.file_shape.len() != block.ndim()
+        || target
+            .file_shape
+            .iter()
+            .zip(&block.shape)
+            .any(|(f, b)| f < b)
+    {
+        return Err(Error::BadOutput {
+            path: target.path.to_path_buf(),
+            problem: format!(
+                "its file holds a {} array, too small for its block of {}",
+                show_shape(target.file_shape),
+                show_shape(&block.shape)
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Writes `layout`'s segments into `target` (file `key`), gathering from
+/// the `pieces`, logs each call in `writes`, and hands long segments to
+/// the disk at once.
+fn write_segments(
+    target: &OutputTarget,
+    key: FileKey,
+    layout: &RowLayout,
+    pieces: &[Vec<u8>],
+    packing: &mut PackingBuffer,
+    writes: &mut SeekLog,
+) -> Result<()> {
+    layout.for_each_segment(|segment| {
+        layout.write_segment(
+            target.file,
+            target.path,
+            target.data_offset,
+            segment,
+            pieces,
+            packing,
+        )?;
+        let at = target.data_offset + segment.offset;
+        if segment.len >= WRITEBACK_MIN_BYTES {
+            pagecache::start_writeback_of(target.file, at, segment.len);
+        }
+        writes.write(key, at, segment.len);
+        Ok(())
+    })
+}

@@ -1,0 +1,134 @@
+//! What a plan costs, predicted exactly before anything runs: seeks in
+//! closed form, multiplied out of the per-dimension counts, and the peak
+//! memory by stepping through the read blocks as the executor will. The
+//! executor is held to these numbers (`tests/engine.rs`), so they model its
+//! order of calls, not an estimate of it.
+
+use super::dims::{DimOption, Overlap};
+use crate::array::geometry::{Axis, IndexBox};
+
+/// Sum over all pieces (moving block ∩ file block) of the contiguous
+/// segments each occupies in its file (`geometry::runs`). A piece's `q` is
+/// the first dimension after which it spans its file whole, so group pieces
+/// by `q`: dimensions after `q` whole, dimension `q` not whole (or `q = 0`),
+/// dimensions before `q` anything, contributing the product of their extents.
+fn segments(overlaps: &[Overlap]) -> u128 {
+    let whole_after = |q: usize| -> u128 {
+        overlaps[q + 1..]
+            .iter()
+            .map(|o| o.whole as u128)
+            .product::<u128>()
+    };
+    let mut total = overlaps[0].pieces as u128 * whole_after(0);
+    let mut extent_before: u128 = overlaps[0].extent_sum as u128;
+    for (q, overlap) in overlaps.iter().enumerate().skip(1) {
+        let cut = (overlap.pieces - overlap.whole) as u128;
+        total += extent_before * cut * whole_after(q);
+        extent_before *= overlap.extent_sum as u128;
+    }
+    total
+}
+
+/// Exact read seeks: all read segments, less those that continue the
+/// previous call. Within a read block consecutive calls go to different
+/// input files or are separated by a gap, and a completed write block moves
+/// the head to the outputs; so a read block's first segment continues the
+/// previous one only when (a) no write block completed in between, and
+/// (b) the last element of the previous read block and the first of this
+/// one are neighbours in one input file. With `j` the dimension where the
+/// C-order step carries, (b) holds when the dimensions after `j` are each
+/// spanned exactly by one input file (one block, not padded), the boundary
+/// crossed in `j` is inside an input block, and the read intervals before
+/// `j` are one element thick.
+pub(super) fn read_seeks(dims: &[&DimOption], input_spans_exactly: &[bool]) -> u128 {
+    let overlaps: Vec<Overlap> = dims.iter().map(|o| o.reads).collect();
+    let mut continued: u128 = 0;
+    let n = dims.len();
+    for j in 0..n {
+        if (j + 1..n).any(|d| !input_spans_exactly[d]) {
+            continue;
+        }
+        let steps: u128 = dims[..j]
+            .iter()
+            .map(|o| o.unit_reads as u128)
+            .product::<u128>()
+            * dims[j].inner_reads as u128;
+        let steps_with_write: u128 = dims[..j]
+            .iter()
+            .map(|o| o.unit_reads_completing as u128)
+            .product::<u128>()
+            * dims[j].inner_reads_completing as u128
+            * dims[j + 1..].iter().all(|o| o.last_read_completes) as u128;
+        continued += steps - steps_with_write;
+    }
+    segments(&overlaps) - continued
+}
+
+/// Write seeks: at most one write block completes per read block, each of
+/// its pieces goes to a different output file, and reads separate
+/// successive write blocks, so no write call continues another.
+pub(super) fn write_seeks(dims: &[&DimOption]) -> u128 {
+    let overlaps: Vec<Overlap> = dims.iter().map(|o| o.writes).collect();
+    segments(&overlaps)
+}
+
+/// Most bytes held at once, by stepping through the read blocks, and each
+/// read block's steps ([`step_axis`]), as the executor does: each step adds
+/// its volume while the slab of a write block handed over after the
+/// previous step is still being written (by the writer thread) and held;
+/// then that slab is freed, and the slab this step completes (the part of
+/// the read block's completed write block, if any, up to the step's end)
+/// goes in flight. Volumes are products of per-dimension lengths, so a step
+/// costs O(dimensions).
+///
+/// `steps` is [`step_axis`]`(dims)`. The search only asks whether a plan
+/// fits: once the peak passes `give_up_above` bytes the rest is not
+/// simulated, and what is returned is just some number above it.
+///
+/// [`step_axis`]: super::steps::step_axis
+pub(super) fn simulate_peak(
+    dims: &[&DimOption],
+    steps: &Axis,
+    elem_size: u64,
+    give_up_above: u128,
+) -> u128 {
+    let first = dims[0];
+    let grid: Vec<usize> = dims.iter().map(|o| o.read.count()).collect();
+    let mut held: u128 = 0;
+    let mut peak: u128 = 0;
+    let mut in_flight: u128 = 0;
+    for index in IndexBox::grid(&grid) {
+        let mut rest_volume: u128 = 1;
+        let mut rest_completed: u128 = 1;
+        for (d, &k) in index.iter().enumerate().skip(1) {
+            rest_volume *= dims[d].read.extent(k) as u128;
+            rest_completed *= dims[d].completed_len[k] as u128;
+        }
+        let k = index[0];
+        let written = first.completes[k].map(|w| (first.write.start(w), first.write.end(w)));
+        let range = steps.overlapping(first.read.start(k), first.read.end(k));
+        for j in range.clone() {
+            held += steps.extent(j) as u128 * rest_volume;
+            peak = peak.max(held);
+            if peak * elem_size as u128 > give_up_above {
+                return peak * elem_size as u128;
+            }
+            held -= in_flight;
+            let from = if j == range.start { 0 } else { steps.start(j) };
+            let slab = written.map_or(0, |(start, end)| {
+                end.min(steps.end(j)).saturating_sub(start.max(from))
+            });
+            in_flight = slab as u128 * rest_completed;
+        }
+    }
+    held -= in_flight;
+    debug_assert_eq!(held, 0, "every byte read is written");
+    peak * elem_size as u128
+}
+
+/// A count, as the `u64` a [`Prediction`] holds (saturated).
+///
+/// [`Prediction`]: super::Prediction
+pub(super) fn clamp(value: u128) -> u64 {
+    u64::try_from(value).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,144 @@
+//! What is to be rechunked, checked once where it comes in, so that the
+//! planner can count on shapes that agree, are positive and fit the array.
+
+use serde::Serialize;
+
+use super::dims::{DimOption, WriteMode};
+use crate::array::geometry::{self, FileShape, Partition};
+use crate::error::{Error, Result};
+
+/// The array and its two block shapes: what is to be rechunked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    pub array: Vec<u64>,
+    pub input_block: Vec<u64>,
+    pub output_block: Vec<u64>,
+    /// Bytes per element.
+    pub elem_size: u64,
+    /// How input files are shaped around their blocks (Zarr pads edge chunks).
+    pub input_files: FileShape,
+    /// How output files are shaped around their blocks.
+    pub output_files: FileShape,
+}
+
+impl Problem {
+    /// Checks the shapes agree and are positive; block shapes larger than the
+    /// array are clipped to it (`--shape` may exceed the array to mean "whole").
+    pub fn new(
+        array: Vec<u64>,
+        input_block: Vec<u64>,
+        output_block: Vec<u64>,
+        elem_size: u64,
+    ) -> Result<Problem> {
+        check_shapes(&array, &input_block, &output_block)?;
+        let clip = |block: Vec<u64>| -> Vec<u64> {
+            block.iter().zip(&array).map(|(&b, &a)| b.min(a)).collect()
+        };
+        Ok(Problem {
+            input_block: clip(input_block),
+            output_block: clip(output_block),
+            array,
+            elem_size,
+            input_files: FileShape::Exact,
+            output_files: FileShape::Exact,
+        })
+    }
+
+    /// The same problem with input and output files shaped as given: a
+    /// padded file's rows are longer than its block's, which changes which
+    /// pieces are contiguous, so the seek predictions depend on it.
+    pub fn with_files(mut self, input_files: FileShape, output_files: FileShape) -> Problem {
+        self.input_files = input_files;
+        self.output_files = output_files;
+        self
+    }
+
+    /// The options for dimension `d`: read intervals of `read_step`, writes following them in `mode`.
+    pub(super) fn dim_option(
+        &self,
+        d: usize,
+        input: &Partition,
+        output: &Partition,
+        read_step: u64,
+        mode: WriteMode,
+    ) -> DimOption {
+        DimOption::new(
+            self.array[d],
+            (input.axis(d), &self.input_files),
+            (output.axis(d), &self.output_files),
+            d,
+            read_step,
+            mode,
+        )
+    }
+
+    /// Per dimension: whether one input file spans it exactly (a single
+    /// block, not padded), so C-order neighbours across it are neighbours
+    /// in that file too.
+    pub(super) fn input_spans_exactly(&self, input: &Partition) -> Vec<bool> {
+        (0..self.ndim())
+            .map(|d| {
+                input.axis(d).count() == 1
+                    && self.input_files.file_extent(d, self.array[d]) == self.array[d]
+            })
+            .collect()
+    }
+
+    pub fn ndim(&self) -> usize {
+        self.array.len()
+    }
+
+    pub fn input(&self) -> Partition {
+        Partition::regular(&self.array, &self.input_block)
+    }
+
+    pub fn output(&self) -> Partition {
+        Partition::regular(&self.array, &self.output_block)
+    }
+
+    /// `r̂`: per dimension the smallest multiple of the input block that
+    /// covers an output block, clipped to the array.
+    pub fn rhat(&self) -> Vec<u64> {
+        (0..self.ndim())
+            .map(|d| {
+                let i = self.input_block[d];
+                (i * self.output_block[d].div_ceil(i)).min(self.array[d])
+            })
+            .collect()
+    }
+
+    /// `n_I + n_O`: every input block read whole and every output block
+    /// written whole, once. (With padded files an edge block cannot be
+    /// one segment, so no plan reaches it then.)
+    pub fn lower_bound_seeks(&self) -> u64 {
+        self.input().count() + self.output().count()
+    }
+}
+
+/// Refuses an array of no dimensions or more than rechunkfs handles, block
+/// shapes of another rank than the array's, and any length of 0.
+fn check_shapes(array: &[u64], input_block: &[u64], output_block: &[u64]) -> Result<()> {
+    let n = array.len();
+    if n == 0 || n > geometry::MAX_DIMS {
+        return Err(Error::BadArgument(format!(
+            "the array has {n} dimensions; rechunkfs handles 1 to {}",
+            geometry::MAX_DIMS
+        )));
+    }
+    for (what, shape) in [("input block", input_block), ("output block", output_block)] {
+        if shape.len() != n {
+            return Err(Error::BadArgument(format!(
+                "the {what} shape {} has {} dimensions but the array {} has {n}",
+                geometry::show_shape(shape),
+                shape.len(),
+                geometry::show_shape(array),
+            )));
+        }
+    }
+    if array.contains(&0) || input_block.contains(&0) || output_block.contains(&0) {
+        return Err(Error::BadArgument(
+            "shapes must be positive in every dimension (a 0 was given)".into(),
+        ));
+    }
+    Ok(())
+}

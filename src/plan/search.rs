@@ -1,0 +1,186 @@
+//! Choosing read shapes and write modes when keep(r̂) does not fit in
+//! memory: seeks are cheap to count for every combination, memory is not,
+//! so combinations are simulated fewest seeks first until one fits.
+
+use super::cost::{clamp, read_seeks, simulate_peak, write_seeks};
+use super::dims::{DimOption, WriteMode};
+use super::steps::step_axis;
+use super::{assemble, Plan, Problem, Strategy};
+use crate::array::geometry::{IndexBox, Partition};
+use crate::array::units::show_bytes;
+use crate::error::{Error, Result};
+
+/// A read shape and write modes, with predicted seeks (cheap) and optionally peak (simulated).
+struct Candidate {
+    choice: Vec<usize>,
+    seeks: u128,
+    read_blocks: u128,
+    min_bytes: u128,
+}
+
+/// More read blocks than this are not simulated (nor worth executing): a
+/// plan with that many steps is dominated by per-call overhead.
+const MAX_SIMULATED_READ_BLOCKS: u128 = 200_000_000;
+
+/// Above this many combinations, per-dimension option lists are thinned.
+const MAX_CANDIDATES: usize = 400_000;
+
+/// Fewest-seek plan whose simulated peak fits in `mem`: evaluate the seeks
+/// of every (read step, write mode) combination in closed form, then
+/// simulate memory in order of increasing seeks until one fits.
+pub(super) fn fewest_seeks_within(problem: &Problem, mem: u64) -> Result<Plan> {
+    let (input, output) = (problem.input(), problem.output());
+    let options = options_per_dim(problem, &input, &output);
+    let mut candidates = candidates(problem, &input, &options);
+    candidates.sort_by_key(|c| (c.seeks, c.read_blocks));
+    for candidate in &candidates {
+        if candidate.min_bytes > mem as u128 || candidate.read_blocks > MAX_SIMULATED_READ_BLOCKS {
+            continue;
+        }
+        let dims = chosen(&options, &candidate.choice);
+        if simulate_peak(&dims, &step_axis(&dims), problem.elem_size, mem as u128) <= mem as u128 {
+            return Ok(assemble(problem, Strategy::Keep, &dims));
+        }
+    }
+    let need = least_memory_needed(problem, &options, &mut candidates);
+    Err(Error::DoesNotFit {
+        needed: need,
+        allowed: mem,
+        message: format!(
+            "no plan fits in --mem {}: the least any plan needs is {}; raise --mem",
+            show_bytes(mem),
+            show_bytes(need)
+        ),
+    })
+}
+
+/// Per dimension, the options worth trying: every read step of
+/// [`read_steps`] in keep mode, and in immediate mode where that writes
+/// otherwise. The longest lists are thinned (their smallest read steps
+/// dropped) until the combinations are few enough to enumerate.
+fn options_per_dim(
+    problem: &Problem,
+    input: &Partition,
+    output: &Partition,
+) -> Vec<Vec<DimOption>> {
+    let mut options: Vec<Vec<DimOption>> = (0..problem.ndim())
+        .map(|d| {
+            let mut list = Vec::new();
+            for step in read_steps(problem, d) {
+                let keep = problem.dim_option(d, input, output, step, WriteMode::Keep);
+                let keeps_differ = keep.write != keep.read;
+                list.push(keep);
+                if keeps_differ {
+                    list.push(problem.dim_option(d, input, output, step, WriteMode::Immediate));
+                }
+            }
+            list
+        })
+        .collect();
+    while options.iter().map(Vec::len).product::<usize>() > MAX_CANDIDATES {
+        let longest = (0..options.len())
+            .max_by_key(|&d| options[d].len())
+            .unwrap_or(0);
+        if options[longest].len() <= 2 {
+            break;
+        }
+        options[longest].remove(0);
+    }
+    options
+}
+
+/// Every combination of one option per dimension, with its seeks (exact)
+/// and a lower bound on its peak; not yet simulated.
+fn candidates(problem: &Problem, input: &Partition, options: &[Vec<DimOption>]) -> Vec<Candidate> {
+    let input_spans_exactly = problem.input_spans_exactly(input);
+    let counts: Vec<usize> = options.iter().map(Vec::len).collect();
+    IndexBox::grid(&counts)
+        .map(|choice| {
+            let dims = chosen(options, &choice);
+            Candidate {
+                seeks: read_seeks(&dims, &input_spans_exactly) + write_seeks(&dims),
+                read_blocks: dims.iter().map(|o| o.read.count() as u128).product(),
+                // A lower bound on the peak: the thickest step.
+                min_bytes: dims[0].min_step_extent as u128
+                    * dims[1..]
+                        .iter()
+                        .map(|o| o.max_read_extent as u128)
+                        .product::<u128>()
+                    * problem.elem_size as u128,
+                choice,
+            }
+        })
+        .collect()
+}
+
+/// The options `choice` picks, one per dimension.
+fn chosen<'o>(options: &'o [Vec<DimOption>], choice: &[usize]) -> Vec<&'o DimOption> {
+    choice
+        .iter()
+        .enumerate()
+        .map(|(d, &c)| &options[d][c])
+        .collect()
+}
+
+/// When nothing fits: the least memory any plan needs, to say so. The
+/// candidates are simulated in order of their lower bounds, skipping those
+/// whose bound cannot beat the least found so far.
+fn least_memory_needed(
+    problem: &Problem,
+    options: &[Vec<DimOption>],
+    candidates: &mut [Candidate],
+) -> u64 {
+    let mut smallest: Option<u128> = None;
+    candidates.sort_by_key(|c| c.min_bytes);
+    for candidate in candidates.iter() {
+        if smallest.is_some_and(|p| candidate.min_bytes >= p)
+            || candidate.read_blocks > MAX_SIMULATED_READ_BLOCKS
+        {
+            continue;
+        }
+        let dims = chosen(options, &candidate.choice);
+        let peak = simulate_peak(&dims, &step_axis(&dims), problem.elem_size, u128::MAX);
+        if smallest.is_none_or(|p| peak < p) {
+            smallest = Some(peak);
+        }
+    }
+    smallest.map_or(u64::MAX, clamp)
+}
+
+/// Read steps worth trying along one dimension: multiples of the input
+/// block up to `r̂` (whole input blocks per read), and divisors of the input
+/// block (for when even one input block does not fit).
+fn read_steps(problem: &Problem, d: usize) -> Vec<u64> {
+    let i = problem.input_block[d];
+    let rhat = problem.rhat()[d];
+    let mut steps: Vec<u64> = (1..=rhat.div_ceil(i))
+        .map(|j| (j * i).min(problem.array[d]))
+        .collect();
+    let mut divisor = 1;
+    while divisor * divisor <= i {
+        if i % divisor == 0 {
+            steps.push(divisor);
+            steps.push(i / divisor);
+        }
+        divisor += 1;
+    }
+    steps.sort_unstable();
+    steps.dedup();
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::plan::{baseline, keep_rhat, plan, Problem, Strategy};
+
+    #[test]
+    fn search_fits_memory_and_never_beats_the_lower_bound() {
+        let problem = Problem::new(vec![60, 50, 40], vec![6, 5, 8], vec![10, 7, 9], 2).unwrap();
+        let rhat = keep_rhat(&problem);
+        let mem = rhat.prediction.peak_bytes / 3;
+        let plan = plan(&problem, Strategy::Keep, Some(mem)).unwrap();
+        assert!(plan.prediction.peak_bytes <= mem);
+        assert!(plan.prediction.seeks() >= problem.lower_bound_seeks());
+        assert!(plan.prediction.seeks() <= baseline(&problem).prediction.seeks());
+    }
+}
