@@ -12,9 +12,10 @@ use super::inputs::{
 use super::pieces::{PieceGrid, RowLayout};
 use super::seekio::{self, FileKey, SeekCounter};
 use crate::array::geometry::{Axis, IndexBox, Partition, Region};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::format::Storage;
 use crate::input::{InputArray, InputBlock};
+use crate::sys::files::open_regular;
 
 /// Reads `region` of the whole array into `dest`, a C-order buffer of the
 /// region's shape, straight from the input blocks it overlaps: one read
@@ -140,7 +141,7 @@ fn open_with_span_ahead(block: &InputBlock, first: u64, end: u64) -> Result<Opti
     let (Some(check), Storage::Contiguous { data_offset }) = (&block.check, &block.storage) else {
         return Ok(None);
     };
-    let file = File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?;
+    let file = open_regular(&block.path)?;
     read_ahead_input(
         &file,
         Some(check.as_ref()),

@@ -18,6 +18,7 @@ use crate::format::hdf5::Hdf5BlockReader;
 use crate::format::Storage;
 use crate::input::{HeaderCheck, InputArray, InputBlock};
 use crate::plan::Plan;
+use crate::sys::files::open_regular;
 use crate::sys::pagecache;
 
 /// Told of each input file just before its bytes are first read (a view's
@@ -126,7 +127,7 @@ impl InputHandle {
         }
         let file = match opened {
             Some(file) => file,
-            None => File::open(&block.path).map_err(|e| Error::io(&block.path, "opening", e))?,
+            None => open_regular(&block.path)?,
         };
         // One stat serves the witness (size and mtime) and the header check
         // (the length); with neither, none is made.
@@ -344,7 +345,7 @@ impl<'a> InputReader<'a> {
             let block = &self.input.blocks[rank as usize];
             if !self.handles.contains(&rank) {
                 // A file that cannot be opened is left for the read to report.
-                let Ok(file) = File::open(&block.path) else {
+                let Ok(file) = open_regular(&block.path) else {
                     continue;
                 };
                 self.handles.put(rank, InputHandle::Opened(file));
