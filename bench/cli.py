@@ -86,10 +86,13 @@ tests/fixtures/verify.py (rechunkfs, the view) and bench/peers/verify_peer.py
 (peers); the limit's by its counts of files and bytes (--no-verify skips
 the checks); a wrong output is shown as WRONG and makes the exit status 1.
 
-Wall time, for every tool alike, runs from its process's start (interpreter
-start-up and imports included) to its exit, plus a syncfs of the output's
-filesystem after it exits, so that every output is on disk when its clock
-stops. What a tool does itself for durability is stated beside its time:
+Wall time, for every tool alike, runs from a warm start to its exit, plus a
+syncfs of the output's filesystem after it exits, so that every output is
+on disk when its clock stops. Warm: a Python tool (the limit, TensorStore,
+rechunker) starts its interpreter and imports first, then the page cache is
+dropped and its clock starts as the harness tells it to go; a compiled tool
+(rechunkfs, zarrs_reencode, h5repack) starts after the drop, timed from
+exec. What a tool does itself for durability is stated beside its time:
 rechunkfs and the limit syncfs per 256 MiB, TensorStore fsyncs every file,
 zarr-python, zarrs and h5repack do nothing of their own.
 

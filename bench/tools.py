@@ -5,6 +5,7 @@ dropped page cache, and checking an output voxel by voxel."""
 import json
 import os
 import shutil
+import select
 import signal
 import subprocess
 import sys
@@ -36,6 +37,8 @@ ALIASES = {"rechunker": ["rechunker-python", "rechunker-dask"], "physical": ["li
 ZARR_TOOLS = ("tensorstore", "rechunker-python", "rechunker-dask", "zarrs")
 H5REPACK_TOOLS = ("h5repack", "h5repack-whole")
 MEM_KNOB = ZARR_TOOLS + ("h5repack",)    # peers with a memory budget to lower after an OOM
+# The Python helpers, started warm (see start); the others are compiled and start cold from exec.
+WARM = ("limit", "tensorstore", "rechunker-python", "rechunker-dask")
 
 # What each tool does itself to make its output durable, stated beside its
 # time: the harness adds one syncfs after every tool exits (in the time),
@@ -267,12 +270,13 @@ def take_report(rec, stdout, stderr):
     rec["seeks_made"], rec["seeks_planned"] = seeks.get("made"), seeks.get("planned", rec.get("planned_seeks"))
 
 
-def run_process(rec, cmd, cap, ctx, log_stem, keep_group=False):
-    """Runs cmd cold (in a fresh memory cgroup when cap), stdout/stderr to
-    log_stem.out/.err; fills rec: status, wall (process only), peak RSS
-    (wait4's ru_maxrss of the process and the children it waited for),
-    cgroup peak and OOM kills. With keep_group the cgroup outlives the
-    process (for a daemon it leaves behind): the caller removes it."""
+def run_process(rec, cmd, cap, ctx, log_stem, keep_group=False, warm=False):
+    """Runs cmd from a dropped page cache (in a fresh memory cgroup when
+    cap), stdout/stderr to log_stem.out/.err, warm or not (see start);
+    fills rec: status, wall (process only), peak RSS (wait4's ru_maxrss of
+    the process and the children it waited for), cgroup peak and OOM
+    kills. With keep_group the cgroup outlives the process (for a daemon
+    it leaves behind): the caller removes it."""
     rec["command"] = " ".join(str(c) for c in cmd)
     group = None
     proc = None
@@ -283,11 +287,8 @@ def run_process(rec, cmd, cap, ctx, log_stem, keep_group=False):
             group = ctx.cgroups.create(cap)
             cmd = ctx.cgroups.wrap(group, cmd)
             rec["cgroup"] = str(group)
-        rec["cache_dropped"] = ctx.dropper.drop()
         with open(out_log, "w") as fo, open(err_log, "w") as fe:
-            t0 = time.monotonic()
-            proc = subprocess.Popen([str(c) for c in cmd], stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc, t0 = start(rec, cmd, fo, fe, ctx, warm)
             result = reap_within(proc, ctx.timeout)
             if result is None:
                 proc.returncode = -signal.SIGKILL
@@ -300,8 +301,8 @@ def run_process(rec, cmd, cap, ctx, log_stem, keep_group=False):
         rec["peak_rss_bytes"] = usage.ru_maxrss * 1024
         if group is not None:
             rec["cgroup_peak_bytes"], rec["cgroup_oom_kills"] = ctx.cgroups.stats(group)
-        if proc.returncode != 0:
-            rec["status"] = oom_or_error(rec, group, proc.returncode)
+        if proc.returncode != 0 or rec.get("not_ready"):
+            rec["status"] = "error" if rec.get("not_ready") else oom_or_error(rec, group, proc.returncode)
             rec["stderr"] = last_lines(err_log, 1) or last_lines(out_log, 1) or f"exit {proc.returncode}"
         else:
             rec["status"] = "ok"
@@ -318,6 +319,44 @@ def run_process(rec, cmd, cap, ctx, log_stem, keep_group=False):
         if group is not None and not keep_group:
             ctx.cgroups.remove(group)
             rec.pop("cgroup", None)
+
+
+def start(rec, cmd, fo, fe, ctx, warm):
+    """Starts cmd and its clock; (process, clock start).
+
+    Cold, the page cache is dropped and the clock started before the
+    process. Warm (the Python helpers: the limit, TensorStore, rechunker),
+    the interpreter first starts and imports what it needs, says so on a
+    pipe (peers/warm.py), and only then is the cache dropped and the clock
+    started, as the harness tells it to go: no tool's time then holds an
+    interpreter's cold start-up, which would make the limit no limit on
+    fast storage. A helper that never gets ready is marked not_ready."""
+    cmd = [str(c) for c in cmd]
+    if not warm:
+        rec["cache_dropped"] = ctx.dropper.drop()
+        t0 = time.monotonic()
+        return subprocess.Popen(cmd, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, start_new_session=True), t0
+    r, w = os.pipe()
+    proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, stdin=subprocess.PIPE, start_new_session=True,
+                            pass_fds=(w,), env=dict(os.environ, BENCH_READY_FD=str(w)))
+    os.close(w)
+    try:
+        readable, _, _ = select.select([r], [], [], ctx.timeout)
+        ok = bool(readable) and os.read(r, 1) == b"r"
+    finally:
+        os.close(r)
+    if not ok:
+        rec["not_ready"] = True
+        kill_group(proc)
+        return proc, time.monotonic()
+    rec["cache_dropped"] = ctx.dropper.drop()
+    t0 = time.monotonic()
+    try:
+        proc.stdin.write(b"g")
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    return proc, t0
 
 
 def reap_within(proc, timeout):
@@ -384,12 +423,12 @@ def run_peer(tool, w, cap, mem, ctx, tag):
             return rec, None
         out = outdir / ("out.h5" if tool in H5REPACK_TOOLS else "out.zarr")
         cmd = peer_command(tool, w, src, out, outdir / "tmp.zarr", mem, ctx.peers)
-    run_process(rec, cmd, cap, ctx, log_stem)
+    run_process(rec, cmd, cap, ctx, log_stem, warm=tool in WARM)
     if rec["status"] == "ok":
         info = rec.pop("stdout_json", None)
         if info:
             rec["tool_report"] = info
-        # Timed like every other tool: from process start to exit, plus the syncfs.
+        # Timed as every other tool: to its exit, plus the syncfs.
         rec["sync_seconds"] = timed_sync(outdir)
         rec["wall_seconds"] += rec["sync_seconds"]
     return rec, out
@@ -404,9 +443,7 @@ def limit_command(ctx, w, out, mem):
     sizes = ctx.workdir / "logs" / f"{w.name}-output-sizes.txt"
     header = file_overhead(ctx.workdir, w)
     write_text(sizes, "".join(f"{n + header} {k}\n" for n, k in w.output_sizes().items()))
-    # -S: limit.py needs the standard library alone, and the site packages'
-    # start-up, cold, would only lengthen the limit's time.
-    cmd = [sys.executable, "-S", PEERS_DIR / "limit.py", "physical", "--inputs", listing, "--out", out,
+    cmd = [sys.executable, PEERS_DIR / "limit.py", "physical", "--inputs", listing, "--out", out,
            "--sizes", sizes, "--array-bytes", str(w.nbytes)]
     return cmd + (["--mem", str(mem)] if mem is not None else [])
 

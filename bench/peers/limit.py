@@ -23,8 +23,10 @@ and inside the benchmark's memory cgroup).
         files); with --advice none, without posix_fadvise SEQUENTIAL, as
         most tools read (h5py, numpy, nibabel).
 
-Prints one JSON line: bytes and files read/written, and when each part
-ended (seconds from the start of the I/O; the harness times the process).
+Started by the harness, it imports and reads LIST, says it is ready and
+waits for the harness's go (peers/warm.py) before any I/O. Prints one JSON
+line: bytes and files read/written, and when each part ended (seconds from
+the go; the harness keeps its own clock).
 """
 import argparse
 import ctypes
@@ -33,6 +35,8 @@ import os
 import sys
 import threading
 import time
+
+from warm import ready
 
 CHUNK = 8 << 20
 MIN_CHUNK = 1 << 20
@@ -340,6 +344,7 @@ def main():
     a = p.parse_args()
     with open(a.inputs) as f:
         paths = [line.rstrip("\n") for line in f if line.strip()]
+    ready()
     if a.mode == "physical":
         if not a.out or not a.sizes or a.array_bytes is None:
             p.error("physical needs --out, --sizes and --array-bytes")

@@ -11,7 +11,9 @@ What it does:
                            temp_options={"compressor": None}, executor=EXECUTOR)
   plan.execute()       # dask: the default threaded scheduler, one worker per core
 rechunker picks its read/write chunks (and an intermediate array in TMP when
-one copy does not fit in max_mem) itself. Prints one JSON line with the
+one copy does not fit in max_mem) itself. Started by the harness, it waits
+after its imports (dask's too) for the harness's go (peers/warm.py), so its
+time holds no interpreter start-up. Prints one JSON line with the
 versions and rechunker's plan (read, intermediate and write chunks).
 """
 import argparse
@@ -20,6 +22,7 @@ import sys
 
 import rechunker
 import zarr
+from warm import ready
 
 
 def main():
@@ -31,12 +34,15 @@ def main():
     p.add_argument("--mem", type=int, required=True, help="rechunker max_mem in bytes")
     p.add_argument("--executor", choices=["python", "dask"], required=True)
     a = p.parse_args()
-    src = zarr.open(a.src, mode="r")
-    chunks = tuple(min(int(x), n) for x, n in zip(a.chunks.split(","), src.shape))
     info = {"tool": f"rechunker-{a.executor}", "rechunker": rechunker.__version__, "zarr": zarr.__version__}
     if a.executor == "dask":
+        # Imported before the warm start's go, as the other imports are.
         import dask
+        import dask.array  # noqa: F401
         info["dask"] = dask.__version__
+    ready()
+    src = zarr.open(a.src, mode="r")
+    chunks = tuple(min(int(x), n) for x, n in zip(a.chunks.split(","), src.shape))
     plan = rechunker.rechunk(src, target_chunks=chunks, max_mem=a.mem, target_store=a.dst,
                              temp_store=a.tmp, target_options={"compressor": None},
                              temp_options={"compressor": None}, executor=a.executor)

@@ -11,6 +11,8 @@ What it does, in TensorStore's own terms:
              create, delete_existing)
   dst.write(src).result()      # TensorStore's streaming copy, chunk by chunk
 The file kvstore syncs each file it writes (file_io_sync, its default).
+Started by the harness, it waits after its imports for the harness's go
+(peers/warm.py), so its time holds no interpreter start-up.
 Prints one JSON line with TensorStore's version.
 """
 import argparse
@@ -18,6 +20,7 @@ import json
 import sys
 
 import tensorstore as ts
+from warm import ready
 
 
 def main():
@@ -27,6 +30,7 @@ def main():
     p.add_argument("--chunks", required=True)
     p.add_argument("--mem", type=int, required=True, help="cache_pool total_bytes_limit")
     a = p.parse_args()
+    ready()
     ctx = ts.Context({"cache_pool": {"total_bytes_limit": a.mem}})
     src = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": a.src}},
                   read=True, context=ctx).result()
