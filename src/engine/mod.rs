@@ -349,6 +349,9 @@ impl<'a> Executor<'a> {
         self.hold(step_box.volume() * self.elem);
         self.reader
             .read_step(&step_box, &grid, &mut buffers, &mut self.counter)?;
+        // A decoded input block was held beside the step while it was read.
+        let decoded = std::mem::take(&mut self.reader.decoded_peak);
+        self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(self.held + decoded);
         self.pending.file_step(plan, &grid, step_index, buffers);
         Ok(())
     }
