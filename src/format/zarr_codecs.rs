@@ -92,13 +92,15 @@ impl BlockDecoder {
             format: "Zarr",
             problem: format!("cannot be decoded with its codecs ({}): {why}", self.names),
         };
+        // One thread: the reader decodes while the writer thread writes,
+        // which is the two cores the engine plans for; and zarrs's parallel
+        // paths use rayon's global pool, whose threads do not survive the
+        // fork that puts a view's daemon in the background.
+        let mut options = CodecOptions::default();
+        options.set_concurrent_target(1);
         let decoded = self
             .chain
-            .decode(
-                RawBytes::from(encoded),
-                &self.representation,
-                &CodecOptions::default(),
-            )
+            .decode(RawBytes::from(encoded), &self.representation, &options)
             .and_then(|bytes| bytes.into_fixed())
             .map_err(|e| damaged(e.to_string()))?;
         let mut decoded = decoded.into_owned();
