@@ -478,21 +478,22 @@ fn v3_codecs(path: &Path, codecs: &[Value]) -> Result<(Endian, bool)> {
         return Err(refuse("there is none".into()));
     };
     let named = |codec: &Value| codec["name"].as_str().unwrap_or("").to_string();
-    if let Some(other) = rest
-        .iter()
-        .find(|codec| !V3_BYTES_CODECS.contains(&named(codec).as_str()))
-    {
-        return Err(refuse(format!("{} is not decoded", codec_id(other))));
-    }
-    match named(first).as_str() {
-        "bytes" => Ok((bytes_endian(path, first)?, !rest.is_empty())),
+    let (endian, encoded) = match named(first).as_str() {
+        "bytes" => (bytes_endian(path, first)?, !rest.is_empty()),
         "sharding_indexed" => {
             let inner = first["configuration"]["codecs"]
                 .as_array()
                 .ok_or_else(|| refuse("sharding_indexed has no list of codecs".into()))?;
-            Ok((v3_codecs(path, inner)?.0, true))
+            (v3_codecs(path, inner)?.0, true)
         }
-        _ => Err(refuse(format!("{} is not decoded", codec_id(first)))),
+        _ => return Err(refuse(format!("{} is not decoded", codec_id(first)))),
+    };
+    match rest
+        .iter()
+        .find(|codec| !V3_BYTES_CODECS.contains(&named(codec).as_str()))
+    {
+        Some(other) => Err(refuse(format!("{} is not decoded", codec_id(other)))),
+        None => Ok((endian, encoded)),
     }
 }
 
