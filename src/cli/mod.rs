@@ -23,7 +23,8 @@ use crate::array::units::parse_bytes;
     version,
     about = "Rechunk arrays stored as grids of block files, with the fewest seeks in the memory allowed",
     long_about = "rechunkfs reads an array stored as a grid of block files ({i}_{j}_{k}.h5, .npy, \
-.nii or .mnc, one file per block, edge blocks may be smaller; or an uncompressed Zarr v2/v3 array) \
+.nii or .mnc, one file per block, edge blocks may be smaller; or a Zarr v2/v3 array, compressed or \
+sharded too) \
 and writes it as blocks of another shape (block files, or a Zarr array's chunks), \
 following the keep plan: the read and write order with the fewest disk seeks that fits in \
 --mem.\n\nExamples:\n  rechunkfs plan blocks/ --shape 256,256,256 --mem 4G\n  \
