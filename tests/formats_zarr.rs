@@ -2,8 +2,10 @@
 //! views (real FUSE mounts) and `rechunk` outputs as Zarr v2 and v3 arrays
 //! and read every region equal to the source, edge chunks included; Zarr
 //! arrays written by zarr-python rechunk byte-exact to block files and to
-//! Zarr; compressed arrays and groups are refused, naming the path and the
-//! problem. Python comes from RECHUNKFS_PYTHON or target/pyenv (made by
+//! Zarr, compressed (every codec, v2 and v3) and sharded too, with seeks
+//! and peak memory as planned; groups are refused listing their arrays,
+//! and `--array` picks one; codecs not decoded are refused, naming the
+//! path and the problem. Python comes from RECHUNKFS_PYTHON or target/pyenv (made by
 //! scripts/setup); mounts need /dev/fuse (and root or fusermount3).
 
 #[macro_use]
@@ -218,6 +220,32 @@ fn a_viewer_reads_chunks_on_demand_while_the_view_fills() {
 }
 
 #[test]
+fn a_view_of_a_sharded_compressed_array_reads_shards_whole() {
+    require!(Fuse, Readers);
+    // Shards decoded whole by the view's materialiser, which counts the
+    // seeks it planned; then, filling slowly, blocks the readers ask for
+    // are extracted ahead of the plan from decoded shards.
+    let (dt, array, chunks) = (">u2", [40u64, 36, 30], [5u64, 9, 5]);
+    let outb = [16u64, 9, 7];
+    for step_delay_ms in [0, 100] {
+        let root = tempfile::tempdir().unwrap();
+        let input = root.path().join("in.zarr");
+        let extra = ["--codec", "blosc-zstd", "--shards", "10,18,10"];
+        zarr_python_writes(&input, &array, &chunks, dt, "3", &extra);
+        let shape = shape_text(&outb);
+        let mounted = MountedView::new(&input, root.path(), &shape, "zarr3", step_delay_ms);
+        both_readers_agree(&mounted.view, &array, &outb, dt, BlockFormat::Zarr3);
+        let status = mounted.wait_complete();
+        if step_delay_ms == 0 {
+            assert_eq!(status["seeks_made"], status["seeks_planned"], "{status}");
+        } else {
+            assert!(status["on_demand_blocks"].as_u64() > Some(0), "{status}");
+        }
+        verify_zarr_output(&mounted.view, &array, &outb, dtype(dt), BlockFormat::Zarr3);
+    }
+}
+
+#[test]
 fn zarr_python_and_tensorstore_read_rechunk_outputs() {
     require!(Readers);
     for format in [BlockFormat::Zarr, BlockFormat::Zarr3] {
@@ -339,6 +367,202 @@ fn zarr_arrays_written_by_zarr_python_rechunk_byte_exact() {
     }
 }
 
+/// A compressed or sharded input: Zarr version, codec (as check_zarr.py
+/// `write --codec` names it), dtype, array, chunks, shards (v3; none: not
+/// sharded).
+type CodecCase = (
+    &'static str,
+    &'static str,
+    &'static str,
+    [u64; 3],
+    [u64; 3],
+    Option<[u64; 3]>,
+);
+
+const CODEC_CASES: [CodecCase; 18] = [
+    // zarr-python's defaults: zstd in both versions (zarr-python 3).
+    ("2", "default", "<u2", [37, 29, 23], [10, 8, 7], None),
+    ("3", "default", "<u2", [37, 29, 23], [10, 8, 7], None),
+    ("2", "blosc-lz4", ">f4", [37, 29, 23], [16, 30, 7], None),
+    ("2", "blosc-zstd", "<i4", [30, 24, 21], [10, 8, 7], None),
+    ("2", "blosc-zlib", "|u1", [37, 29, 23], [10, 8, 7], None),
+    ("2", "zstd", ">u2", [37, 29, 23], [10, 8, 7], None),
+    ("2", "gzip", "<f8", [17, 13, 11], [5, 6, 4], None),
+    ("2", "zlib", ">i8", [17, 13, 11], [5, 6, 4], None),
+    ("3", "blosc-lz4", ">u2", [37, 29, 23], [10, 8, 7], None),
+    ("3", "blosc-zstd", "<f4", [30, 24, 21], [10, 8, 7], None),
+    ("3", "blosc-zlib", ">i8", [17, 13, 11], [5, 6, 4], None),
+    ("3", "zstd", ">f4", [37, 29, 23], [12, 12, 40], None),
+    ("3", "gzip", "<i2", [37, 29, 23], [10, 8, 7], None),
+    ("3", "crc32c", "<u2", [37, 29, 23], [10, 8, 7], None),
+    // Sharded: uncompressed and compressed inside, shards that do and do
+    // not divide the array.
+    (
+        "3",
+        "none",
+        "<u2",
+        [37, 29, 23],
+        [5, 4, 7],
+        Some([10, 8, 14]),
+    ),
+    (
+        "3",
+        "zstd",
+        ">f4",
+        [30, 24, 21],
+        [5, 4, 7],
+        Some([10, 8, 7]),
+    ),
+    (
+        "3",
+        "blosc-lz4",
+        "<i4",
+        [37, 29, 23],
+        [5, 8, 7],
+        Some([20, 16, 14]),
+    ),
+    (
+        "3",
+        "crc32c",
+        ">u2",
+        [17, 13, 11],
+        [5, 6, 4],
+        Some([10, 12, 8]),
+    ),
+];
+
+/// Rechunks `input` to `out` as `args` add, and holds the run to its plan:
+/// seeks made equal those planned, the peak memory held equals the
+/// predicted one, and every encoded input block (`blocks` of them) is read
+/// with one seek. Returns the JSON report.
+fn rechunk_as_planned(input: &Path, out: &Path, args: &[&str], blocks: u64) -> serde_json::Value {
+    let mut all = vec![
+        "rechunk",
+        input.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--json",
+    ];
+    all.extend(args);
+    let output = rechunkfs(&all, 0);
+    assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        common::json_u64(&report, "seeks.made"),
+        common::json_u64(&report, "seeks.planned"),
+        "{report}"
+    );
+    assert_eq!(
+        report["peak_memory_bytes"], report["planned_peak_memory_bytes"],
+        "{report}"
+    );
+    assert_eq!(common::json_u64(&report, "seeks.read"), blocks, "{report}");
+    report
+}
+
+#[test]
+fn compressed_and_sharded_zarr_arrays_rechunk_byte_exact() {
+    require!(Readers);
+    let outputs = [
+        (BlockFormat::Hdf5, [16u64, 9, 11]),
+        (BlockFormat::Npy, [40, 40, 40]),
+        (BlockFormat::Zarr, [8, 10, 6]),
+        (BlockFormat::Zarr3, [20, 29, 5]),
+    ];
+    for (n, (version, codec, dt, array, chunks, shards)) in CODEC_CASES.into_iter().enumerate() {
+        let root = tempfile::tempdir().unwrap();
+        let input = root.path().join("in.zarr");
+        let mut extra = vec!["--codec", codec];
+        let shard_text = shards.map(|s| shape_text(&s));
+        if let Some(text) = &shard_text {
+            extra.extend(["--shards", text.as_str()]);
+        }
+        zarr_python_writes(&input, &array, &chunks, dt, version, &extra);
+        // An input block is a chunk, or a whole shard.
+        let block = shards.unwrap_or(chunks);
+        let blocks: u64 = (0..3).map(|d| array[d].div_ceil(block[d])).product();
+        // Each case goes to one block-file format and one Zarr version;
+        // every third one within a memory limit, so the search plans it.
+        let (files, zarr) = (outputs[n % 2], outputs[2 + (n / 2) % 2]);
+        for (k, (out_format, outb)) in [files, zarr].into_iter().enumerate() {
+            let out = root.path().join(format!("out{k}"));
+            let shape = shape_text(&outb);
+            let mut args = vec!["--shape", &shape, "--format", out_format.extension()];
+            if n % 3 == 2 {
+                args.extend(["--mem", "100K"]);
+            }
+            rechunk_as_planned(&input, &out, &args, blocks);
+            let outb: Vec<u64> = outb.iter().zip(&array).map(|(&b, &a)| b.min(a)).collect();
+            if common::is_zarr(out_format) {
+                verify_zarr_output(&out, &array, &outb, dtype(dt), out_format);
+                both_readers_agree(&out, &array, &outb, dt, out_format);
+            } else {
+                verify_output(&out, &array, &outb, dtype(dt), out_format);
+            }
+        }
+    }
+}
+
+#[test]
+fn missing_chunks_and_inner_chunks_are_the_fill_value() {
+    require!(Readers);
+    // A sharded array missing an inner chunk (its shard's index says so)
+    // and a whole shard; and a compressed v2 array missing a chunk.
+    let array = [20u64, 15];
+    for (version, chunks, extra) in [
+        (
+            "3",
+            [4u64, 3],
+            &[
+                "--codec",
+                "zstd",
+                "--shards",
+                "8,6",
+                "--empty-chunk",
+                "1,1",
+                "--drop",
+                "2,2",
+            ][..],
+        ),
+        ("2", [8, 6], &["--codec", "blosc-lz4", "--drop", "1,1"][..]),
+    ] {
+        let root = tempfile::tempdir().unwrap();
+        let input = root.path().join("in.zarr");
+        let mut args = extra.to_vec();
+        args.extend(["--fill-value", "513"]);
+        zarr_python_writes(&input, &array, &chunks, "<u2", version, &args);
+        let (report, bytes) = merge_to_npy(&input, root.path(), "20,15");
+        assert_eq!(
+            report["peak_memory_bytes"], report["planned_peak_memory_bytes"],
+            "{report}"
+        );
+        let source = common::oracle::sample_bytes(&array, &[0, 0], &array, 2);
+        // v3: inner chunk (1,1) is [4,8)×[3,6); shard (2,2) is [16,20)×[12,15).
+        // v2: chunk (1,1) is [8,16)×[6,12).
+        let fill = |y: usize, x: usize| {
+            if version == "3" {
+                ((4..8).contains(&y) && (3..6).contains(&x)) || (y >= 16 && x >= 12)
+            } else {
+                (8..16).contains(&y) && (6..12).contains(&x)
+            }
+        };
+        for y in 0..20usize {
+            for x in 0..15usize {
+                let at = (y * 15 + x) * 2;
+                let expected = if fill(y, x) {
+                    &[1u8, 2][..]
+                } else {
+                    &source[at..at + 2]
+                };
+                assert_eq!(
+                    &bytes[at..at + 2],
+                    expected,
+                    "v{version} element ({y}, {x})"
+                );
+            }
+        }
+    }
+}
+
 /// Rechunks `input` into one npy block of the whole array (`shape`) under
 /// `root`: the JSON report, whose seeks made must equal the plan's, and
 /// the block's data.
@@ -444,6 +668,13 @@ fn an_absent_chunk_read_into_a_reused_buffer_is_zeros() {
     );
 }
 
+/// Edits the JSON metadata file at `path` in place.
+fn rewrite_metadata(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut meta: serde_json::Value = serde_json::from_slice(&fs::read(path).unwrap()).unwrap();
+    edit(&mut meta);
+    fs::write(path, serde_json::to_vec(&meta).unwrap()).unwrap();
+}
+
 fn assert_refused(input: &Path, expected: &[&str]) {
     let out = input.with_extension("out");
     let output = rechunkfs(
@@ -469,38 +700,113 @@ fn assert_refused(input: &Path, expected: &[&str]) {
 }
 
 #[test]
-fn compressed_arrays_and_groups_are_refused_naming_the_path() {
+fn groups_and_codecs_not_decoded_are_refused_naming_the_path() {
     require!(Readers);
     let root = tempfile::tempdir().unwrap();
     let array = [10u64, 9];
-    let compressed2 = root.path().join("compressed2.zarr");
-    zarr_python_writes(&compressed2, &array, &[4, 4], "<u2", "2", &["--compressed"]);
-    assert_refused(&compressed2, &[".zarray", "compressed", "compressors=None"]);
-    let compressed3 = root.path().join("compressed3.zarr");
-    zarr_python_writes(&compressed3, &array, &[4, 4], "<u2", "3", &["--compressed"]);
-    assert_refused(&compressed3, &["zarr.json", "codecs are [bytes, zstd]"]);
+    // Filters (v2) and transpose (v3) change values or order: refused.
+    let filtered = root.path().join("filtered.zarr");
+    zarr_python_writes(&filtered, &array, &[4, 4], "<u2", "2", &["--codec", "zstd"]);
+    rewrite_metadata(&filtered.join(".zarray"), |meta| {
+        meta["filters"] = serde_json::json!([{"id": "delta", "dtype": "<u2"}]);
+    });
+    assert_refused(&filtered, &[".zarray", "filters (delta)"]);
+    let transposed = root.path().join("transposed.zarr");
+    zarr_python_writes(
+        &transposed,
+        &array,
+        &[4, 4],
+        "<u2",
+        "3",
+        &["--codec", "zstd"],
+    );
+    rewrite_metadata(&transposed.join("zarr.json"), |meta| {
+        let codecs = meta["codecs"].as_array_mut().unwrap();
+        codecs.insert(
+            0,
+            serde_json::json!({"name": "transpose", "configuration": {"order": [1, 0]}}),
+        );
+    });
+    assert_refused(&transposed, &["zarr.json", "transpose is not decoded"]);
+    // A damaged compressed chunk stops the run, naming it.
+    let damaged = root.path().join("damaged-zstd.zarr");
+    zarr_python_writes(&damaged, &array, &[4, 4], "<u2", "3", &["--codec", "zstd"]);
+    fs::write(damaged.join("c").join("1").join("1"), [7u8; 9]).unwrap();
+    assert_refused(&damaged, &["c/1/1", "cannot be decoded"]);
     for version in ["2", "3"] {
         let group = root.path().join(format!("group{version}.zarr"));
-        zarr_python_writes(&group, &array, &[4, 4], "<u2", version, &["--group"]);
-        let data = group.join("data");
+        zarr_python_writes(
+            &group,
+            &array,
+            &[4, 4],
+            "<u2",
+            version,
+            &["--group", "--codec", "default"],
+        );
         assert_refused(
             &group,
-            &["is a Zarr group, not an array", data.to_str().unwrap()],
+            &[
+                "is a Zarr group, not an array",
+                "--array: data, other/deeper",
+            ],
         );
-        // The array inside the group is fine.
-        let out = root.path().join(format!("group{version}.out"));
+        // --array picks an array, nested ones too; each is the sample array.
+        for name in ["data", "other/deeper"] {
+            let out = root.path().join(format!("group{version}.out"));
+            let output = rechunkfs(
+                &[
+                    "rechunk",
+                    group.to_str().unwrap(),
+                    out.to_str().unwrap(),
+                    "--array",
+                    name,
+                    "--shape",
+                    "4,5",
+                    "--format",
+                    "npy",
+                    "--overwrite",
+                ],
+                0,
+            );
+            assert!(output.status.success(), "{name}: {}", stderr(&output));
+            verify_output(&out, &array, &[4, 5], dtype("<u2"), BlockFormat::Npy);
+        }
         let output = rechunkfs(
             &[
-                "rechunk",
-                data.to_str().unwrap(),
-                out.to_str().unwrap(),
+                "plan",
+                group.to_str().unwrap(),
+                "--array",
+                "nothing",
                 "--shape",
                 "4,4",
             ],
             0,
         );
-        assert!(output.status.success(), "{}", stderr(&output));
+        assert!(!output.status.success());
+        let message = stderr(&output);
+        assert!(
+            message.contains("holds no Zarr array at nothing; its arrays: data, other/deeper"),
+            "{message}"
+        );
     }
+    let plain = root.path().join("plain.zarr");
+    zarr_python_writes(&plain, &array, &[4, 4], "<u2", "2", &[]);
+    let output = rechunkfs(
+        &[
+            "plan",
+            plain.to_str().unwrap(),
+            "--array",
+            "data",
+            "--shape",
+            "4,4",
+        ],
+        0,
+    );
+    assert!(
+        stderr(&output).contains("is not a Zarr group"),
+        "{}",
+        stderr(&output)
+    );
     // Fortran order, and a damaged chunk.
     let fortran = root.path().join("fortran.zarr");
     zarr_python_writes(&fortran, &array, &[4, 4], "<u2", "2", &[]);

@@ -65,10 +65,12 @@ enum Input {
     },
     Nifti,
     /// Chunk keys joined by `separator`; chunks past the array are padded
-    /// with bytes no reader may take for data.
+    /// with bytes no reader may take for data; `compressed` chunks are
+    /// encoded (v2 Blosc, v3 zstd and crc32c) and read whole.
     Zarr {
         v3: bool,
         separator: char,
+        compressed: bool,
     },
 }
 
@@ -85,8 +87,14 @@ impl fmt::Debug for Input {
                 )
             }
             Input::Nifti => write!(f, "nii"),
-            Input::Zarr { v3, separator } => {
-                write!(f, "zarr{} '{separator}'", if *v3 { "3" } else { "2" })
+            Input::Zarr {
+                v3,
+                separator,
+                compressed,
+            } => {
+                let v = if *v3 { "3" } else { "2" };
+                let how = if *compressed { " compressed" } else { "" };
+                write!(f, "zarr{v} '{separator}'{how}")
             }
         }
     }
@@ -99,8 +107,18 @@ impl Input {
             Input::H5 => "h5",
             Input::H5Chunked { .. } => "h5 chunked",
             Input::Nifti => "nii",
-            Input::Zarr { v3: false, .. } => "zarr",
-            Input::Zarr { v3: true, .. } => "zarr3",
+            Input::Zarr {
+                v3: false,
+                compressed: false,
+                ..
+            } => "zarr",
+            Input::Zarr {
+                v3: true,
+                compressed: false,
+                ..
+            } => "zarr3",
+            Input::Zarr { v3: false, .. } => "zarr compressed",
+            Input::Zarr { v3: true, .. } => "zarr3 compressed",
         }
     }
 
@@ -243,9 +261,16 @@ fn fractions() -> impl Strategy<Value = Vec<f64>> {
 enum InputKind {
     Npy,
     H5,
-    H5Chunked { chunk: Vec<f64>, deflate: bool },
+    H5Chunked {
+        chunk: Vec<f64>,
+        deflate: bool,
+    },
     Nifti,
-    Zarr { v3: bool, separator: char },
+    Zarr {
+        v3: bool,
+        separator: char,
+        compressed: bool,
+    },
 }
 
 fn input_kind() -> impl Strategy<Value = InputKind> {
@@ -255,13 +280,19 @@ fn input_kind() -> impl Strategy<Value = InputKind> {
         (fractions(), any::<bool>())
             .prop_map(|(chunk, deflate)| InputKind::H5Chunked { chunk, deflate }),
         Just(InputKind::Nifti),
-        prop_oneof![Just('.'), Just('/')].prop_map(|separator| InputKind::Zarr {
-            v3: false,
-            separator
+        (prop_oneof![Just('.'), Just('/')], any::<bool>()).prop_map(|(separator, compressed)| {
+            InputKind::Zarr {
+                v3: false,
+                separator,
+                compressed,
+            }
         }),
-        prop_oneof![Just('/'), Just('.')].prop_map(|separator| InputKind::Zarr {
-            v3: true,
-            separator
+        (prop_oneof![Just('/'), Just('.')], any::<bool>()).prop_map(|(separator, compressed)| {
+            InputKind::Zarr {
+                v3: true,
+                separator,
+                compressed,
+            }
         }),
     ]
 }
@@ -326,7 +357,15 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                         deflate,
                     },
                     InputKind::Nifti => Input::Nifti,
-                    InputKind::Zarr { v3, separator } => Input::Zarr { v3, separator },
+                    InputKind::Zarr {
+                        v3,
+                        separator,
+                        compressed,
+                    } => Input::Zarr {
+                        v3,
+                        separator,
+                        compressed,
+                    },
                 };
                 Case {
                     elem,
@@ -389,16 +428,25 @@ fn write_input(root: &Path, case: &Case, whole: &[u8]) -> PathBuf {
     let dir = root.join("in");
     std::fs::create_dir(&dir).unwrap();
     let grid = naive::blocks(array, &case.input_block);
-    if let Input::Zarr { v3, separator } = case.input {
+    if let Input::Zarr {
+        v3,
+        separator,
+        compressed,
+    } = case.input
+    {
         // The chunk shape as given, even past the array: every chunk file
         // is padded to it.
         let chunk = &case.input_block;
-        let (name, text) = files::zarr_metadata(v3, array, chunk, elem, separator);
-        std::fs::write(dir.join(name), text).unwrap();
+        let (name, text) = files::zarr_metadata(v3, array, chunk, elem, separator, compressed);
+        std::fs::write(dir.join(name), &text).unwrap();
         for block in &grid {
             let path = dir.join(files::zarr_chunk_key(v3, &block.index, separator));
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, naive::cut(whole, array, block, chunk, elem, 0xA5)).unwrap();
+            let mut bytes = naive::cut(whole, array, block, chunk, elem, 0xA5);
+            if compressed {
+                bytes = files::zarr_encode(&text, &bytes, elem);
+            }
+            std::fs::write(path, bytes).unwrap();
         }
         return dir;
     }
@@ -783,6 +831,17 @@ fn run_case(case: &Case, scratch: &Path) {
             covered(&["baseline does not fit".to_string()]);
             return;
         }
+        // Encoded inputs are read whole: no plan holds less than an input
+        // block and its decoded copy. The least the refusal names must fit.
+        Err(Error::DoesNotFit {
+            needed, allowed, ..
+        }) if input.files.is_encoded() && needed > allowed && Some(allowed) == mem => {
+            let fits = plan::plan(&problem, strategy, Some(needed))
+                .unwrap_or_else(|e| panic!("the least memory named ({needed}) does not fit: {e}"));
+            assert!(fits.prediction.peak_bytes <= needed);
+            covered(&["encoded input does not fit".to_string()]);
+            return;
+        }
         Err(e) => panic!("plan ({strategy_name}, mem {mem:?}): {e}"),
     };
 
@@ -817,7 +876,21 @@ fn run_case(case: &Case, scratch: &Path) {
         );
     }
     let nbytes = volume(array) * size;
-    assert_eq!(stats.bytes_read, nbytes, "every byte read once");
+    // An encoded chunk is read whole: its file's bytes, once.
+    let encoded_bytes: u64 = input
+        .blocks
+        .iter()
+        .map(|block| match block.storage {
+            rechunkfs::format::Storage::Encoded { len, .. } => len,
+            _ => 0,
+        })
+        .sum();
+    let read = if input.files.is_encoded() {
+        encoded_bytes
+    } else {
+        nbytes
+    };
+    assert_eq!(stats.bytes_read, read, "every byte read once");
     assert_eq!(stats.bytes_written, nbytes, "every byte written once");
     verify_output(case, &out, &whole);
 

@@ -113,6 +113,10 @@ pub enum FileShape {
     Exact,
     /// Every file holds a full chunk of this shape, edge chunks padded.
     Padded(Vec<u64>),
+    /// Every file is one encoded value (a compressed or sharded chunk) that
+    /// decodes into a full chunk of this shape, edge chunks padded: read
+    /// whole, in one call, never in parts.
+    Encoded(Vec<u64>),
 }
 
 impl FileShape {
@@ -120,7 +124,7 @@ impl FileShape {
     pub fn file_box(&self, block: &Region) -> Region {
         match self {
             FileShape::Exact => block.clone(),
-            FileShape::Padded(chunk) => Region::new(
+            FileShape::Padded(chunk) | FileShape::Encoded(chunk) => Region::new(
                 block.origin.clone(),
                 chunk
                     .iter()
@@ -135,12 +139,26 @@ impl FileShape {
     pub fn file_extent(&self, d: usize, extent: u64) -> u64 {
         match self {
             FileShape::Exact => extent,
-            FileShape::Padded(chunk) => chunk[d].max(extent),
+            FileShape::Padded(chunk) | FileShape::Encoded(chunk) => chunk[d].max(extent),
         }
     }
 
     pub fn is_padded(&self) -> bool {
-        matches!(self, FileShape::Padded(_))
+        matches!(self, FileShape::Padded(_) | FileShape::Encoded(_))
+    }
+
+    /// Whether files are read whole and decoded ([`FileShape::Encoded`]).
+    pub fn is_encoded(&self) -> bool {
+        matches!(self, FileShape::Encoded(_))
+    }
+
+    /// Elements of one decoded file of encoded files (0 for others): what
+    /// the executor holds while it copies from a decoded block.
+    pub fn decoded_volume(&self) -> u64 {
+        match self {
+            FileShape::Encoded(chunk) => chunk.iter().product(),
+            _ => 0,
+        }
     }
 }
 

@@ -23,7 +23,8 @@ use crate::array::units::parse_bytes;
     version,
     about = "Rechunk arrays stored as grids of block files, with the fewest seeks in the memory allowed",
     long_about = "rechunkfs reads an array stored as a grid of block files ({i}_{j}_{k}.h5, .npy, \
-.nii or .mnc, one file per block, edge blocks may be smaller; or an uncompressed Zarr v2/v3 array) \
+.nii or .mnc, one file per block, edge blocks may be smaller; or a Zarr v2/v3 array, compressed or \
+sharded too) \
 and writes it as blocks of another shape (block files, or a Zarr array's chunks), \
 following the keep plan: the read and write order with the fewest disk seeks that fits in \
 --mem.\n\nExamples:\n  rechunkfs plan blocks/ --shape 256,256,256 --mem 4G\n  \
@@ -129,6 +130,10 @@ pub struct InputArgs {
     /// HDF5 dataset holding the array in each block file.
     #[arg(long, default_value = crate::input::DEFAULT_DATASET, value_name = "PATH")]
     pub dataset: String,
+    /// With IN a Zarr group: the array inside it to read, by its path in the group (e.g.
+    /// raw/s0). (`plan` without IN takes the array's shape here instead.)
+    #[arg(long, value_name = "PATH")]
+    pub array: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -154,14 +159,22 @@ pub struct PlanArgs {
     pub input: Option<PathBuf>,
     #[command(flatten)]
     pub planning: PlanningArgs,
-    /// Plan without data: the array shape.
-    #[arg(long, value_name = "SHAPE", requires_all = ["blocks", "dtype"], conflicts_with = "input")]
-    pub array: Option<String>,
-    /// Plan without data: the input block shape.
-    #[arg(long, value_name = "SHAPE")]
+    /// Plan without data (with --array SHAPE): the input block shape.
+    #[arg(
+        long,
+        value_name = "SHAPE",
+        conflicts_with = "input",
+        requires = "array"
+    )]
     pub blocks: Option<String>,
-    /// Plan without data: the element type (uint16, u2, <u2, >f4, float16, u16, f64...).
-    #[arg(long, value_name = "DTYPE")]
+    /// Plan without data (with --array SHAPE): the element type (uint16, u2, <u2, >f4, float16,
+    /// u16, f64...).
+    #[arg(
+        long,
+        value_name = "DTYPE",
+        conflicts_with = "input",
+        requires = "array"
+    )]
     pub dtype: Option<String>,
     #[command(flatten)]
     pub input_args: InputArgs,
@@ -234,13 +247,33 @@ pub struct SampleArgs {
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Plan(args) => plan::plan_command(args),
-        Command::Rechunk(args) => rechunk::rechunk_command(args),
-        Command::Mount(args) => mount::mount_command(args),
+        Command::Plan(mut args) => {
+            if let Some(input) = &args.input {
+                args.input = Some(chosen_array(input, &args.input_args)?);
+            }
+            plan::plan_command(args)
+        }
+        Command::Rechunk(mut args) => {
+            args.input = chosen_array(&args.input, &args.input_args)?;
+            rechunk::rechunk_command(args)
+        }
+        Command::Mount(mut args) => {
+            args.input = chosen_array(&args.input, &args.input_args)?;
+            mount::mount_command(args)
+        }
         Command::Umount(args) => status::umount_command(args),
         Command::Status(args) => status::status_command(args),
         Command::Sample(args) => sample::sample_command(args),
     }
+}
+
+/// The input to read: IN, or with `--array` the array it names inside the
+/// Zarr group IN.
+fn chosen_array(input: &std::path::Path, args: &InputArgs) -> anyhow::Result<PathBuf> {
+    Ok(match &args.array {
+        Some(array) => crate::format::zarr::array_in_group(input, array)?,
+        None => input.to_path_buf(),
+    })
 }
 
 /// `--mem` in bytes, if given.

@@ -105,7 +105,7 @@ fn problem_of_args(
     args: &PlanArgs,
     format: Option<BlockFormat>,
 ) -> anyhow::Result<(Problem, DType, AxisOrder)> {
-    Ok(match (&args.input, &args.array) {
+    Ok(match (&args.input, &args.input_args.array) {
         (Some(input), _) => {
             let input = InputArray::scan(input, Some(&args.input_args.dataset))?;
             let format = format.unwrap_or_else(|| input.format.default_output());
@@ -113,6 +113,9 @@ fn problem_of_args(
             (problem, input.dtype, input.axis_order())
         }
         (None, Some(array)) => {
+            if args.blocks.is_none() || args.dtype.is_none() {
+                bail!("planning without data needs --array SHAPE, --blocks and --dtype");
+            }
             let dtype: DType = args.dtype.as_deref().unwrap_or("u1").parse()?;
             let array = parse_shape(array).context("--array")?;
             let blocks = parse_shape(args.blocks.as_deref().unwrap_or("")).context("--blocks")?;

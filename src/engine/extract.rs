@@ -6,8 +6,8 @@ use std::fs::File;
 use std::io::IoSliceMut;
 
 use super::inputs::{
-    count_as_contiguous, fill_absent, read_ahead_input, read_hdf5_pieces, unchecked, InputHandle,
-    InputWitness,
+    count_as_contiguous, decoded_block, fill_absent, read_ahead_input, read_hdf5_pieces, unchecked,
+    InputHandle, InputWitness,
 };
 use super::pieces::{PieceGrid, RowLayout};
 use super::seekio::{self, FileKey, SeekCounter};
@@ -82,6 +82,9 @@ impl Extraction<'_> {
         let block = &self.input.blocks[rank as usize];
         let key = FileKey::Input(rank);
         let layout = RowLayout::new(part, file_box, self.elem, &self.grid);
+        if self.input.files.is_encoded() {
+            return self.read_encoded_part(rank, &layout, file_box, buffers);
+        }
         if let Storage::Absent { fill } = &block.storage {
             fill_absent(
                 self.witness,
@@ -114,8 +117,37 @@ impl Extraction<'_> {
                 count_as_contiguous(&layout, |offset, len| counter.read(key, offset, len))?;
                 read_hdf5_pieces(&reader, file_box, part, &self.grid, buffers)
             }
-            InputHandle::Opened(_) => Err(unchecked(&block.path)),
+            InputHandle::Opened(_) | InputHandle::Encoded(_) => Err(unchecked(&block.path)),
         }
+    }
+
+    /// Reads `layout`'s part of encoded input block `rank` (whose decoded
+    /// block is `file_box`) into `buffers`: the block is read whole and
+    /// decoded, and the part copied out of it.
+    fn read_encoded_part(
+        &mut self,
+        rank: u64,
+        layout: &RowLayout,
+        file_box: &Region,
+        buffers: &mut [Vec<u8>],
+    ) -> Result<()> {
+        let block = &self.input.blocks[rank as usize];
+        // The witness is told of the file by the open, or of the absence.
+        let handle = match block.storage {
+            Storage::Absent { .. } => {
+                if let Some(witness) = self.witness {
+                    witness.reading(rank, block, None)?;
+                }
+                None
+            }
+            _ => Some(InputHandle::open(self.input, rank, None, self.witness)?),
+        };
+        let counter = &mut *self.counter;
+        let key = FileKey::Input(rank);
+        let decoded = decoded_block(handle.as_ref(), block, file_box, |offset, len| {
+            counter.read(key, offset, len)
+        })?;
+        layout.for_each_segment(|segment| layout.copy_segment_from(&decoded, 0, segment, buffers))
     }
 }
 

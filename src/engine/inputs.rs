@@ -5,13 +5,14 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::io::IoSliceMut;
 use std::num::NonZeroUsize;
 use std::path::Path;
 
 use lru::LruCache;
 
 use super::pieces::{PackingBuffer, PieceGrid, RowLayout};
-use super::seekio::{FileKey, SeekCounter, SeekLog};
+use super::seekio::{read_exact_at, FileKey, SeekCounter, SeekLog};
 use crate::array::geometry::{IndexBox, Region};
 use crate::error::{Error, Result};
 use crate::format::hdf5::Hdf5BlockReader;
@@ -101,6 +102,8 @@ pub(super) enum InputHandle {
     Contiguous { file: File, data_offset: u64 },
     /// Read through libhdf5.
     Hdf5(Hdf5BlockReader),
+    /// Read whole and decoded ([`Storage::Encoded`]).
+    Encoded(File),
 }
 
 impl InputHandle {
@@ -144,6 +147,7 @@ impl InputHandle {
                 Ok(InputHandle::Contiguous { file, data_offset })
             }
             Storage::Hdf5Dataset { dataset } => hdf5(&dataset),
+            Storage::Encoded { .. } => Ok(InputHandle::Encoded(file)),
             Storage::Absent { .. } => Err(Error::bad_input(
                 &block.path,
                 "an absent chunk has no file to read",
@@ -154,7 +158,9 @@ impl InputHandle {
     /// The open file, where the bytes are read with pread.
     fn file(&self) -> Option<&File> {
         match self {
-            InputHandle::Opened(file) | InputHandle::Contiguous { file, .. } => Some(file),
+            InputHandle::Opened(file)
+            | InputHandle::Contiguous { file, .. }
+            | InputHandle::Encoded(file) => Some(file),
             InputHandle::Hdf5(_) => None,
         }
     }
@@ -228,6 +234,9 @@ pub(super) struct InputReader<'a> {
     pub(super) advised_bytes: u64,
     /// Bytes of absent chunks filled (`RunStats::fill_bytes`).
     pub(super) fill_bytes: u64,
+    /// The largest decoded input block held since last taken: held beside
+    /// the step being read, so it counts in the peak.
+    pub(super) decoded_peak: u64,
 }
 
 impl<'a> InputReader<'a> {
@@ -249,6 +258,7 @@ impl<'a> InputReader<'a> {
             unread: HashMap::new(),
             advised_bytes: 0,
             fill_bytes: 0,
+            decoded_peak: 0,
         }
     }
 
@@ -293,8 +303,11 @@ impl<'a> InputReader<'a> {
     fn input_span(&self, input_index: &[usize], read_box: &Region) -> Option<(u64, u64, u64)> {
         let plan = self.plan;
         let rank = plan.input.linear(input_index);
-        let Storage::Contiguous { data_offset } = self.input.blocks[rank as usize].storage else {
-            return None;
+        let data_offset = match self.input.blocks[rank as usize].storage {
+            Storage::Contiguous { data_offset } => data_offset,
+            // Read whole, whatever part the read block needs.
+            Storage::Encoded { len, .. } => return Some((rank, 0, len)),
+            _ => return None,
         };
         let block_box = plan.input.block(input_index);
         let region = block_box.intersect(read_box)?;
@@ -354,7 +367,7 @@ impl<'a> InputReader<'a> {
                 Some(InputHandle::Opened(file)) => {
                     read_ahead_input(file, block.check.as_deref(), start, len)
                 }
-                Some(InputHandle::Contiguous { file, .. }) => {
+                Some(InputHandle::Contiguous { file, .. } | InputHandle::Encoded(file)) => {
                     read_ahead_input(file, None, start, len)
                 }
                 Some(InputHandle::Hdf5(_)) | None => 0,
@@ -382,6 +395,9 @@ impl<'a> InputReader<'a> {
         buffers: &mut [Vec<u8>],
         counter: &mut SeekCounter,
     ) -> Result<()> {
+        if self.input.files.is_encoded() {
+            return self.read_encoded(rank, file_box, region, grid, buffers);
+        }
         let block = &self.input.blocks[rank as usize];
         let layout = RowLayout::new(region, file_box, self.elem, grid);
         if let Storage::Absent { fill } = &block.storage {
@@ -411,8 +427,72 @@ impl<'a> InputReader<'a> {
                 count_as_contiguous(&layout, |offset, len| reads.read(key, offset, len))?;
                 read_hdf5_pieces(reader, file_box, region, grid, buffers)
             }
-            InputHandle::Opened(_) => Err(unchecked(&block.path)),
+            InputHandle::Opened(_) | InputHandle::Encoded(_) => Err(unchecked(&block.path)),
         }
+    }
+
+    /// Reads `region` of encoded input block `rank` (whose decoded block
+    /// is `file_box`) into the pieces `buffers` of `grid`: the block is
+    /// read whole and decoded ([`decoded_block`]), then the region copied
+    /// out of it.
+    fn read_encoded(
+        &mut self,
+        rank: u64,
+        file_box: &Region,
+        region: &Region,
+        grid: &PieceGrid,
+        buffers: &mut [Vec<u8>],
+    ) -> Result<()> {
+        let block = &self.input.blocks[rank as usize];
+        let decoded = match &block.storage {
+            Storage::Absent { .. } => {
+                tell_witness(self.witness, rank, block, None)?;
+                self.fill_bytes += region.volume() * self.elem;
+                decoded_block(None, block, file_box, |offset, len| {
+                    self.reads.read(FileKey::Input(rank), offset, len)
+                })?
+            }
+            _ => {
+                let handle = ready_handle(&mut self.handles, self.input, rank, self.witness)?;
+                let reads = &mut self.reads;
+                decoded_block(Some(handle), block, file_box, |offset, len| {
+                    reads.read(FileKey::Input(rank), offset, len)
+                })?
+            }
+        };
+        self.decoded_peak = self.decoded_peak.max(decoded.len() as u64);
+        let layout = RowLayout::new(region, file_box, self.elem, grid);
+        layout.for_each_segment(|segment| layout.copy_segment_from(&decoded, 0, segment, buffers))
+    }
+}
+
+/// The decoded bytes of encoded input block `block` (all of `file_box`,
+/// padding included), through its open `handle`. The file is read whole in
+/// one call, at offset 0 for its length, which is what `count` is told: one
+/// seek, as the planner predicts. An absent chunk (no handle) is the fill
+/// value, counted as an empty call at offset 0: one seek too, so that a
+/// plan's count does not depend on which chunks exist.
+pub(super) fn decoded_block(
+    handle: Option<&InputHandle>,
+    block: &InputBlock,
+    file_box: &Region,
+    mut count: impl FnMut(u64, u64),
+) -> Result<Vec<u8>> {
+    match (&block.storage, handle) {
+        (Storage::Absent { fill }, _) => {
+            count(0, 0);
+            Ok(fill.repeat(file_box.volume() as usize))
+        }
+        (Storage::Encoded { decoder, len }, Some(InputHandle::Encoded(file))) => {
+            let mut encoded = vec![0u8; *len as usize];
+            read_exact_at(file, &block.path, &mut [IoSliceMut::new(&mut encoded)], 0)?;
+            count(0, *len);
+            decoder.decode(&block.path, &encoded)
+        }
+        _ => Err(Error::bad_input(
+            &block.path,
+            "is read as an encoded chunk but was not scanned as one",
+        )),
     }
 }
 

@@ -54,14 +54,16 @@ pub use sink::{reopen, BlockSink, OpenOutput, OutputFiles, OutputTarget};
 /// Reads that libhdf5 makes, and reads of absent Zarr chunks (which make
 /// no I/O at all: they are the fill value), are counted as the segments
 /// and bytes a contiguous file would cost, so counts stay comparable with
-/// the plan; `fill_bytes` says how many bytes came from fill values.
+/// the plan; `fill_bytes` says how many bytes came from fill values. An
+/// encoded (compressed or sharded) block is read whole: one seek, its
+/// file's bytes; an absent one is one seek of no bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct RunStats {
     pub read_seeks: u64,
     pub write_seeks: u64,
     pub bytes_read: u64,
     /// Bytes of absent chunks produced from the fill value, without I/O
-    /// (included in `bytes_read`).
+    /// (included in `bytes_read`, except for encoded inputs).
     pub fill_bytes: u64,
     pub bytes_written: u64,
     /// Input bytes the kernel was asked to read ahead (headers to check
@@ -349,6 +351,9 @@ impl<'a> Executor<'a> {
         self.hold(step_box.volume() * self.elem);
         self.reader
             .read_step(&step_box, &grid, &mut buffers, &mut self.counter)?;
+        // A decoded input block was held beside the step while it was read.
+        let decoded = std::mem::take(&mut self.reader.decoded_peak);
+        self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(self.held + decoded);
         self.pending.file_step(plan, &grid, step_index, buffers);
         Ok(())
     }

@@ -22,6 +22,7 @@ mod minc;
 mod nifti;
 mod npy;
 pub mod zarr;
+pub mod zarr_codecs;
 
 use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
@@ -175,6 +176,13 @@ pub enum Storage {
     /// No file at all: a Zarr chunk never written holds the fill value
     /// everywhere. `fill` is one element's bytes, in the array's byte order.
     Absent { fill: Vec<u8> },
+    /// The whole file (`len` bytes) is one encoded value, such as a
+    /// compressed or sharded Zarr chunk: it can only be read whole, in one
+    /// call, and decoded into the full (padded) block by `decoder`.
+    Encoded {
+        decoder: std::sync::Arc<zarr_codecs::BlockDecoder>,
+        len: u64,
+    },
 }
 
 /// What probing one block file learns.

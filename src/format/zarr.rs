@@ -1,22 +1,24 @@
-//! Zarr arrays (v2 and v3), uncompressed: reading an array's metadata so
-//! its chunks can be input blocks, and writing the metadata that makes a
-//! directory of rechunked chunks a Zarr array.
+//! Zarr arrays (v2 and v3): reading an array's metadata so its chunks can
+//! be input blocks, and writing the metadata that makes a directory of
+//! rechunked (uncompressed) chunks a Zarr array.
 //!
 //! An uncompressed Zarr chunk is the raw C-order array of one full chunk,
 //! with no header: edge chunks are padded to the whole chunk shape. The
 //! dtype, with its byte order, lives in the metadata (v2 `dtype` like
 //! `">u2"`; v3 `data_type` plus the `bytes` codec's `endian`), so bytes are
-//! moved as they are and never swapped. Only what rechunkfs can move
-//! byte for byte is accepted: arrays with a compressor, filters, codecs
-//! other than `bytes`, Fortran order, or a chunk grid other than the
-//! regular one are refused, naming the metadata file and the problem, as
-//! are groups (which hold arrays but are not one).
+//! moved as they are and never swapped. Compressed and sharded chunks are
+//! decoded whole by [`BlockDecoder`] into those same bytes. Refused, naming
+//! the metadata file and the problem: codecs and filters that are not
+//! decoded, Fortran order, chunk grids other than the regular one, and
+//! groups (which hold arrays but are not one).
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
+use super::zarr_codecs::BlockDecoder;
 use super::BlockFormat;
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::array::names::ChunkKey;
@@ -44,6 +46,9 @@ pub struct ZarrArrayMeta {
     /// absent chunk holds.
     pub fill: Vec<u8>,
     pub key: ChunkKey,
+    /// How to decode a chunk, for compressed or sharded arrays; `None`
+    /// when chunks are raw bytes, read in place.
+    pub decoder: Option<Arc<BlockDecoder>>,
 }
 
 /// Whether `dir` is a Zarr array or group: its metadata file, if any.
@@ -73,43 +78,125 @@ pub fn read_metadata(dir: &Path) -> Result<Option<ZarrArrayMeta>> {
     if is_group {
         return Err(Error::bad_input(dir, group_refusal(dir)));
     }
-    let parsed = if name == ZARR_JSON {
+    let (mut parsed, codecs) = if name == ZARR_JSON {
         parse_v3(&path, &meta)?
     } else {
         parse_v2(&path, &meta)?
     };
+    if let Some(names) = codecs {
+        let decoder = BlockDecoder::new(&path, &bytes, &parsed.chunks, parsed.dtype, names)?;
+        parsed.decoder = Some(Arc::new(decoder));
+    }
     Ok(Some(parsed))
 }
 
 /// Why a group cannot be rechunked, listing the arrays it holds.
 fn group_refusal(dir: &Path) -> String {
-    let mut arrays: Vec<String> = fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(|entry| entry.ok().map(|e| e.path()))
-                .filter(|child| {
-                    child.join(ZARRAY).is_file()
-                        || fs::read(child.join(ZARR_JSON))
-                            .ok()
-                            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-                            .is_some_and(|v| v["node_type"] == "array")
-                })
-                .filter_map(|child| child.file_name().map(|n| n.to_string_lossy().into_owned()))
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut arrays = Vec::new();
+    arrays_below(dir, "", &mut arrays);
     arrays.sort();
     let holds = if arrays.is_empty() {
-        "it holds no arrays directly".to_string()
+        "it holds no arrays".to_string()
     } else {
-        let named: Vec<String> = arrays
-            .iter()
-            .take(10)
-            .map(|a| dir.join(a).display().to_string())
-            .collect();
-        format!("give one of its arrays as IN: {}", named.join(", "))
+        let more = if arrays.len() > 20 { ", ..." } else { "" };
+        format!(
+            "pick one of its arrays with --array: {}{more}",
+            arrays[..arrays.len().min(20)].join(", ")
+        )
     };
     format!("is a Zarr group, not an array; rechunkfs rechunks one array at a time ({holds})")
+}
+
+/// Most levels of groups searched for arrays to list.
+const GROUP_DEPTH: usize = 8;
+
+/// The paths (below `dir`, as `prefix`/name) of the arrays in group `dir`
+/// and its subgroups, appended to `arrays`.
+fn arrays_below(dir: &Path, prefix: &str, arrays: &mut Vec<String>) {
+    if prefix.matches('/').count() >= GROUP_DEPTH {
+        return;
+    }
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for child in entries.filter_map(|entry| entry.ok().map(|e| e.path())) {
+        let Some(name) = child.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let path = format!("{prefix}{name}");
+        match node_kind(&child) {
+            Some(Node::Array) => arrays.push(path),
+            Some(Node::Group) => arrays_below(&child, &format!("{path}/"), arrays),
+            None => {}
+        }
+    }
+}
+
+/// What a Zarr node is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Node {
+    Array,
+    Group,
+}
+
+/// Whether `dir` is a Zarr array or group, by its metadata file.
+fn node_kind(dir: &Path) -> Option<Node> {
+    let path = metadata_file(dir)?;
+    match path.file_name().and_then(|n| n.to_str()) {
+        Some(ZARRAY) => Some(Node::Array),
+        Some(ZGROUP) => Some(Node::Group),
+        _ => {
+            let value: Value = serde_json::from_slice(&fs::read(&path).ok()?).ok()?;
+            match value["node_type"].as_str() {
+                Some("array") => Some(Node::Array),
+                Some("group") => Some(Node::Group),
+                _ => None,
+            }
+        }
+    }
+}
+
+/// The directory of the array at `array` (a path like `raw/s0`) inside the
+/// Zarr group `group`, for `--array`. Refused: a `group` that is not a
+/// Zarr group, a path that leaves it, and a path that is not an array
+/// (the message lists the group's arrays).
+pub fn array_in_group(group: &Path, array: &str) -> Result<PathBuf> {
+    if node_kind(group) != Some(Node::Group) {
+        return Err(Error::bad_input(
+            group,
+            format!(
+                "--array {array} picks an array inside a Zarr group, but this is not a Zarr \
+                 group; give the array's own directory as IN instead"
+            ),
+        ));
+    }
+    let relative = Path::new(array);
+    let inside = relative
+        .components()
+        .all(|part| matches!(part, std::path::Component::Normal(_)));
+    if !inside || array.is_empty() {
+        return Err(Error::BadArgument(format!(
+            "--array {array}: give a path inside the group, such as data or raw/s0"
+        )));
+    }
+    let path = group.join(relative);
+    if node_kind(&path) == Some(Node::Array) {
+        return Ok(path);
+    }
+    let mut arrays = Vec::new();
+    arrays_below(group, "", &mut arrays);
+    arrays.sort();
+    Err(Error::bad_input(
+        group,
+        format!(
+            "holds no Zarr array at {array}; its arrays: {}",
+            if arrays.is_empty() {
+                "none".to_string()
+            } else {
+                arrays.join(", ")
+            }
+        ),
+    ))
 }
 
 fn field<'m>(meta: &'m Map<String, Value>, path: &Path, key: &str) -> Result<&'m Value> {
@@ -145,7 +232,8 @@ fn check_shapes(path: &Path, shape: &[u64], chunks: &[u64], dtype: DType) -> Res
     Ok(())
 }
 
-fn parse_v2(path: &Path, meta: &Map<String, Value>) -> Result<ZarrArrayMeta> {
+/// A v2 array's metadata, and its compressor's name if it has one.
+fn parse_v2(path: &Path, meta: &Map<String, Value>) -> Result<(ZarrArrayMeta, Option<String>)> {
     if field(meta, path, "zarr_format")?.as_u64() != Some(2) {
         return Err(Error::bad_input(
             path,
@@ -153,13 +241,13 @@ fn parse_v2(path: &Path, meta: &Map<String, Value>) -> Result<ZarrArrayMeta> {
         ));
     }
     let dtype = v2_dtype(path, field(meta, path, "dtype")?)?;
-    check_v2_raw_bytes(path, meta)?;
+    let compressor = check_v2_codecs(path, meta)?;
     let separator = v2_separator(path, meta)?;
     let shape = shape_field(meta, path, "shape")?;
     let chunks = shape_field(meta, path, "chunks")?;
     check_shapes(path, &shape, &chunks, dtype)?;
     let fill = fill_field(path, meta.get("fill_value").unwrap_or(&Value::Null), dtype)?;
-    Ok(ZarrArrayMeta {
+    let parsed = ZarrArrayMeta {
         format: BlockFormat::Zarr,
         path: path.to_path_buf(),
         shape,
@@ -172,7 +260,9 @@ fn parse_v2(path: &Path, meta: &Map<String, Value>) -> Result<ZarrArrayMeta> {
             separator,
             suffix: String::new(),
         },
-    })
+        decoder: None,
+    };
+    Ok((parsed, compressor))
 }
 
 /// The dtype a v2 `dtype` names, in numpy's own spelling only: rechunkfs's
@@ -198,23 +288,34 @@ fn v2_dtype(path: &Path, dtype_text: &Value) -> Result<DType> {
         })
 }
 
-/// Refuses a v2 array whose chunks are not its raw C-order bytes: with a
-/// compressor, filters, or Fortran order.
-fn check_v2_raw_bytes(path: &Path, meta: &Map<String, Value>) -> Result<()> {
-    match meta.get("compressor") {
-        None | Some(Value::Null) => {}
+/// The v2 compressors rechunkfs decodes (through zarrs).
+const V2_COMPRESSORS: [&str; 4] = ["blosc", "zstd", "gzip", "zlib"];
+
+/// The v3 bytes-to-bytes codecs rechunkfs decodes (through zarrs).
+const V3_BYTES_CODECS: [&str; 4] = ["blosc", "zstd", "gzip", "crc32c"];
+
+/// Checks that a v2 array's chunks are C-order bytes, compressed at most
+/// by one of [`V2_COMPRESSORS`]: its compressor's name when it has one.
+/// Filters transform values before compression; none is decoded, so
+/// arrays with filters are refused.
+fn check_v2_codecs(path: &Path, meta: &Map<String, Value>) -> Result<Option<String>> {
+    let compressor = match meta.get("compressor") {
+        None | Some(Value::Null) => None,
         Some(compressor) => {
-            return Err(Error::bad_input(
-                path,
-                format!(
-                    "the array is compressed ({}); rechunkfs reads only uncompressed Zarr arrays \
-                     (\"compressor\": null). Rewrite it without compression, e.g. with zarr-python's \
-                     compressors=None",
-                    codec_id(compressor)
-                ),
-            ))
+            let id = codec_id(compressor);
+            if !V2_COMPRESSORS.contains(&id.as_str()) {
+                return Err(Error::bad_input(
+                    path,
+                    format!(
+                        "the array's compressor is {id}; rechunkfs decodes {}. Rewrite it with \
+                         one of those, e.g. with zarr-python's default compressor",
+                        V2_COMPRESSORS.join(", ")
+                    ),
+                ));
+            }
+            Some(id)
         }
-    }
+    };
     match meta.get("filters") {
         None | Some(Value::Null) => {}
         Some(Value::Array(list)) if list.is_empty() => {}
@@ -222,7 +323,7 @@ fn check_v2_raw_bytes(path: &Path, meta: &Map<String, Value>) -> Result<()> {
             return Err(Error::bad_input(
                 path,
                 format!(
-                    "the array has filters ({}); rechunkfs reads only arrays stored as raw bytes \
+                    "the array has filters ({}); rechunkfs decodes compressors but no filters \
                      (\"filters\": null)",
                     codec_id(filters)
                 ),
@@ -230,7 +331,7 @@ fn check_v2_raw_bytes(path: &Path, meta: &Map<String, Value>) -> Result<()> {
         }
     }
     match meta.get("order").and_then(Value::as_str) {
-        Some("C") => Ok(()),
+        Some("C") => Ok(compressor),
         Some("F") => Err(Error::bad_input(
             path,
             "the array's chunks are in Fortran order (\"order\": \"F\"); rechunkfs reads C order only",
@@ -273,7 +374,9 @@ fn codec_id(codec: &Value) -> String {
     }
 }
 
-fn parse_v3(path: &Path, meta: &Map<String, Value>) -> Result<ZarrArrayMeta> {
+/// A v3 array's metadata, and its codecs' names when they do more than
+/// lay out bytes.
+fn parse_v3(path: &Path, meta: &Map<String, Value>) -> Result<(ZarrArrayMeta, Option<String>)> {
     if field(meta, path, "zarr_format")?.as_u64() != Some(3) {
         return Err(Error::bad_input(
             path,
@@ -298,13 +401,17 @@ fn parse_v3(path: &Path, meta: &Map<String, Value>) -> Result<ZarrArrayMeta> {
         })?;
     refuse_storage_transformers(path, meta)?;
     let chunks = v3_regular_chunks(path, meta)?;
-    let endian = v3_bytes_endian(path, meta)?;
+    let codecs = field(meta, path, "codecs")?
+        .as_array()
+        .ok_or_else(|| Error::bad_input(path, "\"codecs\" is not a list"))?;
+    let (endian, encoded) = v3_codecs(path, codecs)?;
+    let names = encoded.then(|| codec_id(&Value::Array(codecs.clone())));
     let dtype = DType::new(kind, size, endian)?;
     let key = v3_chunk_key(path, meta)?;
     let shape = shape_field(meta, path, "shape")?;
     check_shapes(path, &shape, &chunks, dtype)?;
     let fill = fill_field(path, field(meta, path, "fill_value")?, dtype)?;
-    Ok(ZarrArrayMeta {
+    let parsed = ZarrArrayMeta {
         format: BlockFormat::Zarr3,
         path: path.to_path_buf(),
         shape,
@@ -312,7 +419,9 @@ fn parse_v3(path: &Path, meta: &Map<String, Value>) -> Result<ZarrArrayMeta> {
         dtype,
         fill,
         key,
-    })
+        decoder: None,
+    };
+    Ok((parsed, names))
 }
 
 fn refuse_storage_transformers(path: &Path, meta: &Map<String, Value>) -> Result<()> {
@@ -348,29 +457,54 @@ fn v3_regular_chunks(path: &Path, meta: &Map<String, Value>) -> Result<Vec<u64>>
         .and_then(|configuration| shape_field(configuration, path, "chunk_shape"))
 }
 
-/// The byte order of a v3 array whose one codec is `bytes`; any other
-/// codec list is refused.
-fn v3_bytes_endian(path: &Path, meta: &Map<String, Value>) -> Result<Endian> {
-    let codecs = field(meta, path, "codecs")?
-        .as_array()
-        .ok_or_else(|| Error::bad_input(path, "\"codecs\" is not a list"))?;
-    match codecs.as_slice() {
-        [codec] if codec["name"] == "bytes" => match codec["configuration"]["endian"].as_str() {
-            Some("big") => Ok(Endian::Big),
-            Some("little") | None => Ok(Endian::Little),
-            Some(other) => Err(Error::bad_input(
-                path,
-                format!("the bytes codec's endian is \"{other}\", neither little nor big"),
-            )),
-        },
-        _ => Err(Error::bad_input(
+/// The byte order of a v3 array's elements (its `bytes` codec's, inside
+/// `sharding_indexed` for a sharded array), and whether chunks are encoded
+/// (compressed, checksummed or sharded) rather than raw bytes. Accepted:
+/// `bytes` or `sharding_indexed` (whose inner codecs follow the same
+/// rule), then any of [`V3_BYTES_CODECS`]; anything else is refused.
+fn v3_codecs(path: &Path, codecs: &[Value]) -> Result<(Endian, bool)> {
+    let refuse = |what: String| {
+        Error::bad_input(
             path,
             format!(
-                "the array's codecs are [{}]; rechunkfs reads only uncompressed arrays whose \
-                 one codec is \"bytes\" (no compression, sharding or transpose). Rewrite it \
-                 without compression, e.g. with zarr-python's compressors=None",
-                codec_id(&Value::Array(codecs.clone()))
+                "the array's codecs are [{}]; {what}. rechunkfs decodes bytes or \
+                 sharding_indexed, then any of {} (no transpose or other codecs)",
+                codec_id(&Value::Array(codecs.to_vec())),
+                V3_BYTES_CODECS.join(", ")
             ),
+        )
+    };
+    let Some((first, rest)) = codecs.split_first() else {
+        return Err(refuse("there is none".into()));
+    };
+    let named = |codec: &Value| codec["name"].as_str().unwrap_or("").to_string();
+    let (endian, encoded) = match named(first).as_str() {
+        "bytes" => (bytes_endian(path, first)?, !rest.is_empty()),
+        "sharding_indexed" => {
+            let inner = first["configuration"]["codecs"]
+                .as_array()
+                .ok_or_else(|| refuse("sharding_indexed has no list of codecs".into()))?;
+            (v3_codecs(path, inner)?.0, true)
+        }
+        _ => return Err(refuse(format!("{} is not decoded", codec_id(first)))),
+    };
+    match rest
+        .iter()
+        .find(|codec| !V3_BYTES_CODECS.contains(&named(codec).as_str()))
+    {
+        Some(other) => Err(refuse(format!("{} is not decoded", codec_id(other)))),
+        None => Ok((endian, encoded)),
+    }
+}
+
+/// The byte order a `bytes` codec gives.
+fn bytes_endian(path: &Path, codec: &Value) -> Result<Endian> {
+    match codec["configuration"]["endian"].as_str() {
+        Some("big") => Ok(Endian::Big),
+        Some("little") | None => Ok(Endian::Little),
+        Some(other) => Err(Error::bad_input(
+            path,
+            format!("the bytes codec's endian is \"{other}\", neither little nor big"),
         )),
     }
 }
@@ -679,8 +813,8 @@ mod tests {
         let cases = [
             (
                 ZARRAY,
-                with(&base, "compressor", json!({"id": "blosc"})),
-                "compressed (blosc)",
+                with(&base, "compressor", json!({"id": "lzma"})),
+                "compressor is lzma",
             ),
             (
                 ZARRAY,
@@ -710,8 +844,12 @@ mod tests {
             ),
             (
                 ZARR_JSON,
-                with(&v3, "codecs", json!([{"name": "bytes"}, {"name": "zstd"}])),
-                "codecs are [bytes, zstd]",
+                with(
+                    &v3,
+                    "codecs",
+                    json!([{"name": "transpose"}, {"name": "bytes"}]),
+                ),
+                "transpose is not decoded",
             ),
             (
                 ZARR_JSON,

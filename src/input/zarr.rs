@@ -1,5 +1,7 @@
-//! A Zarr array (v2 or v3) as an input: one input block per chunk, found
-//! by the chunk key its metadata names; edge chunks are padded on disk.
+//! A Zarr array (v2 or v3) as an input: one input block per chunk (per
+//! shard, for a sharded array), found by the chunk key its metadata names;
+//! edge chunks are padded on disk. Compressed or sharded chunks are
+//! encoded blocks, read whole and decoded.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -12,8 +14,12 @@ use crate::format::{self, Storage};
 
 /// The Zarr array in `dir` (described by `meta`) as an input: one block per
 /// chunk, edge chunks padded on disk. Every chunk file must hold exactly
-/// one uncompressed chunk; an absent chunk is the fill value (read without
-/// I/O).
+/// one uncompressed chunk, or be an encoded one; an absent chunk is the
+/// fill value (read without I/O).
+///
+/// A sharded array's input block is a whole shard, not an inner chunk: a
+/// shard read in one call is one seek where its inner chunks would be one
+/// each, and no shard index need be read to plan.
 pub fn scan_array(dir: &Path, meta: ZarrArrayMeta) -> Result<InputArray> {
     let block_shape: Vec<u64> = meta
         .chunks
@@ -45,7 +51,11 @@ pub fn scan_array(dir: &Path, meta: ZarrArrayMeta) -> Result<InputArray> {
         dtype: meta.dtype,
         shape: meta.shape,
         block_shape,
-        files: FileShape::Padded(meta.chunks),
+        files: if meta.decoder.is_some() {
+            FileShape::Encoded(meta.chunks)
+        } else {
+            FileShape::Padded(meta.chunks)
+        },
         blocks,
     })
 }
@@ -71,6 +81,16 @@ fn chunk_block(path: PathBuf, meta: &ZarrArrayMeta, chunk_bytes: u64) -> Result<
             &path,
             "is where a chunk of the array belongs, but is not a file",
         ));
+    }
+    if let Some(decoder) = &meta.decoder {
+        return Ok(InputBlock {
+            path,
+            storage: Storage::Encoded {
+                decoder: decoder.clone(),
+                len: file.len(),
+            },
+            check: None,
+        });
     }
     if file.len() != chunk_bytes {
         return Err(Error::BadBlockFile {

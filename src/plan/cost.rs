@@ -5,6 +5,7 @@
 //! order of calls, not an estimate of it.
 
 use super::dims::{DimOption, Overlap};
+use super::problem::Problem;
 use crate::array::geometry::{Axis, IndexBox};
 
 /// Sum over all pieces (moving block ∩ file block) of the contiguous
@@ -40,7 +41,7 @@ fn segments(overlaps: &[Overlap]) -> u128 {
 /// spanned exactly by one input file (one block, not padded), the boundary
 /// crossed in `j` is inside an input block, and the read intervals before
 /// `j` are one element thick.
-pub(super) fn read_seeks(dims: &[&DimOption], input_spans_exactly: &[bool]) -> u128 {
+fn read_seeks(dims: &[&DimOption], input_spans_exactly: &[bool]) -> u128 {
     let overlaps: Vec<Overlap> = dims.iter().map(|o| o.reads).collect();
     let mut continued: u128 = 0;
     let n = dims.len();
@@ -62,6 +63,30 @@ pub(super) fn read_seeks(dims: &[&DimOption], input_spans_exactly: &[bool]) -> u
         continued += steps - steps_with_write;
     }
     segments(&overlaps) - continued
+}
+
+/// Exact read seeks of the plan `dims` makes for `problem`. Encoded input
+/// blocks are read whole, one call each at offset 0 of a file no other
+/// call touches, so each (read block, input block) pair is one seek: the
+/// product of the pairs per dimension, the read intervals being whole
+/// numbers of input blocks.
+pub(super) fn plan_read_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
+    if problem.reads_whole_inputs() {
+        return dims.iter().map(|o| o.reads.pieces as u128).product();
+    }
+    read_seeks(dims, &problem.input_spans_exactly(&problem.input()))
+}
+
+/// The peak of [`simulate_peak`] plus the decoded input block held beside
+/// the step being read (encoded inputs): every step reads at least one
+/// input block, and the peak is reached while a step is read.
+pub(super) fn plan_peak(
+    problem: &Problem,
+    dims: &[&DimOption],
+    steps: &Axis,
+    give_up_above: u128,
+) -> u128 {
+    simulate_peak(dims, steps, problem.elem_size, give_up_above) + problem.decoded_block_bytes()
 }
 
 /// Write seeks: at most one write block completes per read block, each of
@@ -86,12 +111,7 @@ pub(super) fn write_seeks(dims: &[&DimOption]) -> u128 {
 /// simulated, and what is returned is just some number above it.
 ///
 /// [`step_axis`]: super::steps::step_axis
-pub(super) fn simulate_peak(
-    dims: &[&DimOption],
-    steps: &Axis,
-    elem_size: u64,
-    give_up_above: u128,
-) -> u128 {
+fn simulate_peak(dims: &[&DimOption], steps: &Axis, elem_size: u64, give_up_above: u128) -> u128 {
     let first = dims[0];
     let grid: Vec<usize> = dims.iter().map(|o| o.read.count()).collect();
     let mut held: u128 = 0;

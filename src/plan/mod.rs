@@ -39,7 +39,7 @@ use serde::Serialize;
 use crate::array::geometry::{Partition, Region};
 use crate::array::units::show_bytes;
 use crate::error::{Error, Result};
-use cost::{clamp, read_seeks, simulate_peak, write_seeks};
+use cost::{clamp, plan_peak, plan_read_seeks, write_seeks};
 use dims::DimOption;
 pub use dims::WriteMode;
 pub use problem::Problem;
@@ -250,11 +250,11 @@ pub fn keep_rhat(problem: &Problem) -> Plan {
 /// The plan that `dims` make, one option per dimension, with its costs.
 fn assemble(problem: &Problem, strategy: Strategy, dims: &[&DimOption]) -> Plan {
     let input = problem.input();
-    let steps = step_axis(dims);
+    let steps = step_axis(dims, problem.reads_whole_inputs());
     let prediction = Prediction {
-        read_seeks: clamp(read_seeks(dims, &problem.input_spans_exactly(&input))),
+        read_seeks: clamp(plan_read_seeks(problem, dims)),
         write_seeks: clamp(write_seeks(dims)),
-        peak_bytes: clamp(simulate_peak(dims, &steps, problem.elem_size, u128::MAX)),
+        peak_bytes: clamp(plan_peak(problem, dims, &steps, u128::MAX)),
     };
     Plan {
         strategy,
@@ -373,6 +373,42 @@ mod tests {
         assert_eq!(plan.completion_step(&middle), plan.read.linear(&[1, 1, 1]));
         let last = plan.output.block(&[3, 3, 3]);
         assert_eq!(plan.completion_step(&last), plan.read.count() - 1);
+    }
+
+    #[test]
+    fn encoded_inputs_are_read_whole_one_seek_each() {
+        use crate::array::geometry::FileShape;
+        // 55³ u16 in 10³ encoded chunks (edge chunks padded) -> 25³.
+        let plain = Problem::new(vec![55; 3], vec![10; 3], vec![25; 3], 2).unwrap();
+        let problem = plain
+            .clone()
+            .with_files(FileShape::Encoded(vec![10; 3]), FileShape::Exact);
+        let decoded = 10 * 10 * 10 * 2;
+        let rhat = keep_rhat(&problem);
+        assert_eq!(rhat.prediction.read_seeks, 216, "one seek per chunk");
+        assert_eq!(
+            rhat.prediction.peak_bytes,
+            keep_rhat(&plain).prediction.peak_bytes + decoded
+        );
+        assert_eq!(baseline(&problem).prediction.read_seeks, 216);
+        let whole_chunks = |axis: &crate::array::geometry::Axis| {
+            axis.bounds().iter().all(|&b| b % 10 == 0 || b == 55)
+        };
+        for mem in [rhat.prediction.peak_bytes / 2, 60_000, 20_000] {
+            let tight = plan(&problem, Strategy::Keep, Some(mem)).unwrap();
+            assert!(tight.prediction.peak_bytes <= mem);
+            assert_eq!(tight.prediction.read_seeks, 216, "within {mem}");
+            assert!((0..3).all(|d| whole_chunks(tight.read.axis(d))));
+            assert!(whole_chunks(tight.steps.axis(0)));
+        }
+        // A chunk and its decoded copy must fit: below that, the refusal
+        // names the least a plan needs, and that much fits.
+        let Err(Error::DoesNotFit { needed, .. }) = plan(&problem, Strategy::Keep, Some(3000))
+        else {
+            panic!("3000 bytes cannot hold a 2000-byte chunk twice");
+        };
+        assert!(needed > 2 * decoded);
+        assert!(plan(&problem, Strategy::Keep, Some(needed)).is_ok());
     }
 
     #[test]

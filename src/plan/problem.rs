@@ -84,6 +84,19 @@ impl Problem {
             .collect()
     }
 
+    /// Whether input blocks can only be read whole (encoded files): read
+    /// intervals are then whole numbers of input blocks, and steps cut
+    /// read blocks only at input boundaries.
+    pub(super) fn reads_whole_inputs(&self) -> bool {
+        self.input_files.is_encoded()
+    }
+
+    /// Bytes of the decoded input block the executor holds beside the
+    /// pieces while it copies from it (0 unless inputs are encoded).
+    pub(super) fn decoded_block_bytes(&self) -> u128 {
+        self.input_files.decoded_volume() as u128 * self.elem_size as u128
+    }
+
     pub fn ndim(&self) -> usize {
         self.array.len()
     }

@@ -2,7 +2,7 @@
 //! memory: seeks are cheap to count for every combination, memory is not,
 //! so combinations are simulated fewest seeks first until one fits.
 
-use super::cost::{clamp, read_seeks, simulate_peak, write_seeks};
+use super::cost::{clamp, plan_peak, plan_read_seeks, write_seeks};
 use super::dims::{DimOption, WriteMode};
 use super::steps::step_axis;
 use super::{assemble, Plan, Problem, Strategy};
@@ -31,14 +31,15 @@ const MAX_CANDIDATES: usize = 400_000;
 pub(super) fn fewest_seeks_within(problem: &Problem, mem: u64) -> Result<Plan> {
     let (input, output) = (problem.input(), problem.output());
     let options = options_per_dim(problem, &input, &output);
-    let mut candidates = candidates(problem, &input, &options);
+    let mut candidates = candidates(problem, &options);
     candidates.sort_by_key(|c| (c.seeks, c.read_blocks));
     for candidate in &candidates {
         if candidate.min_bytes > mem as u128 || candidate.read_blocks > MAX_SIMULATED_READ_BLOCKS {
             continue;
         }
         let dims = chosen(&options, &candidate.choice);
-        if simulate_peak(&dims, &step_axis(&dims), problem.elem_size, mem as u128) <= mem as u128 {
+        let steps = step_axis(&dims, problem.reads_whole_inputs());
+        if plan_peak(problem, &dims, &steps, mem as u128) <= mem as u128 {
             return Ok(assemble(problem, Strategy::Keep, &dims));
         }
     }
@@ -91,14 +92,13 @@ fn options_per_dim(
 
 /// Every combination of one option per dimension, with its seeks (exact)
 /// and a lower bound on its peak; not yet simulated.
-fn candidates(problem: &Problem, input: &Partition, options: &[Vec<DimOption>]) -> Vec<Candidate> {
-    let input_spans_exactly = problem.input_spans_exactly(input);
+fn candidates(problem: &Problem, options: &[Vec<DimOption>]) -> Vec<Candidate> {
     let counts: Vec<usize> = options.iter().map(Vec::len).collect();
     IndexBox::grid(&counts)
         .map(|choice| {
             let dims = chosen(options, &choice);
             Candidate {
-                seeks: read_seeks(&dims, &input_spans_exactly) + write_seeks(&dims),
+                seeks: plan_read_seeks(problem, &dims) + write_seeks(&dims),
                 read_blocks: dims.iter().map(|o| o.read.count() as u128).product(),
                 // A lower bound on the peak: the thickest step.
                 min_bytes: dims[0].min_step_extent as u128
@@ -106,7 +106,8 @@ fn candidates(problem: &Problem, input: &Partition, options: &[Vec<DimOption>]) 
                         .iter()
                         .map(|o| o.max_read_extent as u128)
                         .product::<u128>()
-                    * problem.elem_size as u128,
+                    * problem.elem_size as u128
+                    + problem.decoded_block_bytes(),
                 choice,
             }
         })
@@ -139,7 +140,8 @@ fn least_memory_needed(
             continue;
         }
         let dims = chosen(options, &candidate.choice);
-        let peak = simulate_peak(&dims, &step_axis(&dims), problem.elem_size, u128::MAX);
+        let steps = step_axis(&dims, problem.reads_whole_inputs());
+        let peak = plan_peak(problem, &dims, &steps, u128::MAX);
         if smallest.is_none_or(|p| peak < p) {
             smallest = Some(peak);
         }
@@ -149,7 +151,8 @@ fn least_memory_needed(
 
 /// Read steps worth trying along one dimension: multiples of the input
 /// block up to `r̂` (whole input blocks per read), and divisors of the input
-/// block (for when even one input block does not fit).
+/// block (for when even one input block does not fit), unless input blocks
+/// can only be read whole.
 fn read_steps(problem: &Problem, d: usize) -> Vec<u64> {
     let i = problem.input_block[d];
     let rhat = problem.rhat()[d];
@@ -157,7 +160,7 @@ fn read_steps(problem: &Problem, d: usize) -> Vec<u64> {
         .map(|j| (j * i).min(problem.array[d]))
         .collect();
     let mut divisor = 1;
-    while divisor * divisor <= i {
+    while divisor * divisor <= i && !problem.reads_whole_inputs() {
         if i % divisor == 0 {
             steps.push(divisor);
             steps.push(i / divisor);

@@ -20,9 +20,11 @@ const MAX_STEPS_PER_READ: u64 = 16;
 /// boundary, or anywhere when every write interval of the other dimensions
 /// lies inside one output. Cuts closer than 1/16 of the read block are
 /// skipped, so each step moves enough bytes to pay for its hand-over.
-pub(super) fn step_axis(dims: &[&DimOption]) -> Axis {
+/// With `whole_inputs` (encoded inputs, read whole), only input boundaries
+/// cut, so no step cuts an input block.
+pub(super) fn step_axis(dims: &[&DimOption], whole_inputs: bool) -> Axis {
     let first = dims[0];
-    let reads_in_one_input = dims[1..].iter().all(|o| o.reads_within_one_input);
+    let reads_in_one_input = !whole_inputs && dims[1..].iter().all(|o| o.reads_within_one_input);
     let writes_in_one_output = dims[1..].iter().all(|o| o.writes_within_one_output);
     let mut bounds = Vec::with_capacity(first.read.count() + 1);
     for k in 0..first.read.count() {

@@ -272,21 +272,30 @@ pub fn read_nifti(path: &Path) -> Nifti {
 
 // ---------------------------------------------------------------- Zarr
 
-/// The metadata of an uncompressed Zarr array (v2 `.zarray` or v3
-/// `zarr.json`) with chunks named with `separator`; returns the metadata
-/// file's name.
+/// The metadata of a Zarr array (v2 `.zarray` or v3 `zarr.json`) with
+/// chunks named with `separator`, uncompressed or `compressed` (v2: Blosc
+/// lz4 with shuffle; v3: zstd then crc32c); returns the metadata file's
+/// name.
 pub fn zarr_metadata(
     v3: bool,
     shape: &[u64],
     chunks: &[u64],
     elem: Elem,
     separator: char,
+    compressed: bool,
 ) -> (&'static str, String) {
     let value = if v3 {
         let mut bytes_codec = json!({ "name": "bytes" });
         if elem.size > 1 {
             bytes_codec["configuration"] =
                 json!({ "endian": if elem.big { "big" } else { "little" } });
+        }
+        let mut codecs = vec![bytes_codec];
+        if compressed {
+            codecs.push(
+                json!({ "name": "zstd", "configuration": { "level": 1, "checksum": false } }),
+            );
+            codecs.push(json!({ "name": "crc32c" }));
         }
         json!({
             "zarr_format": 3,
@@ -299,7 +308,7 @@ pub fn zarr_metadata(
                 "configuration": { "separator": separator.to_string() }
             },
             "fill_value": 0,
-            "codecs": [bytes_codec],
+            "codecs": codecs,
             "attributes": {},
         })
     } else {
@@ -308,7 +317,11 @@ pub fn zarr_metadata(
             "shape": shape,
             "chunks": chunks,
             "dtype": elem.descr(),
-            "compressor": null,
+            "compressor": if compressed {
+                json!({ "id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1, "blocksize": 0 })
+            } else {
+                serde_json::Value::Null
+            },
             "fill_value": 0,
             "order": "C",
             "filters": null,
@@ -317,6 +330,33 @@ pub fn zarr_metadata(
     };
     let name = if v3 { "zarr.json" } else { ".zarray" };
     (name, serde_json::to_string_pretty(&value).unwrap())
+}
+
+/// A full chunk's bytes `raw` (C order, in the array's byte order),
+/// encoded with the codecs of the array whose metadata is `metadata`:
+/// what zarr-python would store, by zarrs's encoders (which take native
+/// elements, so big-endian ones are swapped to native first).
+pub fn zarr_encode(metadata: &str, raw: &[u8], elem: Elem) -> Vec<u8> {
+    use zarrs::array::codec::{ArrayToBytesCodecTraits, CodecOptions};
+    use zarrs::array::{Array, ArrayBytes, ArrayMetadata};
+    let metadata: ArrayMetadata = serde_json::from_str(metadata).unwrap();
+    let store = std::sync::Arc::new(zarrs::storage::store::MemoryStore::new());
+    let array = Array::new_with_metadata(store, "/", metadata).unwrap();
+    let origin = vec![0; array.dimensionality()];
+    let representation = array.chunk_array_representation(&origin).unwrap();
+    let mut native = raw.to_vec();
+    if elem.big && elem.size > 1 {
+        native.chunks_exact_mut(elem.size).for_each(<[u8]>::reverse);
+    }
+    array
+        .codecs()
+        .encode(
+            ArrayBytes::new_flen(native),
+            &representation,
+            &CodecOptions::default(),
+        )
+        .unwrap()
+        .into_owned()
 }
 
 /// Where a chunk of grid `index` lives in a Zarr array: v2 `i.j.k`, v3

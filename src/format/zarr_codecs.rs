@@ -1,0 +1,143 @@
+//! Decoding compressed and sharded Zarr chunks with `zarrs`, the reference
+//! codec stack in Rust: blosc, zstd, gzip, zlib and crc32c, and v3's
+//! `sharding_indexed` with any of these inside.
+//!
+//! Such a chunk can only be read whole: its file is one encoded value. The
+//! engine reads it in one call and hands the bytes to [`BlockDecoder`],
+//! which gives back the full (padded) chunk's raw C-order bytes in the
+//! array's byte order as stored, exactly what an uncompressed chunk of the
+//! same array holds. `zarrs` decodes to native-endian elements, so the
+//! bytes of an array stored big-endian are swapped back: rechunkfs moves
+//! bytes and never changes them.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use zarrs::array::codec::{ArrayToBytesCodecTraits, CodecOptions};
+use zarrs::array::{Array, ArrayMetadata, ChunkRepresentation, CodecChain, RawBytes};
+use zarrs::storage::store::MemoryStore;
+
+use crate::array::dtype::{DType, Endian};
+use crate::error::{Error, Result};
+
+/// How to decode one chunk of an array: its codec chain and the full
+/// chunk's representation (shape, data type, fill value).
+pub struct BlockDecoder {
+    chain: Arc<CodecChain>,
+    representation: ChunkRepresentation,
+    /// Element size to swap back to big-endian, when zarrs's native
+    /// little-endian output is not the stored order.
+    swap: Option<usize>,
+    /// The codecs, named for messages and comparisons.
+    names: String,
+    decoded_len: u64,
+}
+
+impl BlockDecoder {
+    /// The decoder of the array whose metadata file `path` holds `bytes`
+    /// (`.zarray` or `zarr.json`), for chunks of shape `chunks` holding
+    /// `dtype`; `names` lists the codecs, for messages.
+    pub fn new(
+        path: &Path,
+        bytes: &[u8],
+        chunks: &[u64],
+        dtype: DType,
+        names: String,
+    ) -> Result<BlockDecoder> {
+        let refuse = |why: String| Error::bad_input(path, format!("its codecs ({names}): {why}"));
+        let metadata: ArrayMetadata =
+            serde_json::from_slice(bytes).map_err(|e| refuse(e.to_string()))?;
+        let array = Array::new_with_metadata(Arc::new(MemoryStore::new()), "/", metadata)
+            .map_err(|e| refuse(e.to_string()))?;
+        let origin = vec![0; chunks.len()];
+        let representation = array
+            .chunk_array_representation(&origin)
+            .map_err(|e| refuse(e.to_string()))?;
+        if representation.shape_u64() != chunks {
+            return Err(refuse(format!(
+                "zarrs reads chunks of shape {:?}, not the {chunks:?} the metadata says",
+                representation.shape_u64()
+            )));
+        }
+        let native = if cfg!(target_endian = "big") {
+            Endian::Big
+        } else {
+            Endian::Little
+        };
+        Ok(BlockDecoder {
+            chain: array.codecs(),
+            representation,
+            swap: (dtype.size > 1 && dtype.endian != native).then_some(dtype.size),
+            decoded_len: chunks.iter().product::<u64>() * dtype.size as u64,
+            names,
+        })
+    }
+
+    /// Bytes of one decoded chunk (the full chunk shape, padding included).
+    pub fn decoded_len(&self) -> u64 {
+        self.decoded_len
+    }
+
+    /// The codecs, as the metadata names them.
+    pub fn names(&self) -> &str {
+        &self.names
+    }
+
+    /// The raw bytes of the chunk whose encoded bytes are `encoded`, read
+    /// from `path` (named in errors).
+    pub fn decode(&self, path: &Path, encoded: &[u8]) -> Result<Vec<u8>> {
+        let damaged = |why: String| Error::BadBlockFile {
+            path: path.to_path_buf(),
+            format: "Zarr",
+            problem: format!("cannot be decoded with its codecs ({}): {why}", self.names),
+        };
+        // One thread: the reader decodes while the writer thread writes,
+        // which is the two cores the engine plans for; and zarrs's parallel
+        // paths use rayon's global pool, whose threads do not survive the
+        // fork that puts a view's daemon in the background.
+        let mut options = CodecOptions::default();
+        options.set_concurrent_target(1);
+        let decoded = self
+            .chain
+            .decode(RawBytes::from(encoded), &self.representation, &options)
+            .and_then(|bytes| bytes.into_fixed())
+            .map_err(|e| damaged(e.to_string()))?;
+        let mut decoded = decoded.into_owned();
+        if decoded.len() as u64 != self.decoded_len {
+            return Err(damaged(format!(
+                "it decodes to {} bytes, not {}",
+                decoded.len(),
+                self.decoded_len
+            )));
+        }
+        if let Some(size) = self.swap {
+            for element in decoded.chunks_exact_mut(size) {
+                element.reverse();
+            }
+        }
+        Ok(decoded)
+    }
+}
+
+impl fmt::Debug for BlockDecoder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "BlockDecoder({}; {} bytes)",
+            self.names, self.decoded_len
+        )
+    }
+}
+
+/// Decoders compare by what they decode: the same codecs into chunks of
+/// the same size (storage comparisons in tests and header checks).
+impl PartialEq for BlockDecoder {
+    fn eq(&self, other: &BlockDecoder) -> bool {
+        self.names == other.names
+            && self.decoded_len == other.decoded_len
+            && self.swap == other.swap
+    }
+}
+
+impl Eq for BlockDecoder {}
