@@ -1,5 +1,6 @@
-//! `rechunk` stopped part-way: by SIGINT or SIGTERM at random points, and
-//! by SIGKILL at random points. Whatever stops it, no visible file in OUT
+//! `rechunk` stopped part-way: by SIGINT or SIGTERM at random points, by
+//! SIGKILL at random points, and by a full output filesystem (a small
+//! tmpfs made here). Whatever stops it, no visible file in OUT
 //! may be wrong: each is checked byte for byte against the oracle, read by
 //! the format's own reader.
 //!
@@ -321,4 +322,85 @@ fn sigkill_leaves_no_wrong_visible_file_and_overwrite_cleans_up() {
     }
     eprintln!("SIGKILL: {visible_blocks} visible blocks checked, {partial_files} partial files");
     assert!(visible_blocks > 0 && partial_files > 0);
+}
+
+/// A small tmpfs mounted for one test, unmounted when dropped.
+struct SmallFilesystem {
+    dir: tempfile::TempDir,
+}
+
+impl SmallFilesystem {
+    fn mount(size: &str) -> SmallFilesystem {
+        let dir = tempfile::tempdir().unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "mount of a tmpfs failed");
+        SmallFilesystem { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for SmallFilesystem {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+#[test]
+fn a_full_output_filesystem_is_said_leaves_nothing_and_a_rerun_after_freeing_space_works() {
+    require!(TmpfsMount);
+    let root = tempfile::tempdir().unwrap();
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &ARRAY,
+        &IN_BLOCK,
+        dtype("u2"),
+        BlockFormat::Npy,
+    );
+    // 8 MiB, 6 of them taken: the 4 MiB array does not fit until the
+    // filler goes.
+    let small = SmallFilesystem::mount("8m");
+    let filler = small.path().join("filler");
+    for (case, format) in FORMATS.iter().enumerate() {
+        std::fs::write(&filler, vec![1u8; 6 << 20]).unwrap();
+        // Into a new OUT, and into an empty one that exists.
+        let existed = case % 2 == 1;
+        let out = small.path().join(format!("out{case}"));
+        if existed {
+            std::fs::create_dir(&out).unwrap();
+        }
+        let output = rechunk(&input, &out, *format, &[]);
+        let message = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{format:?}: {message}");
+        for says in [
+            &format!("{}: no space left on the output's filesystem", text(&out)),
+            "removed every file it wrote",
+            "Free some space there, or choose another OUT",
+            "No space left on device",
+        ] {
+            assert!(
+                message.contains(says),
+                "{format:?} lacks '{says}': {message}"
+            );
+        }
+        if existed {
+            assert_eq!(files_under(&out), Vec::<PathBuf>::new(), "{format:?}");
+        } else {
+            assert!(!out.exists(), "{format:?}: OUT left behind");
+        }
+        let left = files_under(small.path());
+        assert_eq!(left, [PathBuf::from("filler")], "{format:?}");
+        std::fs::remove_file(&filler).unwrap();
+        let rerun = rechunk(&input, &out, *format, &[]);
+        assert!(rerun.status.success(), "{format:?}: {}", stderr(&rerun));
+        verify_complete(&out, *format);
+        std::fs::remove_dir_all(&out).unwrap();
+    }
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use nix::sys::signal::Signal;
 
+use crate::array::units::show_bytes;
 use crate::cli::plan::{problem_of, Budget};
 use crate::cli::report::{progress_bar, report_run};
 use crate::cli::{mem_of, RechunkArgs};
@@ -19,7 +20,7 @@ use crate::format::BlockFormat;
 use crate::input::{HeaderChecks, InputArray};
 use crate::output::directory::{self, OutputSpec};
 use crate::plan::{self, Plan, Strategy};
-use crate::sys::signals;
+use crate::sys::{disk, signals};
 
 pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let started = Instant::now();
@@ -99,6 +100,7 @@ fn write_output(
     // process at once, with nothing of this run on disk yet.
     let stop = signals::catch_stopping_signals()?;
     let created_output = directory::prepare_output_dir(&args.output, args.overwrite)?;
+    let free_at_start = disk::free_bytes(&args.output);
     let bar = progress_bar(input.nbytes(), args.quiet || args.json);
     let delay = step_delay();
     let mut read_blocks_done = 0;
@@ -127,12 +129,18 @@ fn write_output(
     if created_output {
         let _ = std::fs::remove_dir(&args.output);
     }
-    Err(explained(args, created_output, error))
+    Err(explained(args, created_output, free_at_start, input, error))
 }
 
 /// The error of a failed run, said in terms of OUT: what is left there and
 /// what to do.
-fn explained(args: &RechunkArgs, created_output: bool, error: Error) -> anyhow::Error {
+fn explained(
+    args: &RechunkArgs,
+    created_output: bool,
+    free_at_start: Option<u64>,
+    input: &InputArray,
+    error: Error,
+) -> anyhow::Error {
     let out = args.output.display();
     let left = if created_output {
         format!("removed every file it wrote, and {out}, which it had made")
@@ -155,6 +163,17 @@ fn explained(args: &RechunkArgs, created_output: bool, error: Error) -> anyhow::
             .into(),
             None => anyhow::anyhow!("cancelled: {left}"),
         },
+        Error::Io { ref source, .. } if disk::is_out_of_space(source) => {
+            let free = free_at_start.map_or(String::new(), |free| {
+                format!(", and {} were free when it started", show_bytes(free))
+            });
+            anyhow::anyhow!(
+                "{out}: no space left on the output's filesystem: the array needs about {}{free}; \
+                 {left}. Free some space there, or choose another OUT, and run the same command \
+                 again. ({error})",
+                show_bytes(input.nbytes())
+            )
+        }
         // The cause says it all; OUT is as the run found it.
         other => other.into(),
     }
