@@ -734,8 +734,7 @@ fn py_literal(text: &str) -> Result<(Py, &str), String> {
     let text = text.trim_start();
     let first = text.chars().next().ok_or("end of header")?;
     if first == '\'' || first == '"' {
-        let end = text[1..].find(first).ok_or("unclosed string")? + 1;
-        return Ok((Py::Str(text[1..end].to_string()), &text[end + 1..]));
+        return py_string(first, &text[1..]);
     }
     if let Some((close, rest)) = match first {
         '(' => Some((')', &text[1..])),
@@ -759,6 +758,34 @@ fn py_literal(text: &str) -> Result<(Py, &str), String> {
         ),
     };
     Ok((value, &text[end..]))
+}
+
+/// A string literal's value up to its closing `quote`, escapes read as
+/// Python reads them (an unknown one keeps its backslash).
+fn py_string(quote: char, text: &str) -> Result<(Py, &str), String> {
+    let mut value = String::new();
+    let mut chars = text.char_indices();
+    while let Some((at, c)) = chars.next() {
+        if c == quote {
+            return Ok((Py::Str(value), &text[at + 1..]));
+        }
+        if c != '\\' {
+            value.push(c);
+            continue;
+        }
+        match chars.next().ok_or("a backslash at the end")?.1 {
+            e @ ('\\' | '\'' | '"') => value.push(e),
+            'n' => value.push('\n'),
+            't' => value.push('\t'),
+            'r' => value.push('\r'),
+            e if "abfvxNuU01234567\n".contains(e) => return Err(format!("escape \\{e}")),
+            e => {
+                value.push('\\');
+                value.push(e);
+            }
+        }
+    }
+    Err("unclosed string".into())
 }
 
 /// The items of a tuple, list or dict up to `close`.
