@@ -181,6 +181,8 @@ struct Outcomes {
     before_start: u64,
     /// Finished before the signal came.
     finished: u64,
+    /// The longest a stopped run took to end after its signal.
+    slowest_stop: Duration,
 }
 
 fn signal_of(status: ExitStatus) -> Option<i32> {
@@ -264,6 +266,7 @@ fn sigint_and_sigterm_stop_a_run_promptly_and_remove_what_it_wrote() {
             took < Duration::from_secs(3),
             "{case}: ended {took:?} after"
         );
+        outcomes.slowest_stop = outcomes.slowest_stop.max(took);
         check_stopped(&case, &message, signal, &out, existed, &mut outcomes);
         // The same command again finishes the job.
         let rerun = rechunk(&input, &out, format, &[]);
