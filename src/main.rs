@@ -29,6 +29,9 @@ fn main() {
     }
     if let Err(error) = rechunkfs::cli::run(cli) {
         eprintln!("rechunkfs: error: {}", message_of(&error));
+        if let Some(interrupted) = error.downcast_ref::<rechunkfs::cli::Interrupted>() {
+            rechunkfs::sys::signals::end_by(interrupted.signal);
+        }
         std::process::exit(1);
     }
 }

@@ -11,6 +11,8 @@ mod status;
 
 use std::path::PathBuf;
 
+pub use rechunk::Interrupted;
+
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
@@ -196,7 +198,13 @@ order).\n\nInput headers: two HDF5 or npy blocks of each kind (interior, or last
 dimensions) are read before the run; every other block's header is checked when the run first \
 reads the file. A bad block stops the run with the file and the problem named, and every file \
 the run wrote is removed (with OUT, if the run created it). `rechunkfs plan` reads every header \
-first.\n\n", axis_order_help!())
+first.\n\nStopping: each block is written under a hidden .NAME.partial name and renamed when \
+complete and on disk, so a file with a block's name is always a whole, correct block. Ctrl-C \
+(SIGINT), SIGTERM or SIGHUP stops the run between steps, removes every file it wrote (with \
+OUT, if it created it) and ends non-zero; run the same command again to start over. A second \
+signal, kill -9 or a crash stops it at once and leaves the blocks it finished and its .partial \
+files: OUT is then refused as not empty, and --overwrite removes them and starts over. A full \
+disk stops the run the same way as a bad block.\n\n", axis_order_help!())
 )]
 pub struct RechunkArgs {
     /// Input: a directory of block files, or one file (to split it).

@@ -1,23 +1,26 @@
 //! `rechunk`: the plan run into real block files in a directory, with a
 //! progress bar. What the output format cannot hold, or an OUT that is
-//! the input, is refused before OUT is touched; a failed run leaves no
-//! file it wrote behind.
+//! the input, is refused before OUT is touched; a failed run, or one
+//! interrupted by SIGINT, SIGTERM or SIGHUP, leaves no file it wrote
+//! behind and says so.
 
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use nix::sys::signal::Signal;
 
+use crate::array::units::show_bytes;
 use crate::cli::plan::{problem_of, Budget};
 use crate::cli::report::{progress_bar, report_run};
 use crate::cli::{mem_of, RechunkArgs};
 use crate::engine::RunStats;
+use crate::error::Error;
 use crate::format::BlockFormat;
 use crate::input::{HeaderChecks, InputArray};
 use crate::output::directory::{self, OutputSpec};
 use crate::plan::{self, Plan, Strategy};
+use crate::sys::{disk, signals};
 
 pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let started = Instant::now();
@@ -80,8 +83,9 @@ fn plan_rechunk(
     Ok(plan)
 }
 
-/// Runs `plan` into OUT, with a progress bar; a failed run removes OUT
-/// if it made it.
+/// Runs `plan` into OUT, with a progress bar. A run that fails, or that a
+/// stopping signal (SIGINT, SIGTERM, SIGHUP) interrupts between steps,
+/// removes every file it wrote, and OUT if it made it, and says so.
 fn write_output(
     args: &RechunkArgs,
     input: &InputArray,
@@ -92,37 +96,114 @@ fn write_output(
     // (NIfTI's limits, MINC2 scaling), it can hold them all. Refuse before
     // OUT is touched.
     spec.template(&plan.output.block(&vec![0; plan.output.ndim()]).shape)?;
+    // Caught from before OUT is touched: a signal until then ends the
+    // process at once, with nothing of this run on disk yet.
+    let stop = signals::catch_stopping_signals()?;
     let created_output = directory::prepare_output_dir(&args.output, args.overwrite)?;
-    let format = spec.format;
-    let metadata = directory::metadata_json(
-        &input.shape,
-        input.dtype,
-        &input.block_shape,
-        &plan.output,
-        format,
-        &spec.dataset,
-        spec.axis_order,
-        &input.source,
-    );
+    let free_at_start = disk::free_bytes(&args.output);
     let bar = progress_bar(input.nbytes(), args.quiet || args.json);
-    let cancel = Arc::new(AtomicBool::new(false));
-    let run = directory::rechunk(input, plan, &args.output, spec, Some(&cancel), |stats| {
+    let delay = step_delay();
+    let mut read_blocks_done = 0;
+    let run = directory::rechunk(input, plan, &args.output, spec, Some(stop), |stats| {
         bar.set_position(stats.bytes_written);
         bar.set_message(format!(
             "blocks {}/{}",
             stats.output_blocks_done, stats.output_blocks_total
         ));
+        if let Some(delay) = delay.filter(|_| stats.read_blocks_done > read_blocks_done) {
+            std::thread::sleep(delay);
+        }
+        read_blocks_done = stats.read_blocks_done;
     });
-    if created_output && matches!(&run, Err(e) if !matches!(e, crate::error::Error::Cancelled)) {
-        // Failed: rechunk removed what it wrote, and OUT goes too.
+    bar.finish_and_clear();
+    let Err(error) = run else {
+        if let Some(signal) = signals::caught() {
+            eprintln!(
+                "{signal} came after every block was written: {} is complete",
+                args.output.display()
+            );
+        }
+        return run.map_err(Into::into);
+    };
+    // Failed: rechunk removed what it wrote, and OUT goes too.
+    if created_output {
         let _ = std::fs::remove_dir(&args.output);
     }
-    let stats = run?;
-    bar.finish_and_clear();
-    if format == BlockFormat::Raw {
-        directory::write_metadata(&args.output, &metadata)?;
+    Err(explained(args, created_output, free_at_start, input, error))
+}
+
+/// The error of a failed run, said in terms of OUT: what is left there and
+/// what to do.
+fn explained(
+    args: &RechunkArgs,
+    created_output: bool,
+    free_at_start: Option<u64>,
+    input: &InputArray,
+    error: Error,
+) -> anyhow::Error {
+    let out = args.output.display();
+    let left = if created_output {
+        format!("removed every file it wrote, and {out}, which it had made")
+    } else if args.overwrite {
+        format!(
+            "removed every file it wrote in {out} (the old blocks --overwrite replaced are gone too)"
+        )
+    } else {
+        format!("removed every file it wrote in {out}")
+    };
+    match error {
+        Error::Cancelled => match signals::caught() {
+            Some(signal) => Interrupted {
+                signal,
+                message: format!(
+                    "interrupted by {signal} before {out} was complete: {left}; run the same \
+                     command again to start over"
+                ),
+            }
+            .into(),
+            None => anyhow::anyhow!("cancelled: {left}"),
+        },
+        Error::Io { ref source, .. } if disk::is_out_of_space(source) => {
+            let free = free_at_start.map_or(String::new(), |free| {
+                format!(", and {} were free when it started", show_bytes(free))
+            });
+            anyhow::anyhow!(
+                "{out}: no space left on the output's filesystem: the array needs about {}{free}; \
+                 {left}. Free some space there, or choose another OUT, and run the same command \
+                 again. ({error})",
+                show_bytes(input.nbytes())
+            )
+        }
+        // The cause says it all; OUT is as the run found it.
+        other => other.into(),
     }
-    Ok(stats)
+}
+
+/// A run stopped by a signal: the command's message, and the signal the
+/// process then ends by (see [`signals::end_by`]).
+#[derive(Debug)]
+pub struct Interrupted {
+    pub signal: Signal,
+    pub message: String,
+}
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// `RECHUNKFS_STEP_DELAY_MS`: a pause after every read block, as the
+/// view's materialiser makes, so that tests can interrupt a run of a
+/// small array at a point of their choosing.
+fn step_delay() -> Option<Duration> {
+    std::env::var("RECHUNKFS_STEP_DELAY_MS")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .filter(|&ms| ms > 0)
+        .map(Duration::from_millis)
 }
 
 fn same_directory(a: &Path, b: &Path) -> bool {

@@ -89,7 +89,7 @@ impl RunStats {
 
 /// Runs `plan` over `input` into `sink`. `progress` is called after every
 /// read block, and within a read block cut in steps after each of its
-/// slabs is written; `cancel` stops the run between read blocks.
+/// slabs is written; `cancel` stops the run between steps.
 pub struct Executor<'a> {
     plan: &'a Plan,
     elem: u64,
@@ -188,12 +188,7 @@ impl<'a> Executor<'a> {
         progress: &mut impl FnMut(&RunStats),
     ) -> Result<RunStats> {
         for read_index in IndexBox::grid(&self.plan.read.grid_shape()) {
-            if self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-                if self.in_flight.is_some() {
-                    let _ = reports.recv();
-                }
-                return Err(Error::Cancelled);
-            }
+            self.stop_if_cancelled(reports)?;
             self.read_block(&read_index, jobs, reports, progress)?;
             self.end_read_block(sink)?;
             progress(&self.stats);
@@ -224,6 +219,9 @@ impl<'a> Executor<'a> {
         let completed = plan.completed_write_block(read_index);
         let steps = step_axis.overlapping(read_box.origin[0], read_box.end(0));
         for step in steps.clone() {
+            // A read block can be the whole array (a split): its steps are
+            // where a cancelled run stops promptly.
+            self.stop_if_cancelled(reports)?;
             let mut step_index = read_index.to_vec();
             step_index[0] = step;
             let read_result = self.read_step(&step_index);
@@ -274,6 +272,19 @@ impl<'a> Executor<'a> {
         let mut told = self.stats;
         told.held_bytes += self.pool.kept_bytes();
         sink.lock().between_steps(&told)
+    }
+
+    /// [`Error::Cancelled`] once `cancel` is set, after the slab in flight
+    /// (if any) is written: the writer then holds nothing of this run when
+    /// the caller removes what it wrote.
+    fn stop_if_cancelled(&mut self, reports: &Receiver<Result<WriteReport>>) -> Result<()> {
+        if !self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Ok(());
+        }
+        if self.in_flight.take().is_some() {
+            let _ = reports.recv();
+        }
+        Err(Error::Cancelled)
     }
 
     /// Hands `job` to the writer, as the one slab in flight.

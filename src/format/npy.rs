@@ -416,6 +416,29 @@ enum Literal {
     Dict(Vec<(Literal, Literal)>),
 }
 
+/// Appends what `\{escaped}` stands for in a Python string literal, as
+/// numpy's `ast.literal_eval` reads it: an escape Python does not know
+/// keeps its backslash (`'d\escr'` is not `'descr'`), and those that name
+/// characters by number are refused rather than guessed.
+fn python_escape(escaped: char, text: &mut String) -> std::result::Result<(), String> {
+    match escaped {
+        '\\' | '\'' | '"' => text.push(escaped),
+        'n' => text.push('\n'),
+        't' => text.push('\t'),
+        'r' => text.push('\r'),
+        'a' | 'b' | 'f' | 'v' | 'x' | 'N' | 'u' | 'U' | '0'..='7' | '\n' => {
+            return Err(format!(
+                "a string holds the escape \\{escaped}, which rechunkfs does not read"
+            ))
+        }
+        other => {
+            text.push('\\');
+            text.push(other);
+        }
+    }
+    Ok(())
+}
+
 /// Parse one Python literal filling `text` (surrounding whitespace allowed).
 fn parse_literal(text: &str) -> std::result::Result<Literal, String> {
     let mut parser = LiteralParser {
@@ -535,11 +558,7 @@ impl LiteralParser {
                     self.pos += 1;
                     let escaped = self.peek().ok_or("a string ends in a backslash")?;
                     self.pos += 1;
-                    text.push(match escaped {
-                        'n' => '\n',
-                        't' => '\t',
-                        other => other,
-                    });
+                    python_escape(escaped, &mut text)?;
                 }
                 Some(c) => {
                     self.pos += 1;
@@ -647,6 +666,31 @@ mod tests {
                 assert_eq!(decoded.data_offset, header.len() as u64);
             }
         }
+    }
+
+    /// Found by tests/fuzz_headers.rs: a byte inserted into a key made
+    /// `'d\escr'`, which was read as `'descr'` (Python keeps the backslash
+    /// of an escape it does not know), and the data from inside the header.
+    #[test]
+    fn string_escapes_are_read_as_python_reads_them() {
+        let misspelt = raw_header(
+            1,
+            "{'d\\escr': '<u2', 'fortran_order': False, 'shape': (3,)}\n",
+        );
+        let HeaderProblem::Malformed(problem) = decode_header(&misspelt).unwrap_err() else {
+            panic!("not malformed");
+        };
+        assert!(problem.contains("it has no 'descr' key"), "{problem}");
+        let numbered = raw_header(
+            1,
+            "{'descr': '<u2', 'fortran_order': False, 'sh\\x61pe': (3,)}\n",
+        );
+        assert!(decode_header(&numbered).is_err());
+        let quoted = raw_header(
+            1,
+            "{'descr': '<u2', 'fortran_order': False, 'shape': (3,), 'note': 'it\\'s \\\\ \\d'}\n",
+        );
+        assert_eq!(decode_header(&quoted).unwrap().shape, [3]);
     }
 
     #[test]

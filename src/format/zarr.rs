@@ -424,19 +424,24 @@ fn parse_v3(path: &Path, meta: &Map<String, Value>) -> Result<(ZarrArrayMeta, Op
     Ok((parsed, names))
 }
 
+/// Refuses storage transformers, and a field that is not a list of them
+/// (which would otherwise pass for none).
 fn refuse_storage_transformers(path: &Path, meta: &Map<String, Value>) -> Result<()> {
-    if let Some(Value::Array(transformers)) = meta.get("storage_transformers") {
-        if !transformers.is_empty() {
-            return Err(Error::bad_input(
-                path,
-                format!(
-                    "the array has storage transformers ({}); rechunkfs reads only plain chunks",
-                    codec_id(&Value::Array(transformers.clone()))
-                ),
-            ));
-        }
+    match meta.get("storage_transformers") {
+        None => Ok(()),
+        Some(Value::Array(transformers)) if transformers.is_empty() => Ok(()),
+        Some(Value::Array(transformers)) => Err(Error::bad_input(
+            path,
+            format!(
+                "the array has storage transformers ({}); rechunkfs reads only plain chunks",
+                codec_id(&Value::Array(transformers.clone()))
+            ),
+        )),
+        Some(other) => Err(Error::bad_input(
+            path,
+            format!("\"storage_transformers\" is {other}, not a list"),
+        )),
     }
-    Ok(())
 }
 
 /// The chunk shape of a v3 array's chunk grid, which must be regular.
@@ -860,6 +865,12 @@ mod tests {
                 ZARR_JSON,
                 with(&v3, "fill_value", json!("x")),
                 "\"fill_value\"",
+            ),
+            // Found by tests/fuzz_headers.rs: once read as no transformers.
+            (
+                ZARR_JSON,
+                with(&v3, "storage_transformers", json!("C")),
+                "\"storage_transformers\" is \"C\", not a list",
             ),
             (
                 ZARR_JSON,

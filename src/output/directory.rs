@@ -10,7 +10,8 @@
 //! the directory is no Zarr array a reader could take for complete.
 //!
 //! Raw blocks carry no header, so a `rechunkfs.json` beside them says their
-//! shape, dtype and axis order ([`write_metadata`]).
+//! shape, dtype and axis order ([`metadata_json`]), written last like Zarr
+//! metadata.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File};
@@ -37,6 +38,16 @@ const OPEN_OUTPUTS: usize = 128;
 
 /// Completed bytes that trigger a durability batch (sync, then renames).
 const COMMIT_BATCH_BYTES: u64 = 256 << 20;
+
+/// The durability batch: [`COMMIT_BATCH_BYTES`], or
+/// `RECHUNKFS_COMMIT_BATCH_BYTES`, which lets tests of interrupted runs
+/// see blocks committed one by one in a small array.
+fn commit_batch_bytes() -> u64 {
+    std::env::var("RECHUNKFS_COMMIT_BATCH_BYTES")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(COMMIT_BATCH_BYTES)
+}
 
 /// How output blocks are encoded.
 #[derive(Clone, Debug)]
@@ -70,6 +81,10 @@ impl OutputSpec {
 /// refused unless `overwrite`, in which case old block files, Zarr chunks
 /// and array metadata, an old `rechunkfs.json` (and leftover partial files)
 /// are removed and nothing else is touched. Says whether it created `out`.
+///
+/// A run killed outright (SIGKILL, a crash) leaves its hidden partial
+/// files: the refusal then says so, and `--overwrite` removes them with
+/// the blocks beside them.
 pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<bool> {
     match fs::metadata(out) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -94,40 +109,86 @@ pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<bool> {
         return Ok(false);
     }
     if !overwrite {
-        return Err(Error::BadOutput {
-            path: out.to_path_buf(),
-            problem: format!(
-                "is not empty ({} entries); choose an empty or new directory, or pass --overwrite \
-                 to replace the block files in it",
-                entries.len()
-            ),
-        });
+        return Err(not_empty(out, &entries));
     }
     for path in entries {
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        let is_partial = name.starts_with('.') && name.ends_with(".partial");
-        // The metadata of an earlier raw run would describe blocks no longer there.
-        let is_metadata = name == METADATA_NAME;
-        let is_block = path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .and_then(parse_grid_index)
-            .is_some()
-            && path
-                .extension()
-                .and_then(|e| e.to_str())
-                .and_then(BlockFormat::from_extension)
-                .is_some();
-        let is_zarr = is_zarr_chunk_name(name)
-            || name == format::zarr::ZARRAY
-            || name == format::zarr::ZARR_JSON;
-        if (is_partial || is_block || is_metadata || is_zarr) && path.is_file() {
-            fs::remove_file(&path).map_err(|e| Error::io(&path, "removing an old block", e))?;
-        } else if name == "c" && path.is_dir() {
-            remove_chunk_tree(&path)?;
+        match kind_of(&path) {
+            Entry::Partial | Entry::Block | Entry::Metadata if path.is_file() => {
+                fs::remove_file(&path).map_err(|e| Error::io(&path, "removing an old block", e))?;
+            }
+            Entry::ChunkTree if path.is_dir() => remove_chunk_tree(&path)?,
+            _ => {}
         }
     }
     Ok(false)
+}
+
+/// What an entry of an output directory is, by its name.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    /// A hidden `.{name}.partial` file: a block or metadata file not finished.
+    Partial,
+    /// A block file or Zarr v2 chunk.
+    Block,
+    /// `rechunkfs.json` or Zarr metadata.
+    Metadata,
+    /// A Zarr v3 chunk tree (`c/`).
+    ChunkTree,
+    Other,
+}
+
+fn kind_of(path: &Path) -> Entry {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let is_block = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(parse_grid_index)
+        .is_some()
+        && path
+            .extension()
+            .and_then(|e| e.to_str())
+            .and_then(BlockFormat::from_extension)
+            .is_some();
+    if name.starts_with('.') && name.ends_with(".partial") {
+        Entry::Partial
+    } else if is_block || is_zarr_chunk_name(name) {
+        Entry::Block
+    } else if name == METADATA_NAME
+        || name == format::zarr::ZARRAY
+        || name == format::zarr::ZARR_JSON
+    {
+        // The metadata of an earlier run would describe blocks no longer there.
+        Entry::Metadata
+    } else if name == "c" {
+        Entry::ChunkTree
+    } else {
+        Entry::Other
+    }
+}
+
+/// The refusal of a non-empty `out` holding `entries`, saying whether a
+/// killed run left partial files there.
+fn not_empty(out: &Path, entries: &[PathBuf]) -> Error {
+    let partial = entries
+        .iter()
+        .filter(|path| kind_of(path) == Entry::Partial)
+        .count();
+    let left = if partial > 0 {
+        format!(
+            "; {partial} of them hidden .partial files, left by a run that was killed before it \
+             could remove them: the blocks beside them are complete, and --overwrite removes all"
+        )
+    } else {
+        String::new()
+    };
+    Error::BadOutput {
+        path: out.to_path_buf(),
+        problem: format!(
+            "is not empty ({} entries{left}); choose an empty or new directory, or pass \
+             --overwrite to replace the block files in it",
+            entries.len()
+        ),
+    }
 }
 
 /// A Zarr v2 chunk name (`3.0.12`, `5`): whole numbers joined by dots.
@@ -165,11 +226,15 @@ pub struct DirectorySink {
     made_dirs: HashSet<PathBuf>,
     /// Every block whose file this run created, to remove them all if it fails.
     made_blocks: Vec<u64>,
+    /// The files describing the whole array this run began to write.
+    made_files: Vec<PathBuf>,
     templates: HashMap<Vec<u64>, BlockTemplate>,
     files: OutputFiles,
     /// Completed blocks waiting for the durability batch: (temporary, final).
     completed: Vec<(PathBuf, PathBuf)>,
     completed_bytes: u64,
+    /// Completed bytes that trigger a durability batch.
+    commit_batch_bytes: u64,
     /// Whether outputs' pages are dropped once synced (arrays the page
     /// cache cannot hold: [`crate::sys::cgroup::page_cache_cannot_hold`]).
     drop_outputs: bool,
@@ -186,23 +251,57 @@ impl DirectorySink {
             spec,
             made_dirs: HashSet::new(),
             made_blocks: Vec::new(),
+            made_files: Vec::new(),
             templates: HashMap::new(),
             files: OutputFiles::new(OPEN_OUTPUTS),
             completed: Vec::new(),
             completed_bytes: 0,
+            commit_batch_bytes: commit_batch_bytes(),
         }
+    }
+
+    /// Writes the files that describe the whole array (a Zarr array's
+    /// metadata, `rechunkfs.json` for raw blocks; nothing for block files
+    /// with headers), each atomically, then syncs the directory.
+    fn write_array_metadata(&mut self, input: &InputArray, plan: &Plan) -> Result<()> {
+        let spec = &self.spec;
+        let shape = self.tree.grid().array_shape();
+        let mut files: Vec<(String, Vec<u8>)> =
+            format::array_metadata_files(spec.format, &shape, &self.tree.block_shape(), spec.dtype)
+                .into_iter()
+                .map(|(name, bytes)| (name.to_string(), bytes))
+                .collect();
+        if spec.format == BlockFormat::Raw {
+            let metadata = metadata_json(
+                &input.shape,
+                input.dtype,
+                &input.block_shape,
+                &plan.output,
+                spec.format,
+                &spec.dataset,
+                spec.axis_order,
+                &input.source,
+            );
+            files.push((METADATA_NAME.to_string(), metadata_bytes(&metadata)?));
+        }
+        if files.is_empty() {
+            return Ok(());
+        }
+        for (name, bytes) in files {
+            let path = self.dir.join(name);
+            self.made_files.push(path.clone());
+            write_atomically(&path, &bytes)?;
+        }
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| Error::io(&self.dir, "syncing the directory", e))
     }
 
     /// (temporary, final) paths of block `rank`: the temporary one is a
     /// hidden name in the same directory, so the rename is atomic.
     fn paths(&self, rank: u64) -> (PathBuf, PathBuf) {
         let done = self.dir.join(self.tree.path(rank));
-        let leaf = done
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let partial = done.with_file_name(format!(".{leaf}.partial"));
-        (partial, done)
+        (partial_name(&done), done)
     }
 
     /// Makes the directory a nested chunk path needs, once.
@@ -230,14 +329,20 @@ impl DirectorySink {
 
     /// Removes every file and directory this run created, finished or not.
     fn discard(&mut self) {
-        for rank in std::mem::take(&mut self.made_blocks) {
+        let blocks = std::mem::take(&mut self.made_blocks);
+        let mut paths = Vec::with_capacity(2 * blocks.len());
+        for rank in blocks {
             self.files.close(rank);
             let (partial, done) = self.paths(rank);
-            for path in [partial, done] {
-                if let Err(e) = fs::remove_file(&path) {
-                    if e.kind() != std::io::ErrorKind::NotFound {
-                        log::warn!("{}: could not remove it: {e}", path.display());
-                    }
+            paths.extend([partial, done]);
+        }
+        for path in std::mem::take(&mut self.made_files) {
+            paths.extend([partial_name(&path), path]);
+        }
+        for path in paths {
+            if let Err(e) = fs::remove_file(&path) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    log::warn!("{}: could not remove it: {e}", path.display());
                 }
             }
         }
@@ -340,7 +445,7 @@ impl BlockSink for DirectorySink {
         let file_shape = self.tree.file_shape(rank);
         self.completed_bytes += self.template(&file_shape)?.file_len();
         self.completed.push((partial, done));
-        if self.completed_bytes >= COMMIT_BATCH_BYTES {
+        if self.completed_bytes >= self.commit_batch_bytes {
             self.commit()?;
         }
         Ok(())
@@ -348,7 +453,17 @@ impl BlockSink for DirectorySink {
 }
 
 /// Rechunks `input` into block files in `out` (prepared by
-/// [`prepare_output_dir`]) following `plan`.
+/// [`prepare_output_dir`]) following `plan`, then writes the files that
+/// describe the whole array (Zarr metadata; `rechunkfs.json` for raw
+/// blocks), last.
+///
+/// A run that fails, or is cancelled through `cancel` (checked between
+/// steps), removes every file it wrote, finished or not, before it returns:
+/// OUT is left as [`prepare_output_dir`] left it, as a refusal at the
+/// scan would leave it (input blocks' headers are checked as they are
+/// read: see crate::input). A run killed outright leaves its hidden
+/// partial files and the blocks it had committed, every one complete; see
+/// [`prepare_output_dir`] for what a rerun does with them.
 pub fn rechunk(
     input: &InputArray,
     plan: &Plan,
@@ -363,22 +478,18 @@ pub fn rechunk(
         executor = executor.with_cancel(cancel);
     }
     let running = std::time::Instant::now();
-    let stats = match executor.run(&mut sink, progress) {
-        // A failed run leaves OUT as it found it, as a refusal at the scan
-        // would: input blocks' headers are checked as they are read (see
-        // crate::input). An interrupted one keeps its finished blocks.
-        Err(error) if !matches!(error, Error::Cancelled) => {
-            sink.discard();
-            return Err(error);
-        }
-        other => other?,
-    };
-    log::debug!("ran the plan in {:.3} s", running.elapsed().as_secs_f64());
-    let committing = std::time::Instant::now();
-    sink.commit()?;
-    write_array_metadata(out, &sink.tree, &sink.spec)?;
-    log::debug!("committed in {:.3} s", committing.elapsed().as_secs_f64());
-    Ok(stats)
+    let stats = executor.run(&mut sink, progress).and_then(|stats| {
+        log::debug!("ran the plan in {:.3} s", running.elapsed().as_secs_f64());
+        let committing = std::time::Instant::now();
+        sink.commit()?;
+        sink.write_array_metadata(input, plan)?;
+        log::debug!("committed in {:.3} s", committing.elapsed().as_secs_f64());
+        Ok(stats)
+    });
+    if stats.is_err() {
+        sink.discard();
+    }
+    stats
 }
 
 /// The name of the metadata file describing raw blocks (the view's has the same name).
@@ -421,34 +532,31 @@ pub fn metadata_json(
     })
 }
 
-/// Writes `rechunkfs.json` into `out` (for raw blocks, which carry no header).
-pub fn write_metadata(out: &Path, metadata: &serde_json::Value) -> Result<()> {
-    let path = out.join(METADATA_NAME);
+/// The bytes of `rechunkfs.json` holding `metadata`.
+fn metadata_bytes(metadata: &serde_json::Value) -> Result<Vec<u8>> {
     let mut bytes = serde_json::to_vec_pretty(metadata)
         .map_err(|e| Error::BadArgument(format!("encoding {METADATA_NAME}: {e}")))?;
     bytes.push(b'\n');
-    fs::write(&path, bytes).map_err(|e| Error::io(&path, "write", e))
+    Ok(bytes)
 }
 
-/// Writes the files that describe the whole array (a Zarr array's
-/// metadata; nothing for block files), each atomically: written, synced,
-/// renamed into place.
-fn write_array_metadata(out: &Path, tree: &FileTree, spec: &OutputSpec) -> Result<()> {
-    let shape = tree.grid().array_shape();
-    let files = format::array_metadata_files(spec.format, &shape, &tree.block_shape(), spec.dtype);
-    if files.is_empty() {
-        return Ok(());
-    }
-    for (name, bytes) in files {
-        let path = out.join(name);
-        let partial = out.join(format!(".{name}.partial"));
-        let mut file = File::create(&partial).map_err(|e| Error::io(&partial, "creating", e))?;
-        file.write_all(&bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| Error::io(&partial, "writing", e))?;
-        fs::rename(&partial, &path).map_err(|e| Error::io(&path, "renaming into place", e))?;
-    }
-    File::open(out)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(out, "syncing the directory", e))
+/// The name under which `path` is written before it is complete: hidden,
+/// in the same directory, so that the rename into place is atomic.
+fn partial_name(path: &Path) -> PathBuf {
+    let leaf = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{leaf}.partial"))
+}
+
+/// Writes `bytes` to `path` atomically: to its partial name, synced,
+/// renamed into place (the directory is synced by the caller).
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let partial = partial_name(path);
+    let mut file = File::create(&partial).map_err(|e| Error::io(&partial, "creating", e))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| Error::io(&partial, "writing", e))?;
+    fs::rename(&partial, path).map_err(|e| Error::io(path, "renaming into place", e))
 }

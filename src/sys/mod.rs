@@ -1,8 +1,11 @@
 //! What rechunkfs asks of the operating system beyond plain file I/O: the
-//! memory its cgroup allows, process limits, and page-cache advice. The
-//! lowest stage: it knows nothing of arrays.
+//! memory its cgroup allows, process limits, page-cache advice, free space,
+//! and the signals that ask a command to stop. The lowest stage: it knows
+//! nothing of arrays.
 
 pub mod cgroup;
+pub mod disk;
 pub mod files;
 pub mod limits;
 pub mod pagecache;
+pub mod signals;

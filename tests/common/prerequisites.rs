@@ -1,9 +1,10 @@
 //! What some tests need from the machine beyond the crate: the Python
 //! readers (numpy, h5py, nibabel, zarr-python, TensorStore), a FUSE device
-//! to mount on, a memory cgroup to run in. `./scripts/test` installs them
-//! and sets `RECHUNKFS_TEST_ALL=1`: there a missing one fails the test and
-//! names what is missing. Elsewhere (a bare `cargo test`) the test says
-//! `skipped: …` on one line and passes, so a quick run stays possible.
+//! to mount on, a memory cgroup to run in, a small tmpfs to fill.
+//! `./scripts/test` installs them and sets `RECHUNKFS_TEST_ALL=1`: there a
+//! missing one fails the test and names what is missing. Elsewhere (a bare
+//! `cargo test`) the test says `skipped: …` on one line and passes, so a
+//! quick run stays possible.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,6 +20,9 @@ pub enum Need {
     Fuse,
     /// Root and a cgroup filesystem with the memory controller.
     MemoryCgroup,
+    /// Root and mount(8) able to mount a tmpfs, to make a small
+    /// filesystem to fill.
+    TmpfsMount,
 }
 
 /// The modules the readers' Python must import.
@@ -67,6 +71,7 @@ fn missing(need: Need) -> Option<String> {
         Need::Readers => readers_missing().clone(),
         Need::Fuse => fuse_missing(),
         Need::MemoryCgroup => cgroup_missing(),
+        Need::TmpfsMount => tmpfs_missing().clone(),
     }
 }
 
@@ -134,4 +139,33 @@ fn cgroup_missing() -> Option<String> {
     } else {
         None
     }
+}
+
+/// Whether a tmpfs can be mounted here: tried once, on a fresh directory.
+fn tmpfs_missing() -> &'static Option<String> {
+    static MISSING: OnceLock<Option<String>> = OnceLock::new();
+    MISSING.get_or_init(|| {
+        if !is_root() {
+            return Some("root, to mount a small tmpfs".into());
+        }
+        let dir = match tempfile::tempdir() {
+            Ok(dir) => dir,
+            Err(e) => return Some(format!("a temporary directory ({e})")),
+        };
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match mounted {
+            Ok(output) if output.status.success() => {
+                let _ = Command::new("umount").arg(dir.path()).status();
+                None
+            }
+            Ok(output) => Some(format!(
+                "mount(8) of a tmpfs: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            )),
+            Err(e) => Some(format!("mount(8) to mount a tmpfs ({e})")),
+        }
+    })
 }

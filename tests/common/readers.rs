@@ -22,13 +22,19 @@ pub struct ReadBlock {
 /// Reads `path` as a block file of `extension` (`npy`, `nii`, `h5`);
 /// panics, naming the file, when the reader refuses it.
 pub fn read_block(path: &Path, extension: &str, dataset: &str) -> ReadBlock {
-    let block = match extension {
+    try_read_block(path, extension, dataset)
+        .unwrap_or_else(|problem| panic!("{}: {problem}", path.display()))
+}
+
+/// [`read_block`], with the reader's refusal returned instead of a panic
+/// (a fuzzed file may well be refused).
+pub fn try_read_block(path: &Path, extension: &str, dataset: &str) -> Result<ReadBlock, String> {
+    match extension {
         "npy" => read_npy(path),
         "nii" => read_nifti(path),
         "h5" => read_hdf5(path, dataset),
-        other => panic!("no reader for .{other} files"),
-    };
-    block.unwrap_or_else(|problem| panic!("{}: {problem}", path.display()))
+        other => Err(format!("no reader for .{other} files")),
+    }
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, String> {

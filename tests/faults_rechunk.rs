@@ -1,0 +1,409 @@
+//! `rechunk` stopped part-way: by SIGINT or SIGTERM at random points, by
+//! SIGKILL at random points, and by a full output filesystem (a small
+//! tmpfs made here). Whatever stops it, no visible file in OUT
+//! may be wrong: each is checked byte for byte against the oracle, read by
+//! the format's own reader.
+//!
+//! `RECHUNKFS_FAULT_ITERATIONS` raises the number of random points tried
+//! (default: a few, to stay quick in CI).
+
+#[macro_use]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use rechunkfs::format::BlockFormat;
+
+use common::oracle::{self, GridBlock};
+use common::{dtype, make_blocks, stderr, TestRng};
+
+const ARRAY: [u64; 3] = [128, 128, 128];
+const IN_BLOCK: [u64; 3] = [32, 32, 32];
+const OUT_BLOCK: [u64; 3] = [40, 40, 40];
+const SHAPE: &str = "40,40,40";
+
+/// Pause after each of the 8 read blocks: a run takes about a second, so
+/// a signal lands anywhere in it.
+const STEP_DELAY_MS: &str = "120";
+
+/// How many random points each test tries.
+fn iterations(default: u64) -> u64 {
+    std::env::var("RECHUNKFS_FAULT_ITERATIONS")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(default)
+}
+
+fn text(path: &Path) -> &str {
+    path.to_str().expect("UTF-8 path")
+}
+
+/// `rechunk IN OUT` as `format`, started and not waited for; `slow`
+/// pauses it after each read block.
+fn start_rechunk(
+    input: &Path,
+    out: &Path,
+    format: BlockFormat,
+    extra: &[&str],
+    slow: bool,
+) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+        .args(["rechunk", text(input), text(out), "--shape", SHAPE, "-q"])
+        .args(["--format", format.extension()])
+        .args(extra)
+        .env(
+            "RECHUNKFS_STEP_DELAY_MS",
+            if slow { STEP_DELAY_MS } else { "0" },
+        )
+        // Completed blocks are committed (synced, renamed) about four at a
+        // time, so a kill finds visible blocks beside partial ones.
+        .env("RECHUNKFS_COMMIT_BATCH_BYTES", "500000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rechunkfs")
+}
+
+/// Waits for `child`, failing the test past `limit`.
+fn wait_within(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("reap");
+            panic!(
+                "rechunkfs did not end within {limit:?}: {}",
+                stderr(&output)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.wait_with_output().expect("collect output")
+}
+
+fn rechunk(input: &Path, out: &Path, format: BlockFormat, extra: &[&str]) -> Output {
+    wait_within(
+        start_rechunk(input, out, format, extra, false),
+        Duration::from_secs(60),
+    )
+}
+
+/// Every file under `dir`, as paths relative to it.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(at) = pending.pop() {
+        for entry in std::fs::read_dir(&at).expect("list") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                found.push(path.strip_prefix(dir).expect("inside").to_path_buf());
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+fn is_hidden(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with('.'))
+}
+
+/// The block of the output grid a visible file of `format` is named for.
+fn block_named(relative: &Path, format: BlockFormat) -> Option<GridBlock> {
+    let name = relative.to_str()?;
+    let stem = match format {
+        BlockFormat::Zarr3 => name.strip_prefix("c/")?.replace('/', "_"),
+        _ => name
+            .strip_suffix(&format!(".{}", format.extension()))?
+            .to_string(),
+    };
+    oracle::grid_blocks(&ARRAY, &OUT_BLOCK)
+        .into_iter()
+        .find(|block| block.stem() == stem)
+}
+
+/// Checks every visible file in `out` (finished or not, the run stopped):
+/// each is a block byte-exact against the oracle, or array metadata,
+/// which is there only once every block is. Returns how many blocks.
+fn check_visible(out: &Path, format: BlockFormat) -> usize {
+    let u2 = dtype("u2");
+    let all = oracle::grid_blocks(&ARRAY, &OUT_BLOCK).len();
+    let visible: Vec<PathBuf> = files_under(out)
+        .into_iter()
+        .filter(|path| !is_hidden(path))
+        .collect();
+    let mut blocks = 0;
+    for relative in &visible {
+        let path = out.join(relative);
+        if relative == Path::new("zarr.json") {
+            continue;
+        }
+        let block = block_named(relative, format)
+            .unwrap_or_else(|| panic!("{}: not an output block", path.display()));
+        if format == BlockFormat::Zarr3 {
+            let data = oracle::sample_bytes(&ARRAY, &block.origin, &block.shape, u2.size);
+            let bytes = std::fs::read(&path).expect("read chunk");
+            let whole = oracle::padded(&data, &block.shape, &OUT_BLOCK, u2.size);
+            assert!(bytes == whole, "{}: wrong bytes", path.display());
+        } else {
+            common::verified_block_file(&path, &ARRAY, &block, u2, format);
+        }
+        blocks += 1;
+    }
+    if visible.iter().any(|path| path == Path::new("zarr.json")) {
+        assert_eq!(blocks, all, "zarr.json is visible before every chunk");
+    }
+    blocks
+}
+
+fn verify_complete(out: &Path, format: BlockFormat) {
+    if format == BlockFormat::Zarr3 {
+        common::verify_zarr_output(out, &ARRAY, &OUT_BLOCK, dtype("u2"), format);
+    } else {
+        common::verify_output(out, &ARRAY, &OUT_BLOCK, dtype("u2"), format);
+    }
+}
+
+/// What became of one run that was sent a signal.
+#[derive(Debug, Default)]
+struct Outcomes {
+    /// Stopped by the signal's handler: cleaned up and said so.
+    interrupted: u64,
+    /// Ended by the signal before the handler was set (OUT never touched).
+    before_start: u64,
+    /// Finished before the signal came.
+    finished: u64,
+    /// The longest a stopped run took to end after its signal.
+    slowest_stop: Duration,
+}
+
+fn signal_of(status: ExitStatus) -> Option<i32> {
+    std::os::unix::process::ExitStatusExt::signal(&status)
+}
+
+const FORMATS: [BlockFormat; 3] = [BlockFormat::Npy, BlockFormat::Hdf5, BlockFormat::Zarr3];
+
+/// Checks what a run stopped by `signal` said and left: nothing of it in
+/// `out` (which stays, empty, if it `existed`).
+fn check_stopped(
+    case: &str,
+    message: &str,
+    signal: Signal,
+    out: &Path,
+    existed: bool,
+    outcomes: &mut Outcomes,
+) {
+    if message.is_empty() {
+        // Killed before the handler was set: nothing written yet.
+        assert!(!out.exists() || existed, "{case}: OUT was made");
+        outcomes.before_start += 1;
+    } else {
+        assert!(
+            message.contains(&format!("interrupted by {signal}"))
+                && message.contains("removed every file it wrote")
+                && message.contains("run the same command again"),
+            "{case}"
+        );
+        outcomes.interrupted += 1;
+    }
+    if existed {
+        assert_eq!(
+            files_under(out),
+            Vec::<PathBuf>::new(),
+            "{case}: OUT not empty"
+        );
+    } else {
+        assert!(!out.exists(), "{case}: OUT left behind");
+    }
+}
+
+#[test]
+fn sigint_and_sigterm_stop_a_run_promptly_and_remove_what_it_wrote() {
+    let root = tempfile::tempdir().unwrap();
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &ARRAY,
+        &IN_BLOCK,
+        dtype("u2"),
+        BlockFormat::Npy,
+    );
+    let mut rng = TestRng(18_007);
+    let mut outcomes = Outcomes::default();
+    for iteration in 0..iterations(9) {
+        let format = FORMATS[(iteration % 3) as usize];
+        let signal = [Signal::SIGINT, Signal::SIGTERM][rng.below(2) as usize];
+        // Half the runs into an OUT that exists (and must stay, empty).
+        let existed = rng.below(2) == 0;
+        let out = root.path().join(format!("out{iteration}"));
+        if existed {
+            std::fs::create_dir(&out).unwrap();
+        }
+        let child = start_rechunk(&input, &out, format, &[], true);
+        let delay = Duration::from_millis(rng.below(900));
+        std::thread::sleep(delay);
+        let sent = Instant::now();
+        let _ = kill(Pid::from_raw(child.id() as i32), signal);
+        let output = wait_within(child, Duration::from_secs(20));
+        let took = sent.elapsed();
+        let message = stderr(&output);
+        let case = format!("run {iteration} ({format:?}, {signal} after {delay:?}): {message}");
+        if output.status.success() {
+            verify_complete(&out, format);
+            outcomes.finished += 1;
+            continue;
+        }
+        assert_eq!(signal_of(output.status), Some(signal as i32), "{case}");
+        assert!(
+            took < Duration::from_secs(3),
+            "{case}: ended {took:?} after"
+        );
+        outcomes.slowest_stop = outcomes.slowest_stop.max(took);
+        check_stopped(&case, &message, signal, &out, existed, &mut outcomes);
+        // The same command again finishes the job.
+        let rerun = rechunk(&input, &out, format, &[]);
+        assert!(rerun.status.success(), "{case}: rerun: {}", stderr(&rerun));
+        verify_complete(&out, format);
+    }
+    eprintln!("signals: {outcomes:?}");
+    assert!(outcomes.interrupted >= 3, "{outcomes:?}");
+}
+
+#[test]
+fn sigkill_leaves_no_wrong_visible_file_and_overwrite_cleans_up() {
+    let root = tempfile::tempdir().unwrap();
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &ARRAY,
+        &IN_BLOCK,
+        dtype("u2"),
+        BlockFormat::Npy,
+    );
+    let mut rng = TestRng(18_009);
+    let (mut visible_blocks, mut partial_files) = (0, 0);
+    for iteration in 0..iterations(9) {
+        let format = FORMATS[(iteration % 3) as usize];
+        let out = root.path().join(format!("out{iteration}"));
+        let mut child = start_rechunk(&input, &out, format, &[], true);
+        let delay = Duration::from_millis(100 + rng.below(1000));
+        std::thread::sleep(delay);
+        child.kill().expect("SIGKILL");
+        let output = wait_within(child, Duration::from_secs(20));
+        let case = format!("run {iteration} ({format:?}, SIGKILL after {delay:?})");
+        if output.status.success() || !out.exists() {
+            continue;
+        }
+        visible_blocks += check_visible(&out, format);
+        let partial = files_under(&out)
+            .iter()
+            .filter(|path| is_hidden(path))
+            .count();
+        partial_files += partial;
+        if partial > 0 && format != BlockFormat::Zarr3 {
+            // A rerun is refused, naming the leftovers and the way out.
+            let refused = rechunk(&input, &out, format, &[]);
+            let message = stderr(&refused);
+            assert_eq!(refused.status.code(), Some(1), "{case}: {message}");
+            assert!(
+                message.contains(".partial files, left by a run that was killed")
+                    && message.contains("--overwrite"),
+                "{case}: {message}"
+            );
+        }
+        let rerun = rechunk(&input, &out, format, &["--overwrite"]);
+        assert!(rerun.status.success(), "{case}: {}", stderr(&rerun));
+        verify_complete(&out, format);
+    }
+    eprintln!("SIGKILL: {visible_blocks} visible blocks checked, {partial_files} partial files");
+    assert!(visible_blocks > 0 && partial_files > 0);
+}
+
+/// A small tmpfs mounted for one test, unmounted when dropped.
+struct SmallFilesystem {
+    dir: tempfile::TempDir,
+}
+
+impl SmallFilesystem {
+    fn mount(size: &str) -> SmallFilesystem {
+        let dir = tempfile::tempdir().unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "mount of a tmpfs failed");
+        SmallFilesystem { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for SmallFilesystem {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+#[test]
+fn a_full_output_filesystem_is_said_leaves_nothing_and_a_rerun_after_freeing_space_works() {
+    require!(TmpfsMount);
+    let root = tempfile::tempdir().unwrap();
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &ARRAY,
+        &IN_BLOCK,
+        dtype("u2"),
+        BlockFormat::Npy,
+    );
+    // 8 MiB, 6 of them taken: the 4 MiB array does not fit until the
+    // filler goes.
+    let small = SmallFilesystem::mount("8m");
+    let filler = small.path().join("filler");
+    for (case, format) in FORMATS.iter().enumerate() {
+        std::fs::write(&filler, vec![1u8; 6 << 20]).unwrap();
+        // Into a new OUT, and into an empty one that exists.
+        let existed = case % 2 == 1;
+        let out = small.path().join(format!("out{case}"));
+        if existed {
+            std::fs::create_dir(&out).unwrap();
+        }
+        let output = rechunk(&input, &out, *format, &[]);
+        let message = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{format:?}: {message}");
+        for says in [
+            &format!("{}: no space left on the output's filesystem", text(&out)),
+            "removed every file it wrote",
+            "Free some space there, or choose another OUT",
+            "No space left on device",
+        ] {
+            assert!(
+                message.contains(says),
+                "{format:?} lacks '{says}': {message}"
+            );
+        }
+        if existed {
+            assert_eq!(files_under(&out), Vec::<PathBuf>::new(), "{format:?}");
+        } else {
+            assert!(!out.exists(), "{format:?}: OUT left behind");
+        }
+        let left = files_under(small.path());
+        assert_eq!(left, [PathBuf::from("filler")], "{format:?}");
+        std::fs::remove_file(&filler).unwrap();
+        let rerun = rechunk(&input, &out, *format, &[]);
+        assert!(rerun.status.success(), "{format:?}: {}", stderr(&rerun));
+        verify_complete(&out, *format);
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}
