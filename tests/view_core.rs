@@ -499,6 +499,8 @@ fn the_wait_file_says_why_when_the_view_fails_or_stops() {
     let status: serde_json::Value = serde_json::from_slice(&status).unwrap();
     assert_eq!(status["state"], "failed");
     assert_eq!(status["error"], "input vanished: test");
+    // One view at a time holds a staging area (its lock).
+    drop(core);
 
     let (core, _) = open_core(&f);
     let (ino, handle) = open_wait_file(&core);
