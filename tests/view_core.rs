@@ -14,12 +14,12 @@ use std::time::Duration;
 
 use rechunkfs::engine::Executor;
 use rechunkfs::format::BlockFormat;
-use rechunkfs::input::InputArray;
+use rechunkfs::input::{InputAccess, InputArray};
 use rechunkfs::plan::{self, Plan, Problem, Strategy};
 use rechunkfs::view::materialise::StagingSink;
 use rechunkfs::view::staging::{Journal, Manifest, Staging};
 use rechunkfs::view::{
-    BlockTemplates, CacheMode, ViewCore, ViewLayout, METADATA_INO, ROOT_INO, WAIT_NAME,
+    Access, BlockTemplates, CacheMode, ViewCore, ViewLayout, METADATA_INO, ROOT_INO, WAIT_NAME,
 };
 use rechunkfs::DType;
 
@@ -441,6 +441,30 @@ fn shutdown_answers_parked_reads_with_an_error() {
             Err(libc::EIO)
         );
     }
+}
+
+#[test]
+fn view_files_carry_the_access_of_the_inputs() {
+    let f = fixture(&[12, 12], &[5, 5], &[4, 4], BlockFormat::Npy);
+    let (core, _) = open_core(&f);
+    let everyone = core.getattr(block_ino(&core, 0)).unwrap();
+    assert_eq!(everyone.perm, 0o444, "inputs' access unknown: as before");
+    drop(core);
+    // Inputs of one owner, two groups, read bits 0o640 & 0o644.
+    let inputs = InputAccess {
+        mode: 0o100640,
+        uid: Some(4321),
+        gid: None,
+    };
+    let access = Access::of_inputs(&inputs);
+    assert_eq!((access.uid, access.read), (4321, 0o400), "no group read");
+    assert_eq!(access.gid, nix::unistd::getgid().as_raw());
+    let (core, _) = open_core(&f);
+    let core = Arc::into_inner(core).unwrap().with_access(access);
+    let file = core.getattr(block_ino(&core, 0)).unwrap();
+    assert_eq!((file.perm, file.uid, file.gid), (0o400, 4321, access.gid));
+    assert_eq!(core.getattr(ROOT_INO).unwrap().perm, 0o500);
+    assert_eq!(core.getattr(METADATA_INO).unwrap().perm, 0o400);
 }
 
 #[test]

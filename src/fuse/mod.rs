@@ -51,8 +51,6 @@ const READAHEAD_BYTES: u32 = 4096;
 /// The filesystem the kernel talks to.
 pub struct RechunkFs {
     core: Arc<ViewCore>,
-    uid: u32,
-    gid: u32,
     /// The passthrough backing of each inode the core serves so (one per
     /// inode, for as long as any handle using it is open). Its lock is held
     /// from the core's answer to an open or release until the backing is
@@ -87,17 +85,15 @@ impl RechunkFs {
         };
         RechunkFs {
             core,
-            uid: nix::unistd::getuid().as_raw(),
-            gid: nix::unistd::getgid().as_raw(),
             backing: Mutex::new(HashMap::new()),
             read_ahead,
         }
     }
 
     fn attr(&self, node: &NodeAttr) -> FileAttr {
-        let (kind, perm, nlink) = match node.kind {
-            NodeKind::Directory => (FileType::Directory, 0o555, 2),
-            NodeKind::File => (FileType::RegularFile, 0o444, 1),
+        let (kind, nlink) = match node.kind {
+            NodeKind::Directory => (FileType::Directory, 2),
+            NodeKind::File => (FileType::RegularFile, 1),
         };
         FileAttr {
             ino: INodeNo(node.ino),
@@ -108,10 +104,10 @@ impl RechunkFs {
             ctime: node.mtime,
             crtime: node.mtime,
             kind,
-            perm,
+            perm: node.perm,
             nlink,
-            uid: self.uid,
-            gid: self.gid,
+            uid: node.uid,
+            gid: node.gid,
             rdev: 0,
             // Readers size their buffered reads by this: a page, so that a
             // reader parsing a header (Python's io, numpy) asks for the

@@ -144,6 +144,16 @@ impl FileIdentity {
     }
 }
 
+/// Who may read the input files, all of them: the read bits they all
+/// have, and their owner and group when they all share one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InputAccess {
+    /// The intersection of the files' permission bits.
+    pub mode: u32,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
 /// A whole array stored as a grid of block files.
 #[derive(Clone, Debug)]
 pub struct InputArray {
@@ -163,6 +173,32 @@ pub struct InputArray {
 }
 
 impl InputArray {
+    /// The access of the input files (see [`InputAccess`]): one stat of
+    /// each (of the file a symlink names), absent Zarr chunks left out.
+    pub fn access(&self) -> Result<InputAccess> {
+        use std::os::unix::fs::MetadataExt;
+        let mut access = InputAccess {
+            mode: 0o7777,
+            uid: None,
+            gid: None,
+        };
+        let mut first = true;
+        for block in &self.blocks {
+            if matches!(block.storage, Storage::Absent { .. }) {
+                continue;
+            }
+            let meta = fs::metadata(&block.path).map_err(|e| Error::io(&block.path, "stat", e))?;
+            access.mode &= meta.mode();
+            if first {
+                (access.uid, access.gid) = (Some(meta.uid()), Some(meta.gid()));
+                first = false;
+            }
+            access.uid = access.uid.filter(|&uid| uid == meta.uid());
+            access.gid = access.gid.filter(|&gid| gid == meta.gid());
+        }
+        Ok(access)
+    }
+
     /// Scans `path` (a directory of block files or one file), reading every
     /// header; `dataset` names the HDF5 dataset (default `/data`).
     pub fn scan(path: &Path, dataset: Option<&str>) -> Result<InputArray> {

@@ -72,6 +72,59 @@ pub struct NodeAttr {
     pub kind: NodeKind,
     pub size: u64,
     pub mtime: SystemTime,
+    /// Permission bits: read (and for directories search) only.
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Who may read the view: its files' owner and read bits. The view of
+/// inputs some users cannot read must not show those users their data
+/// ([`Access::of_inputs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Access {
+    pub uid: u32,
+    pub gid: u32,
+    /// Read bits (a subset of 0o444).
+    pub read: u16,
+}
+
+impl Access {
+    /// Readable by all, owned by this process's user: the access of a
+    /// view whose inputs' access is not given ([`ViewCore::with_access`]).
+    pub fn everyone() -> Access {
+        Access {
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            read: 0o444,
+        }
+    }
+
+    /// The most restrictive access of the inputs: the read bits every
+    /// input has, their owner and group. Inputs of different owners give
+    /// the view to this process's user; of different groups, to its
+    /// group, without group read, since that group may not read them all.
+    pub fn of_inputs(inputs: &crate::input::InputAccess) -> Access {
+        let mut read = (inputs.mode & 0o444) as u16;
+        let gid = inputs.gid.unwrap_or_else(|| {
+            read &= !0o040;
+            nix::unistd::getgid().as_raw()
+        });
+        Access {
+            uid: inputs.uid.unwrap_or_else(|| nix::unistd::getuid().as_raw()),
+            gid,
+            read,
+        }
+    }
+
+    /// The permission bits of a node of `kind`: a directory may be searched
+    /// by whoever may read it.
+    fn perm(&self, kind: NodeKind) -> u16 {
+        match kind {
+            NodeKind::File => self.read,
+            NodeKind::Directory => self.read | self.read >> 2,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,6 +221,7 @@ pub struct ViewCore {
     next_handle: AtomicU64,
     mounted_at: SystemTime,
     started: Instant,
+    access: Access,
 }
 
 /// Done block files kept open for reads.
@@ -211,6 +265,7 @@ impl ViewCore {
             next_handle: AtomicU64::new(1),
             mounted_at: SystemTime::now(),
             started: Instant::now(),
+            access: Access::everyone(),
             templates,
             output,
             staging,
@@ -242,6 +297,12 @@ impl ViewCore {
         if state.done_count == self.output.count() {
             state.phase = Phase::Complete;
         }
+    }
+
+    /// The view's files carry `access` (their owner and read bits).
+    pub fn with_access(mut self, access: Access) -> ViewCore {
+        self.access = access;
+        self
     }
 
     pub fn layout(&self) -> &ViewLayout {
@@ -325,6 +386,9 @@ impl ViewCore {
             kind,
             size,
             mtime: self.mounted_at,
+            perm: self.access.perm(kind),
+            uid: self.access.uid,
+            gid: self.access.gid,
         })
     }
 
