@@ -16,6 +16,7 @@ use rechunkfs::engine::Executor;
 use rechunkfs::format::BlockFormat;
 use rechunkfs::input::{InputAccess, InputArray};
 use rechunkfs::plan::{self, Plan, Problem, Strategy};
+use rechunkfs::sys::process::Requester;
 use rechunkfs::view::materialise::StagingSink;
 use rechunkfs::view::staging::{Journal, Manifest, Staging};
 use rechunkfs::view::{
@@ -441,6 +442,82 @@ fn shutdown_answers_parked_reads_with_an_error() {
             Err(libc::EIO)
         );
     }
+}
+
+/// Reads `size` bytes at `offset` of `ino` for thread `requester`; the
+/// reply lands in a channel.
+fn read_by(
+    core: &ViewCore,
+    requester: u32,
+    ino: u64,
+    offset: u64,
+    size: u32,
+) -> mpsc::Receiver<Result<Vec<u8>, i32>> {
+    let (tx, rx) = mpsc::channel();
+    core.read_by(
+        requester,
+        ino,
+        0,
+        offset,
+        size,
+        Box::new(move |result| {
+            let _ = tx.send(result);
+        }),
+    );
+    rx
+}
+
+#[test]
+fn parked_reads_of_readers_interrupted_or_gone_end_with_eintr_and_are_forgotten() {
+    let f = fixture(&[12, 12], &[5, 5], &[4, 4], BlockFormat::Npy);
+    let (core, _) = open_core(&f);
+    let (gone, interrupted, waiting) = (1001, 1002, 1003);
+    let killed = read_by(&core, gone, block_ino(&core, 3), 0, 1 << 20);
+    let left = read_by(&core, waiting, block_ino(&core, 5), 0, 1 << 20);
+    let (wait_ino, handle) = open_wait_file(&core);
+    let (tx, stopped_waiting) = mpsc::channel();
+    core.read_by(
+        interrupted,
+        wait_ino,
+        handle,
+        0,
+        1 << 20,
+        Box::new(move |result| {
+            let _ = tx.send(result);
+        }),
+    );
+    assert_eq!(core.status().waiting_reads, 2);
+    assert_eq!(core.parked_requesters(), vec![gone, interrupted, waiting]);
+    let ended = core.interrupt_requesters(|requester| match requester {
+        1001 => Requester::Gone,
+        1002 => Requester::Interrupted,
+        _ => Requester::Waiting,
+    });
+    assert_eq!(ended, 2);
+    assert_eq!(
+        killed.recv_timeout(Duration::from_secs(5)).unwrap(),
+        Err(libc::EINTR)
+    );
+    assert_eq!(
+        stopped_waiting
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap(),
+        Err(libc::EINTR)
+    );
+    assert_eq!(
+        core.status().waiting_reads,
+        1,
+        "status counts the reader left"
+    );
+    assert_eq!(core.parked_requesters(), vec![waiting]);
+    // Nobody waits for block 3 any more: it is left to the plan.
+    assert_eq!(core.take_urgent(), vec![5]);
+    assert!(left.try_recv().is_err(), "the waiting reader still waits");
+    core.shutdown();
+    assert_eq!(
+        left.recv_timeout(Duration::from_secs(5)).unwrap(),
+        Err(libc::EIO)
+    );
 }
 
 #[test]

@@ -48,6 +48,10 @@ const MAX_BACKGROUND: u16 = 256;
 /// Readahead allowed to the kernel: one page (see `init`).
 const READAHEAD_BYTES: u32 = 4096;
 
+/// How often the threads that parked reads are checked for having been
+/// interrupted or killed ([`ViewCore::interrupt_requesters`]).
+const REQUESTER_CHECK: Duration = Duration::from_millis(200);
+
 /// The filesystem the kernel talks to.
 pub struct RechunkFs {
     core: Arc<ViewCore>,
@@ -83,6 +87,7 @@ impl RechunkFs {
                 None
             }
         };
+        watch_requesters(core.clone());
         RechunkFs {
             core,
             backing: Mutex::new(HashMap::new()),
@@ -168,6 +173,24 @@ impl RechunkFs {
     }
 }
 
+/// Starts a thread that answers, with EINTR, the parked reads of threads
+/// interrupted or gone since (fuser does not pass FUSE INTERRUPT on; see
+/// [`crate::sys::process`]).
+fn watch_requesters(core: Arc<ViewCore>) {
+    let watcher = std::thread::Builder::new()
+        .name("requesters".into())
+        .spawn(move || loop {
+            std::thread::sleep(REQUESTER_CHECK);
+            let ended = core.interrupt_requesters(crate::sys::process::requester);
+            if ended > 0 {
+                log::info!("{ended} parked reads ended: their readers were interrupted or gone");
+            }
+        });
+    if let Err(e) = watcher {
+        log::warn!("parked reads of killed readers stay parked: cannot start its thread ({e})");
+    }
+}
+
 /// An error about the view's mount point (or what mounting it needs).
 fn bad_view(path: &std::path::Path, problem: impl Into<String>) -> crate::error::Error {
     crate::error::Error::BadOutput {
@@ -246,7 +269,7 @@ impl Filesystem for RechunkFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -255,7 +278,8 @@ impl Filesystem for RechunkFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.core.read(
+        self.core.read_by(
+            req.pid(),
             ino.0,
             fh.0,
             offset,

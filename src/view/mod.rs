@@ -8,12 +8,15 @@
 //! calls these methods, and tests drive them directly. Replies are
 //! callbacks, so a parked read holds no thread: it waits in a list until
 //! the materialiser marks its block done, or until the view fails or shuts
-//! down, which answers it with an error.
+//! down, which answers it with an error, or until the process that made it
+//! is interrupted or gone ([`ViewCore::interrupt_requesters`]), which
+//! answers it with EINTR.
 
 mod layout;
 pub mod materialise;
 mod opens;
 mod prepare;
+mod requesters;
 pub mod staging;
 mod status;
 mod sweep;
@@ -146,6 +149,8 @@ pub enum CacheMode {
 struct Waiter {
     offset: u64,
     end: u64,
+    /// The thread that made the read (0: unknown).
+    requester: u32,
     reply: ReadReply,
 }
 
@@ -154,6 +159,7 @@ struct EndWaiter {
     handle: u64,
     offset: u64,
     size: u32,
+    requester: u32,
     reply: ReadReply,
 }
 
@@ -499,46 +505,78 @@ impl ViewCore {
     /// Reads `size` bytes at `offset`. `reply` is called now, or later when
     /// the block the bytes belong to completes (or the view fails).
     pub fn read(&self, ino: u64, handle: u64, offset: u64, size: u32, reply: ReadReply) {
+        self.read_by(0, ino, handle, offset, size, reply)
+    }
+
+    /// [`ViewCore::read`] for thread `requester` (as the FUSE request names
+    /// it): a read parked for it ends with EINTR once it is interrupted
+    /// or gone ([`ViewCore::interrupt_requesters`]).
+    pub fn read_by(
+        &self,
+        requester: u32,
+        ino: u64,
+        handle: u64,
+        offset: u64,
+        size: u32,
+        reply: ReadReply,
+    ) {
+        let read = ReadRequest {
+            requester,
+            offset,
+            size,
+            reply,
+        };
         let fixed = |bytes: &[u8]| slice_at(bytes, offset, size);
         if ino == STATUS_INO {
             let snapshot = self.status_snapshots.lock().get(&handle).cloned();
-            return reply(Ok(fixed(&snapshot.unwrap_or_else(|| self.status_bytes()))));
+            return (read.reply)(Ok(fixed(&snapshot.unwrap_or_else(|| self.status_bytes()))));
         }
         if ino == WAIT_INO {
-            return self.read_wait_file(handle, offset, size, reply);
+            return self.read_wait_file(handle, read);
         }
         if let Some(file) = self.names.static_file(ino) {
-            return reply(Ok(fixed(&file.bytes)));
+            return (read.reply)(Ok(fixed(&file.bytes)));
         }
         if self.names.dir_of(ino).is_some() {
-            return reply(Err(libc::EISDIR));
+            return (read.reply)(Err(libc::EISDIR));
         }
         let Some(rank) = self.names.block_rank(ino) else {
-            return reply(Err(libc::ENOENT));
+            return (read.reply)(Err(libc::ENOENT));
         };
-        self.read_block(rank, offset, size, reply);
+        self.read_block(rank, read);
     }
 
     /// A read of the wait file: parked while materialising, else answered.
-    fn read_wait_file(&self, handle: u64, offset: u64, size: u32, reply: ReadReply) {
+    fn read_wait_file(&self, handle: u64, read: ReadRequest) {
         {
             let mut state = self.state.lock();
             if state.phase == Phase::Materialising {
                 state.end_waiters.push(EndWaiter {
                     handle,
-                    offset,
-                    size,
-                    reply,
+                    offset: read.offset,
+                    size: read.size,
+                    requester: read.requester,
+                    reply: read.reply,
                 });
                 return;
             }
         }
-        reply(Ok(slice_at(&self.end_snapshot(handle), offset, size)))
+        (read.reply)(Ok(slice_at(
+            &self.end_snapshot(handle),
+            read.offset,
+            read.size,
+        )))
     }
 
     /// A read of block `rank`'s file: header and trailer bytes come from its
     /// template, data from the staged file once the block is done.
-    fn read_block(&self, rank: u64, offset: u64, size: u32, reply: ReadReply) {
+    fn read_block(&self, rank: u64, read: ReadRequest) {
+        let ReadRequest {
+            requester,
+            offset,
+            size,
+            reply,
+        } = read;
         let template = self.template(rank);
         let file_len = template.file_len();
         let end = offset.saturating_add(size as u64).min(file_len);
@@ -556,30 +594,30 @@ impl ViewCore {
             };
             return reply(Ok(bytes));
         }
-        if let Some(reply) = self.park_unless_done(rank, offset, end, reply) {
+        let waiter = Waiter {
+            offset,
+            end,
+            requester,
+            reply,
+        };
+        if let Some(reply) = self.park_unless_done(rank, waiter) {
             reply(self.read_staged(rank, offset, end));
         }
     }
 
-    /// Parks a read of bytes `offset..end` of block `rank` until the block
-    /// is done, or answers it with EIO if it never will be. Gives the reply
-    /// back if the block is done already.
-    fn park_unless_done(
-        &self,
-        rank: u64,
-        offset: u64,
-        end: u64,
-        reply: ReadReply,
-    ) -> Option<ReadReply> {
+    /// Parks `waiter`, a read of block `rank`, until the block is done, or
+    /// answers it with EIO if it never will be. Gives the reply back if the
+    /// block is done already.
+    fn park_unless_done(&self, rank: u64, waiter: Waiter) -> Option<ReadReply> {
         let mut state = self.state.lock();
         if state.done[rank as usize] {
-            return Some(reply);
+            return Some(waiter.reply);
         }
         match state.phase {
             Phase::Materialising => {
                 let waiters = state.waiters.entry(rank).or_default();
                 let first = waiters.is_empty();
-                waiters.push(Waiter { offset, end, reply });
+                waiters.push(waiter);
                 if first {
                     // Someone waits for it: the materialiser may
                     // extract it ahead of the plan.
@@ -588,7 +626,7 @@ impl ViewCore {
             }
             Phase::Failed | Phase::Stopping | Phase::Complete => {
                 drop(state);
-                reply(Err(libc::EIO));
+                (waiter.reply)(Err(libc::EIO));
             }
         }
         None
@@ -793,6 +831,14 @@ impl ViewCore {
             Vec::new()
         }
     }
+}
+
+/// A read as it arrives: who asked, for which bytes, and where the answer goes.
+struct ReadRequest {
+    requester: u32,
+    offset: u64,
+    size: u32,
+    reply: ReadReply,
 }
 
 /// The `size` bytes of `bytes` at `offset`, fewer at its end.
