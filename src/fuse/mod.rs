@@ -225,15 +225,20 @@ impl Filesystem for RechunkFs {
         {
             log::info!("the kernel lists directories without attributes (no READDIRPLUS)");
         }
-        let passthrough = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+        // Without CAP_SYS_ADMIN (a mount by an ordinary user) the kernel
+        // would refuse every backing: not asked for at all, so nothing is
+        // tried and nothing is reported.
+        let privileged = crate::sys::process::may_use_passthrough();
+        let passthrough = privileged
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok();
         self.core.allow_passthrough(passthrough);
         log::info!(
             "passthrough for completed blocks: {}",
-            if passthrough {
-                "offered by the kernel"
-            } else {
-                "not available"
+            match (privileged, passthrough) {
+                (_, true) => "offered by the kernel",
+                (false, false) => "not used (it needs CAP_SYS_ADMIN)",
+                (true, false) => "not available",
             }
         );
         Ok(())
