@@ -17,6 +17,7 @@ pub mod materialise;
 mod opens;
 mod prepare;
 mod requesters;
+mod space;
 pub mod staging;
 mod status;
 mod sweep;
@@ -186,6 +187,8 @@ struct ViewState {
     on_demand_blocks: u64,
     on_demand_seeks: u64,
     on_demand_seconds: f64,
+    /// The filesystem the materialiser waits for space on, if it does.
+    waiting_for_space: Option<std::path::PathBuf>,
 }
 
 impl ViewState {
@@ -205,6 +208,7 @@ impl ViewState {
             on_demand_blocks: 0,
             on_demand_seeks: 0,
             on_demand_seconds: 0.0,
+            waiting_for_space: None,
         }
     }
 }
@@ -752,6 +756,12 @@ impl ViewCore {
         state.on_demand_blocks += 1;
         state.on_demand_seeks += seeks;
         state.on_demand_seconds += seconds;
+    }
+
+    /// The materialiser waits for space on the filesystem at `filesystem`
+    /// (or, with `None`, no longer does).
+    pub fn waiting_for_space(&self, filesystem: Option<std::path::PathBuf>) {
+        self.state.lock().waiting_for_space = filesystem;
     }
 
     /// Records the materialiser's latest counts.
