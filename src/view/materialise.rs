@@ -11,6 +11,7 @@
 
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -343,7 +344,20 @@ fn step_delay() -> Option<Duration> {
         .ok()
         .and_then(|ms| ms.parse::<u64>().ok())
         .filter(|&ms| ms > 0)
-        .map(std::time::Duration::from_millis)
+        .map(Duration::from_millis)
+}
+
+/// Sleeps for `delay`, or less if `stop` is set meanwhile: a long test
+/// delay must not hold up an unmount.
+fn pause_unless_stopped(delay: Duration, stop: &AtomicBool) {
+    let until = Instant::now() + delay;
+    while !stop.load(Ordering::Relaxed) {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(20)));
+    }
 }
 
 /// Runs `plan` into `sink` until it ends or `stop` is set, then makes
@@ -368,7 +382,7 @@ fn run(
             if stats.read_blocks_done > read_blocks_done {
                 read_blocks_done = stats.read_blocks_done;
                 if let Some(delay) = step_delay {
-                    std::thread::sleep(delay);
+                    pause_unless_stopped(delay, stop);
                 }
             }
         });
@@ -384,7 +398,14 @@ fn run(
 pub struct Materialiser {
     cancel: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// Disconnected when the thread ends.
+    ended: Receiver<()>,
 }
+
+/// How long a stop waits for the materialiser, which stops between read
+/// blocks and then makes its completed blocks durable. A thread stuck in
+/// the kernel (a read from a hung filesystem) is left behind after it.
+pub const STOP_GRACE: Duration = Duration::from_millis(1500);
 
 impl Materialiser {
     /// Starts running `plan` over `input` into `core`'s staging area; with
@@ -399,55 +420,84 @@ impl Materialiser {
     ) -> Result<Materialiser> {
         let cancel = Arc::new(AtomicBool::new(false));
         let stop = cancel.clone();
+        let (ending, ended) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("materialiser".into())
             .spawn(move || {
+                let _ending = ending;
                 reclaim_partials(&core);
                 let mut sink = StagingSink::new(core.clone()).with_cancel(stop.clone());
                 if on_demand {
                     sink = sink.with_on_demand(input.clone(), plan.clone(), mem);
                 }
                 let result = run(&core, &input, &plan, &mut sink, &stop);
-                match result {
-                    Ok(stats) => {
-                        log::info!(
-                            "materialised every block: {} seeks (planned {})",
-                            stats.seeks(),
-                            plan.prediction.seeks()
-                        );
-                        core.finish(&stats);
-                    }
-                    Err(Error::Cancelled) => log::info!("materialiser stopped"),
-                    Err(error) => {
-                        log::error!("materialiser failed: {error}");
-                        core.fail(error.to_string());
-                    }
-                }
+                report(&core, &plan, result);
             })
             .map_err(|e| Error::os("thread spawn", "starting the materialiser", e))?;
         Ok(Materialiser {
             cancel,
             thread: Some(thread),
+            ended,
         })
     }
 
-    /// Stops between read blocks and waits for the thread.
-    pub fn stop(mut self) {
-        self.stop_and_join();
+    /// The flag that stops the materialiser between read blocks.
+    pub fn cancel_flag(&self) -> Arc<AtomicBool> {
+        self.cancel.clone()
     }
 
-    fn stop_and_join(&mut self) {
+    /// Stops it between read blocks and waits for the thread, up to
+    /// `grace`. Returns false if the thread did not end by then (it is
+    /// stuck in the kernel): it is left running, not joined.
+    pub fn stop(mut self, grace: Duration) -> bool {
+        self.stop_within(grace)
+    }
+
+    fn stop_within(&mut self, grace: Duration) -> bool {
         self.cancel.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                log::error!("the materialiser thread panicked");
+        let Some(thread) = self.thread.take() else {
+            return true;
+        };
+        match self.ended.recv_timeout(grace) {
+            Err(RecvTimeoutError::Timeout) => {
+                log::error!(
+                    "the materialiser did not stop within {:.1} s (stuck in the kernel?); \
+                     leaving it behind",
+                    grace.as_secs_f64()
+                );
+                false
             }
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                if thread.join().is_err() {
+                    log::error!("the materialiser thread panicked");
+                }
+                true
+            }
+        }
+    }
+}
+
+/// Tells the view how the materialiser's run ended.
+fn report(core: &ViewCore, plan: &Plan, result: Result<RunStats>) {
+    match result {
+        Ok(stats) => {
+            log::info!(
+                "materialised every block: {} seeks (planned {})",
+                stats.seeks(),
+                plan.prediction.seeks()
+            );
+            core.finish(&stats);
+        }
+        Err(Error::Cancelled) => log::info!("materialiser stopped"),
+        Err(error) => {
+            log::error!("materialiser failed: {error}");
+            core.fail(error.to_string());
         }
     }
 }
 
 impl Drop for Materialiser {
     fn drop(&mut self) {
-        self.stop_and_join();
+        self.stop_within(STOP_GRACE);
     }
 }
