@@ -95,6 +95,16 @@ impl Error {
         }
     }
 
+    /// Whether the OS call failed for want of space (the filesystem is
+    /// full, or the user's quota is): something freeing space may fix.
+    pub fn is_no_space(&self) -> bool {
+        matches!(
+            self,
+            Error::Io { source, .. } | Error::Os { source, .. }
+                if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+        )
+    }
+
     /// The errno a filesystem reply should carry for this error.
     pub fn errno(&self) -> i32 {
         match self {

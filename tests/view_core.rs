@@ -14,12 +14,13 @@ use std::time::Duration;
 
 use rechunkfs::engine::Executor;
 use rechunkfs::format::BlockFormat;
-use rechunkfs::input::InputArray;
+use rechunkfs::input::{InputAccess, InputArray};
 use rechunkfs::plan::{self, Plan, Problem, Strategy};
+use rechunkfs::sys::process::Requester;
 use rechunkfs::view::materialise::StagingSink;
 use rechunkfs::view::staging::{Journal, Manifest, Staging};
 use rechunkfs::view::{
-    BlockTemplates, CacheMode, ViewCore, ViewLayout, METADATA_INO, ROOT_INO, WAIT_NAME,
+    Access, BlockTemplates, CacheMode, ViewCore, ViewLayout, METADATA_INO, ROOT_INO, WAIT_NAME,
 };
 use rechunkfs::DType;
 
@@ -443,6 +444,106 @@ fn shutdown_answers_parked_reads_with_an_error() {
     }
 }
 
+/// Reads `size` bytes at `offset` of `ino` for thread `requester`; the
+/// reply lands in a channel.
+fn read_by(
+    core: &ViewCore,
+    requester: u32,
+    ino: u64,
+    offset: u64,
+    size: u32,
+) -> mpsc::Receiver<Result<Vec<u8>, i32>> {
+    let (tx, rx) = mpsc::channel();
+    core.read_by(
+        requester,
+        ino,
+        0,
+        offset,
+        size,
+        Box::new(move |result| {
+            let _ = tx.send(result);
+        }),
+    );
+    rx
+}
+
+#[test]
+fn parked_reads_of_readers_interrupted_or_gone_end_with_eintr_and_are_forgotten() {
+    let f = fixture(&[12, 12], &[5, 5], &[4, 4], BlockFormat::Npy);
+    let (core, _) = open_core(&f);
+    let (gone, interrupted, waiting) = (1001, 1002, 1003);
+    let killed = read_by(&core, gone, block_ino(&core, 3), 0, 1 << 20);
+    let left = read_by(&core, waiting, block_ino(&core, 5), 0, 1 << 20);
+    let (wait_ino, handle) = open_wait_file(&core);
+    let (tx, stopped_waiting) = mpsc::channel();
+    core.read_by(
+        interrupted,
+        wait_ino,
+        handle,
+        0,
+        1 << 20,
+        Box::new(move |result| {
+            let _ = tx.send(result);
+        }),
+    );
+    assert_eq!(core.status().waiting_reads, 2);
+    assert_eq!(core.parked_requesters(), vec![gone, interrupted, waiting]);
+    let ended = core.interrupt_requesters(|requester| match requester {
+        1001 => Requester::Gone,
+        1002 => Requester::Interrupted,
+        _ => Requester::Waiting,
+    });
+    assert_eq!(ended, 2);
+    assert_eq!(
+        killed.recv_timeout(Duration::from_secs(5)).unwrap(),
+        Err(libc::EINTR)
+    );
+    assert_eq!(
+        stopped_waiting
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap(),
+        Err(libc::EINTR)
+    );
+    assert_eq!(
+        core.status().waiting_reads,
+        1,
+        "status counts the reader left"
+    );
+    assert_eq!(core.parked_requesters(), vec![waiting]);
+    // Nobody waits for block 3 any more: it is left to the plan.
+    assert_eq!(core.take_urgent(), vec![5]);
+    assert!(left.try_recv().is_err(), "the waiting reader still waits");
+    core.shutdown();
+    assert_eq!(
+        left.recv_timeout(Duration::from_secs(5)).unwrap(),
+        Err(libc::EIO)
+    );
+}
+
+#[test]
+fn view_files_carry_the_access_of_the_inputs() {
+    let f = fixture(&[12, 12], &[5, 5], &[4, 4], BlockFormat::Npy);
+    let (core, _) = open_core(&f);
+    let everyone = core.getattr(block_ino(&core, 0)).unwrap();
+    assert_eq!(everyone.perm, 0o444, "inputs' access unknown: as before");
+    drop(core);
+    // Inputs of one owner, two groups, read bits 0o640 & 0o644.
+    let inputs = InputAccess {
+        mode: 0o100640,
+        uid: Some(4321),
+        gid: None,
+    };
+    let access = Access::of_inputs(&inputs);
+    assert_eq!((access.uid, access.read), (4321, 0o400), "no group read");
+    assert_eq!(access.gid, nix::unistd::getgid().as_raw());
+    let (core, _) = open_core(&f);
+    let core = Arc::into_inner(core).unwrap().with_access(access);
+    let file = core.getattr(block_ino(&core, 0)).unwrap();
+    assert_eq!((file.perm, file.uid, file.gid), (0o400, 4321, access.gid));
+    assert_eq!(core.getattr(ROOT_INO).unwrap().perm, 0o500);
+    assert_eq!(core.getattr(METADATA_INO).unwrap().perm, 0o400);
+}
+
 #[test]
 fn the_wait_file_is_answered_when_every_block_is_done() {
     let f = fixture(&[24, 20, 18], &[6, 5, 9], &[8, 10, 6], BlockFormat::Npy);
@@ -499,6 +600,8 @@ fn the_wait_file_says_why_when_the_view_fails_or_stops() {
     let status: serde_json::Value = serde_json::from_slice(&status).unwrap();
     assert_eq!(status["state"], "failed");
     assert_eq!(status["error"], "input vanished: test");
+    // One view at a time holds a staging area (its lock).
+    drop(core);
 
     let (core, _) = open_core(&f);
     let (ino, handle) = open_wait_file(&core);

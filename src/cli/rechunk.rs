@@ -163,7 +163,7 @@ fn explained(
             .into(),
             None => anyhow::anyhow!("cancelled: {left}"),
         },
-        Error::Io { ref source, .. } if disk::is_out_of_space(source) => {
+        ref error if error.is_no_space() => {
             let free = free_at_start.map_or(String::new(), |free| {
                 format!(", and {} were free when it started", show_bytes(free))
             });

@@ -88,7 +88,15 @@ fn print_status(view: &Path, status: &Status) {
         }
     };
     println!("view      {}", view.display());
-    println!("state     {}", status.state);
+    match &status.waiting_for_space {
+        Some(filesystem) => println!(
+            "state     {}, waiting for space on {} (its filesystem is full; it goes on \
+             once space is freed)",
+            status.state,
+            filesystem.display()
+        ),
+        None => println!("state     {}", status.state),
+    }
     println!(
         "blocks    {} / {} done ({:.1}%), {} resumed from staging",
         thousands(status.blocks_done),

@@ -43,6 +43,13 @@ pub trait BlockSink {
     fn between_steps(&mut self, _stats: &RunStats) -> Result<()> {
         Ok(())
     }
+    /// Writing an output block failed for want of space (`error` is an
+    /// ENOSPC or EDQUOT, [`Error::is_no_space`]). Returns once the write is
+    /// worth trying again (the view waits for space), or an error to stop
+    /// the run: the default, for a run into files someone waits for.
+    fn no_space(&mut self, error: Error) -> Result<()> {
+        Err(error)
+    }
 }
 
 /// An output block's file, open for positioned writes of its data.

@@ -181,19 +181,15 @@ impl<'a> Writer<'a> {
             if !sink.wants(rank) {
                 continue;
             }
-            let target = sink.target(rank)?;
-            check_file_holds(&target, &block)?;
-            let file_box = Region::new(block.origin.clone(), target.file_shape.to_vec());
-            let layout = RowLayout::new(&region, &file_box, self.elem, &grid);
-            let key = FileKey::Output(rank);
-            write_segments(
-                &target,
-                key,
-                &layout,
-                &job.pieces,
-                &mut self.packing,
-                &mut writes,
-            )?;
+            // Writing the region again after a full disk rewrites the
+            // same bytes in place; only the attempt that succeeds counts.
+            let region_writes = loop {
+                match self.write_region(sink, rank, &block, &region, &grid, &job.pieces) {
+                    Err(error) if error.is_no_space() => sink.no_space(error)?,
+                    result => break result?,
+                }
+            };
+            writes.extend(region_writes);
             if self.completes(rank, &block, &region) {
                 sink.complete(rank)?;
                 blocks_completed += 1;
@@ -205,6 +201,33 @@ impl<'a> Writer<'a> {
             blocks_completed,
             pieces: job.pieces,
         })
+    }
+
+    /// Writes `region` of output block `rank` (`block`) from `pieces`;
+    /// returns the calls made.
+    fn write_region(
+        &mut self,
+        sink: &mut dyn BlockSink,
+        rank: u64,
+        block: &Region,
+        region: &Region,
+        grid: &PieceGrid,
+        pieces: &[Vec<u8>],
+    ) -> Result<SeekLog> {
+        let target = sink.target(rank)?;
+        check_file_holds(&target, block)?;
+        let file_box = Region::new(block.origin.clone(), target.file_shape.to_vec());
+        let layout = RowLayout::new(region, &file_box, self.elem, grid);
+        let mut writes = SeekLog::default();
+        write_segments(
+            &target,
+            FileKey::Output(rank),
+            &layout,
+            pieces,
+            &mut self.packing,
+            &mut writes,
+        )?;
+        Ok(writes)
     }
 
     /// Whether writing `region` of output block `rank` (`block`) completes it.

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::fuse::bad_view;
 use crate::fuse::mountpoint::{absolute, is_mounted};
+use crate::sys::process::{requester, Requester};
 use crate::view::{Status, STATUS_NAME, WAIT_NAME};
 
 /// Reads a mounted view's status file.
@@ -70,10 +71,21 @@ pub fn unmount(view: &Path) -> Result<()> {
             if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).is_ok() {
                 let deadline = Instant::now() + Duration::from_secs(10);
                 while Instant::now() < deadline {
-                    if !is_mounted(view) {
+                    // Gone from the mount table, and the daemon gone too: it
+                    // holds the staging area's lock until it exits, so a
+                    // mount right after this one would be refused before.
+                    if !is_mounted(view) && requester(status.pid) == Requester::Gone {
                         return Ok(());
                     }
                     std::thread::sleep(Duration::from_millis(20));
+                }
+                if !is_mounted(view) {
+                    log::warn!(
+                        "{} is unmounted, but its daemon (pid {}) is still running after 10 s",
+                        view.display(),
+                        status.pid
+                    );
+                    return Ok(());
                 }
                 log::warn!(
                     "the daemon did not unmount {} in 10 s; detaching it",

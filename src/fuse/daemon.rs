@@ -2,12 +2,19 @@
 //! running, serves the kernel until an unmount or a shutdown signal, and
 //! can fork itself into the background, writing its log beside the staging
 //! area, once the view is usable.
+//!
+//! It ends promptly once told to, whatever its threads are doing: a thread
+//! stuck in the kernel (the materialiser reading from a hung filesystem)
+//! is left behind rather than waited for, and a shutdown signal ends the
+//! process [`EXIT_GRACE`] later even if a reader still holds a file of the
+//! view open (the session would otherwise serve it until it closes).
 
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::SigSet;
 
@@ -15,8 +22,12 @@ use crate::error::{Error, Result};
 use crate::fuse::client::detach;
 use crate::fuse::{bad_view, RechunkFs};
 use crate::input::InputArray;
-use crate::view::materialise::Materialiser;
+use crate::sys::process::exit_now;
+use crate::view::materialise::{Materialiser, STOP_GRACE};
 use crate::view::{PreparedView, ViewCore};
+
+/// How long after a shutdown signal the daemon exits, done or not.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// Where a background daemon writes its log: beside its staging area.
 pub fn log_path(prepared: &PreparedView) -> PathBuf {
@@ -36,9 +47,15 @@ fn block_shutdown_signals() -> Result<SigSet> {
     Ok(set)
 }
 
-/// A thread that waits for a shutdown signal, then answers parked readers
-/// and detaches the view.
-fn spawn_signal_thread(signals: SigSet, core: Arc<ViewCore>, view: PathBuf) -> Result<()> {
+/// A thread that waits for a shutdown signal, then answers parked
+/// readers, tells the materialiser to stop, detaches the view, and ends
+/// the process [`EXIT_GRACE`] later if it has not ended by then.
+fn spawn_signal_thread(
+    signals: SigSet,
+    core: Arc<ViewCore>,
+    view: PathBuf,
+    stop: Arc<AtomicBool>,
+) -> Result<()> {
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -47,9 +64,17 @@ fn spawn_signal_thread(signals: SigSet, core: Arc<ViewCore>, view: PathBuf) -> R
                 // Answer parked readers first, so their files can close and
                 // the detached mount can go.
                 core.shutdown();
+                stop.store(true, Ordering::Relaxed);
                 if let Err(e) = detach(&view) {
                     log::error!("{e}");
                 }
+                std::thread::sleep(EXIT_GRACE);
+                log::warn!(
+                    "still running {} s after {signal:?} (a file of the view still open, or a \
+                     thread stuck in the kernel): exiting now",
+                    EXIT_GRACE.as_secs()
+                );
+                exit_now(0);
             }
         })
         .map_err(|e| Error::os("thread spawn", "starting the signal thread", e))?;
@@ -100,7 +125,7 @@ pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<(
         Ok(session) => session,
         Err(e) => {
             core.shutdown();
-            materialiser.stop();
+            stop_or_exit(materialiser, 1);
             let error = Error::io(&view, "mounting the view", e);
             let message = error.to_string();
             ready(Err(error));
@@ -108,14 +133,29 @@ pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<(
         }
     };
     log::debug!("mounted in {:.3} s", mounting.elapsed().as_secs_f64());
-    spawn_signal_thread(signals, core.clone(), view.clone())?;
+    spawn_signal_thread(
+        signals,
+        core.clone(),
+        view.clone(),
+        materialiser.cancel_flag(),
+    )?;
 
     let _unmounter = session.unmount_callable();
     ready(Ok(()));
     let result = session.run();
     core.shutdown();
-    materialiser.stop();
+    stop_or_exit(materialiser, i32::from(result.is_err()));
     result.map_err(|e| Error::io(&view, "serving the view", e))
+}
+
+/// Stops the materialiser; if it does not stop in time (a thread stuck in
+/// the kernel would hold the process's exit, and its exit handlers), ends
+/// the process now with `code`. Parked readers were answered before.
+fn stop_or_exit(materialiser: Materialiser, code: i32) {
+    if !materialiser.stop(STOP_GRACE) {
+        log::warn!("exiting without the materialiser, which is stuck");
+        exit_now(code);
+    }
 }
 
 /// Forks a daemon that serves the view, and returns its pid once the view
@@ -171,18 +211,30 @@ fn hear_from_daemon(read_end: OwnedFd) -> Result<String> {
 fn run_daemon(prepared: PreparedView, write_end: OwnedFd, log: &Path) -> ! {
     use std::io::Write;
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
 
     let _ = nix::unistd::setsid();
     if let Ok(null) = fs::File::open("/dev/null") {
         let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
     }
-    if let Ok(file) = fs::OpenOptions::new().create(true).append(true).open(log) {
+    // The log names inputs and blocks: the owner's alone, like the area.
+    let opened = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(log);
+    if let Ok(file) = opened {
+        // A log an earlier version made readable by all.
+        let _ = file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600));
         let _ = nix::unistd::dup2(file.as_raw_fd(), 1);
         let _ = nix::unistd::dup2(file.as_raw_fd(), 2);
     }
     // The copied table ends at the highest open descriptor; grown
     // again here, before the daemon's threads start.
     crate::sys::limits::reserve_descriptor_table();
+    // The lock on the staging area is shared with the parent, which ends
+    // now: a second mount's refusal should name this process.
+    prepared.core.staging().claim();
     let mut pipe = fs::File::from(write_end);
     // The parent reads to end of file: the pipe must close as soon
     // as the outcome is written, so the closure owns it.

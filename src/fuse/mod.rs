@@ -48,11 +48,13 @@ const MAX_BACKGROUND: u16 = 256;
 /// Readahead allowed to the kernel: one page (see `init`).
 const READAHEAD_BYTES: u32 = 4096;
 
+/// How often the threads that parked reads are checked for having been
+/// interrupted or killed ([`ViewCore::interrupt_requesters`]).
+const REQUESTER_CHECK: Duration = Duration::from_millis(200);
+
 /// The filesystem the kernel talks to.
 pub struct RechunkFs {
     core: Arc<ViewCore>,
-    uid: u32,
-    gid: u32,
     /// The passthrough backing of each inode the core serves so (one per
     /// inode, for as long as any handle using it is open). Its lock is held
     /// from the core's answer to an open or release until the backing is
@@ -85,19 +87,18 @@ impl RechunkFs {
                 None
             }
         };
+        watch_requesters(core.clone());
         RechunkFs {
             core,
-            uid: nix::unistd::getuid().as_raw(),
-            gid: nix::unistd::getgid().as_raw(),
             backing: Mutex::new(HashMap::new()),
             read_ahead,
         }
     }
 
     fn attr(&self, node: &NodeAttr) -> FileAttr {
-        let (kind, perm, nlink) = match node.kind {
-            NodeKind::Directory => (FileType::Directory, 0o555, 2),
-            NodeKind::File => (FileType::RegularFile, 0o444, 1),
+        let (kind, nlink) = match node.kind {
+            NodeKind::Directory => (FileType::Directory, 2),
+            NodeKind::File => (FileType::RegularFile, 1),
         };
         FileAttr {
             ino: INodeNo(node.ino),
@@ -108,10 +109,10 @@ impl RechunkFs {
             ctime: node.mtime,
             crtime: node.mtime,
             kind,
-            perm,
+            perm: node.perm,
             nlink,
-            uid: self.uid,
-            gid: self.gid,
+            uid: node.uid,
+            gid: node.gid,
             rdev: 0,
             // Readers size their buffered reads by this: a page, so that a
             // reader parsing a header (Python's io, numpy) asks for the
@@ -172,6 +173,24 @@ impl RechunkFs {
     }
 }
 
+/// Starts a thread that answers, with EINTR, the parked reads of threads
+/// interrupted or gone since (fuser does not pass FUSE INTERRUPT on; see
+/// [`crate::sys::process`]).
+fn watch_requesters(core: Arc<ViewCore>) {
+    let watcher = std::thread::Builder::new()
+        .name("requesters".into())
+        .spawn(move || loop {
+            std::thread::sleep(REQUESTER_CHECK);
+            let ended = core.interrupt_requesters(crate::sys::process::requester);
+            if ended > 0 {
+                log::info!("{ended} parked reads ended: their readers were interrupted or gone");
+            }
+        });
+    if let Err(e) = watcher {
+        log::warn!("parked reads of killed readers stay parked: cannot start its thread ({e})");
+    }
+}
+
 /// An error about the view's mount point (or what mounting it needs).
 fn bad_view(path: &std::path::Path, problem: impl Into<String>) -> crate::error::Error {
     crate::error::Error::BadOutput {
@@ -206,15 +225,20 @@ impl Filesystem for RechunkFs {
         {
             log::info!("the kernel lists directories without attributes (no READDIRPLUS)");
         }
-        let passthrough = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+        // Without CAP_SYS_ADMIN (a mount by an ordinary user) the kernel
+        // would refuse every backing: not asked for at all, so nothing is
+        // tried and nothing is reported.
+        let privileged = crate::sys::process::may_use_passthrough();
+        let passthrough = privileged
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok();
         self.core.allow_passthrough(passthrough);
         log::info!(
             "passthrough for completed blocks: {}",
-            if passthrough {
-                "offered by the kernel"
-            } else {
-                "not available"
+            match (privileged, passthrough) {
+                (_, true) => "offered by the kernel",
+                (false, false) => "not used (it needs CAP_SYS_ADMIN)",
+                (true, false) => "not available",
             }
         );
         Ok(())
@@ -250,7 +274,7 @@ impl Filesystem for RechunkFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -259,7 +283,8 @@ impl Filesystem for RechunkFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.core.read(
+        self.core.read_by(
+            req.pid(),
             ino.0,
             fh.0,
             offset,

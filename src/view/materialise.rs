@@ -4,13 +4,19 @@
 //! A block is reported done only after its data are synced and its journal
 //! record is synced after them, so a crash never leaves a block recorded
 //! complete without its bytes.
+//!
+//! A full staging filesystem pauses it ([`SpaceWait`]) rather than failing
+//! the view, and before it starts, the files an earlier run left of blocks
+//! never recorded done are removed: their space is the run's.
 
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::array::names::parse_grid_index;
 use crate::engine::seekio::{self, FileKey, SeekCounter};
 use crate::engine::{
     read_region, reopen, BlockSink, Executor, OpenOutput, OutputFiles, OutputTarget, RunStats,
@@ -19,6 +25,8 @@ use crate::error::{Error, Result};
 use crate::input::InputArray;
 use crate::plan::Plan;
 use crate::sys::pagecache;
+use crate::view::space::SpaceWait;
+use crate::view::staging::Staging;
 use crate::view::ViewCore;
 
 /// Staging files kept open while partially written.
@@ -39,12 +47,15 @@ pub struct StagingSink {
     unsynced: Vec<u64>,
     unsynced_bytes: u64,
     last_flush: Instant,
+    /// How long a durability batch stays open ([`SYNC_BATCH_AGE`]).
+    batch_age: Duration,
     /// Whether staged blocks' pages are dropped once synced (arrays the
     /// page cache cannot hold: [`crate::sys::cgroup::page_cache_cannot_hold`]).
     drop_synced: bool,
     /// Set for a view: blocks readers wait for are extracted from this
     /// input ahead of the plan, within this memory limit.
     on_demand: Option<OnDemand>,
+    space: SpaceWait,
 }
 
 /// What extracting blocks ahead of the plan needs.
@@ -76,8 +87,16 @@ impl StagingSink {
             unsynced: Vec::new(),
             unsynced_bytes: 0,
             last_flush: Instant::now(),
+            batch_age: sync_batch_age(),
             on_demand: None,
+            space: SpaceWait::new(),
         }
+    }
+
+    /// A wait for space ends when `cancel` is set (the view stops).
+    pub fn with_cancel(mut self, cancel: Arc<AtomicBool>) -> StagingSink {
+        self.space = self.space.with_cancel(cancel);
+        self
     }
 
     /// Extracts blocks that readers wait for ahead of the plan, reading
@@ -116,6 +135,7 @@ impl StagingSink {
         self.files.close(rank);
         let path = self.core.staged_path(rank);
         let file = template.create_file(&path)?;
+        Staging::make_private(&file, &path)?;
         seekio::write_all_at(
             &file,
             &path,
@@ -136,6 +156,20 @@ impl StagingSink {
             .record_on_demand(counter.seeks(), started.elapsed().as_secs_f64());
         self.core.mark_done(&[rank]);
         Ok(counter.seeks())
+    }
+
+    /// [`StagingSink::extract`], tried again while the staging filesystem
+    /// is full.
+    fn extract_waiting_for_space(&mut self, rank: u64, input: &InputArray) -> Result<u64> {
+        loop {
+            match self.extract(rank, input) {
+                Err(error) if error.is_no_space() => self.space.pause(&self.core, &error)?,
+                result => {
+                    self.space.recovered(&self.core);
+                    return result;
+                }
+            }
+        }
     }
 
     /// Records every completed block in the journal, which syncs their data
@@ -181,7 +215,7 @@ impl BlockSink for StagingSink {
                 );
                 continue;
             }
-            if let Err(e) = self.extract(rank, &on_demand.input) {
+            if let Err(e) = self.extract_waiting_for_space(rank, &on_demand.input) {
                 result = Err(e);
                 break;
             }
@@ -203,7 +237,9 @@ impl BlockSink for StagingSink {
             } else {
                 // Whatever an interrupted run left here is not recorded
                 // done, so it is rewritten from scratch.
-                template.create_file(&path)?
+                let file = template.create_file(&path)?;
+                Staging::make_private(&file, &path)?;
+                file
             };
             let output = OpenOutput {
                 file,
@@ -224,14 +260,51 @@ impl BlockSink for StagingSink {
         self.unsynced_bytes += self.core.template(rank).file_len();
         self.unsynced.push(rank);
         self.core.mark_done(&[rank]);
+        self.space.recovered(&self.core);
         if self.unsynced_bytes >= SYNC_BATCH_BYTES
             || self.unsynced.len() >= SYNC_BATCH_BLOCKS
-            || self.last_flush.elapsed() >= SYNC_BATCH_AGE
+            || self.last_flush.elapsed() >= self.batch_age
         {
-            self.flush()?;
+            loop {
+                match self.flush() {
+                    Err(error) if error.is_no_space() => self.no_space(error)?,
+                    result => break result?,
+                }
+            }
+            self.space.recovered(&self.core);
         }
         Ok(())
     }
+
+    fn no_space(&mut self, error: Error) -> Result<()> {
+        self.space.pause(&self.core, &error)
+    }
+}
+
+/// Removes the staged files of blocks not recorded done, which an earlier
+/// run (killed, or stopped by a full disk) left behind: on a full
+/// filesystem their space is what this run needs.
+fn reclaim_partials(core: &ViewCore) {
+    let keep = |name: &str| staged_rank(core, name).is_some_and(|rank| core.is_done(rank));
+    match core.staging().reclaim(keep) {
+        Ok((0, _)) => {}
+        Ok((files, bytes)) => {
+            log::info!("removed {files} staged files of blocks never completed ({bytes} bytes)")
+        }
+        Err(e) => log::warn!("cannot reclaim the space of unfinished blocks: {e}"),
+    }
+}
+
+/// The output block whose staged file is named `name`, if one is.
+fn staged_rank(core: &ViewCore, name: &str) -> Option<u64> {
+    let index = parse_grid_index(name.split('.').next()?)?;
+    let grid = core.output().grid_shape();
+    if index.len() != grid.len() || index.iter().zip(&grid).any(|(i, n)| i >= n) {
+        return None;
+    }
+    let rank = core.output().linear(&index);
+    let staged = core.staged_path(rank);
+    (staged.file_name()?.to_str()? == name).then_some(rank)
 }
 
 /// The C-order bytes of a `shape` array placed at the origin of a zero
@@ -254,14 +327,37 @@ fn pad(data: &[u8], shape: &[u64], padded: &[u64], elem: usize) -> Vec<u8> {
     out
 }
 
+/// `RECHUNKFS_SYNC_BATCH_MS`: how long a durability batch stays open, to
+/// record blocks often (tests that kill the daemon want records to
+/// exist). Unset: [`SYNC_BATCH_AGE`].
+fn sync_batch_age() -> Duration {
+    std::env::var("RECHUNKFS_SYNC_BATCH_MS")
+        .ok()
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .map_or(SYNC_BATCH_AGE, Duration::from_millis)
+}
+
 /// `RECHUNKFS_STEP_DELAY_MS`: a pause after every read block, to watch a
 /// view fill (demos) or to hold blocks pending (tests). Unset: no pause.
-fn step_delay() -> Option<std::time::Duration> {
+fn step_delay() -> Option<Duration> {
     std::env::var("RECHUNKFS_STEP_DELAY_MS")
         .ok()
         .and_then(|ms| ms.parse::<u64>().ok())
         .filter(|&ms| ms > 0)
-        .map(std::time::Duration::from_millis)
+        .map(Duration::from_millis)
+}
+
+/// Sleeps for `delay`, or less if `stop` is set meanwhile: a long test
+/// delay must not hold up an unmount.
+fn pause_unless_stopped(delay: Duration, stop: &AtomicBool) {
+    let until = Instant::now() + delay;
+    while !stop.load(Ordering::Relaxed) {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(20)));
+    }
 }
 
 /// Runs `plan` into `sink` until it ends or `stop` is set, then makes
@@ -286,7 +382,7 @@ fn run(
             if stats.read_blocks_done > read_blocks_done {
                 read_blocks_done = stats.read_blocks_done;
                 if let Some(delay) = step_delay {
-                    std::thread::sleep(delay);
+                    pause_unless_stopped(delay, stop);
                 }
             }
         });
@@ -302,7 +398,14 @@ fn run(
 pub struct Materialiser {
     cancel: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// Disconnected when the thread ends.
+    ended: Receiver<()>,
 }
+
+/// How long a stop waits for the materialiser, which stops between read
+/// blocks and then makes its completed blocks durable. A thread stuck in
+/// the kernel (a read from a hung filesystem) is left behind after it.
+pub const STOP_GRACE: Duration = Duration::from_millis(1500);
 
 impl Materialiser {
     /// Starts running `plan` over `input` into `core`'s staging area; with
@@ -317,54 +420,84 @@ impl Materialiser {
     ) -> Result<Materialiser> {
         let cancel = Arc::new(AtomicBool::new(false));
         let stop = cancel.clone();
+        let (ending, ended) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("materialiser".into())
             .spawn(move || {
-                let mut sink = StagingSink::new(core.clone());
+                let _ending = ending;
+                reclaim_partials(&core);
+                let mut sink = StagingSink::new(core.clone()).with_cancel(stop.clone());
                 if on_demand {
                     sink = sink.with_on_demand(input.clone(), plan.clone(), mem);
                 }
                 let result = run(&core, &input, &plan, &mut sink, &stop);
-                match result {
-                    Ok(stats) => {
-                        log::info!(
-                            "materialised every block: {} seeks (planned {})",
-                            stats.seeks(),
-                            plan.prediction.seeks()
-                        );
-                        core.finish(&stats);
-                    }
-                    Err(Error::Cancelled) => log::info!("materialiser stopped"),
-                    Err(error) => {
-                        log::error!("materialiser failed: {error}");
-                        core.fail(error.to_string());
-                    }
-                }
+                report(&core, &plan, result);
             })
             .map_err(|e| Error::os("thread spawn", "starting the materialiser", e))?;
         Ok(Materialiser {
             cancel,
             thread: Some(thread),
+            ended,
         })
     }
 
-    /// Stops between read blocks and waits for the thread.
-    pub fn stop(mut self) {
-        self.stop_and_join();
+    /// The flag that stops the materialiser between read blocks.
+    pub fn cancel_flag(&self) -> Arc<AtomicBool> {
+        self.cancel.clone()
     }
 
-    fn stop_and_join(&mut self) {
+    /// Stops it between read blocks and waits for the thread, up to
+    /// `grace`. Returns false if the thread did not end by then (it is
+    /// stuck in the kernel): it is left running, not joined.
+    pub fn stop(mut self, grace: Duration) -> bool {
+        self.stop_within(grace)
+    }
+
+    fn stop_within(&mut self, grace: Duration) -> bool {
         self.cancel.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                log::error!("the materialiser thread panicked");
+        let Some(thread) = self.thread.take() else {
+            return true;
+        };
+        match self.ended.recv_timeout(grace) {
+            Err(RecvTimeoutError::Timeout) => {
+                log::error!(
+                    "the materialiser did not stop within {:.1} s (stuck in the kernel?); \
+                     leaving it behind",
+                    grace.as_secs_f64()
+                );
+                false
             }
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                if thread.join().is_err() {
+                    log::error!("the materialiser thread panicked");
+                }
+                true
+            }
+        }
+    }
+}
+
+/// Tells the view how the materialiser's run ended.
+fn report(core: &ViewCore, plan: &Plan, result: Result<RunStats>) {
+    match result {
+        Ok(stats) => {
+            log::info!(
+                "materialised every block: {} seeks (planned {})",
+                stats.seeks(),
+                plan.prediction.seeks()
+            );
+            core.finish(&stats);
+        }
+        Err(Error::Cancelled) => log::info!("materialiser stopped"),
+        Err(error) => {
+            log::error!("materialiser failed: {error}");
+            core.fail(error.to_string());
         }
     }
 }
 
 impl Drop for Materialiser {
     fn drop(&mut self) {
-        self.stop_and_join();
+        self.stop_within(STOP_GRACE);
     }
 }

@@ -8,12 +8,16 @@
 //! calls these methods, and tests drive them directly. Replies are
 //! callbacks, so a parked read holds no thread: it waits in a list until
 //! the materialiser marks its block done, or until the view fails or shuts
-//! down, which answers it with an error.
+//! down, which answers it with an error, or until the process that made it
+//! is interrupted or gone ([`ViewCore::interrupt_requesters`]), which
+//! answers it with EINTR.
 
 mod layout;
 pub mod materialise;
 mod opens;
 mod prepare;
+mod requesters;
+mod space;
 pub mod staging;
 mod status;
 mod sweep;
@@ -72,6 +76,59 @@ pub struct NodeAttr {
     pub kind: NodeKind,
     pub size: u64,
     pub mtime: SystemTime,
+    /// Permission bits: read (and for directories search) only.
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Who may read the view: its files' owner and read bits. The view of
+/// inputs some users cannot read must not show those users their data
+/// ([`Access::of_inputs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Access {
+    pub uid: u32,
+    pub gid: u32,
+    /// Read bits (a subset of 0o444).
+    pub read: u16,
+}
+
+impl Access {
+    /// Readable by all, owned by this process's user: the access of a
+    /// view whose inputs' access is not given ([`ViewCore::with_access`]).
+    pub fn everyone() -> Access {
+        Access {
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            read: 0o444,
+        }
+    }
+
+    /// The most restrictive access of the inputs: the read bits every
+    /// input has, their owner and group. Inputs of different owners give
+    /// the view to this process's user; of different groups, to its
+    /// group, without group read, since that group may not read them all.
+    pub fn of_inputs(inputs: &crate::input::InputAccess) -> Access {
+        let mut read = (inputs.mode & 0o444) as u16;
+        let gid = inputs.gid.unwrap_or_else(|| {
+            read &= !0o040;
+            nix::unistd::getgid().as_raw()
+        });
+        Access {
+            uid: inputs.uid.unwrap_or_else(|| nix::unistd::getuid().as_raw()),
+            gid,
+            read,
+        }
+    }
+
+    /// The permission bits of a node of `kind`: a directory may be searched
+    /// by whoever may read it.
+    fn perm(&self, kind: NodeKind) -> u16 {
+        match kind {
+            NodeKind::File => self.read,
+            NodeKind::Directory => self.read | self.read >> 2,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,6 +150,8 @@ pub enum CacheMode {
 struct Waiter {
     offset: u64,
     end: u64,
+    /// The thread that made the read (0: unknown).
+    requester: u32,
     reply: ReadReply,
 }
 
@@ -101,6 +160,7 @@ struct EndWaiter {
     handle: u64,
     offset: u64,
     size: u32,
+    requester: u32,
     reply: ReadReply,
 }
 
@@ -127,6 +187,8 @@ struct ViewState {
     on_demand_blocks: u64,
     on_demand_seeks: u64,
     on_demand_seconds: f64,
+    /// The filesystem the materialiser waits for space on, if it does.
+    waiting_for_space: Option<std::path::PathBuf>,
 }
 
 impl ViewState {
@@ -146,6 +208,7 @@ impl ViewState {
             on_demand_blocks: 0,
             on_demand_seeks: 0,
             on_demand_seconds: 0.0,
+            waiting_for_space: None,
         }
     }
 }
@@ -168,6 +231,7 @@ pub struct ViewCore {
     next_handle: AtomicU64,
     mounted_at: SystemTime,
     started: Instant,
+    access: Access,
 }
 
 /// Done block files kept open for reads.
@@ -211,6 +275,7 @@ impl ViewCore {
             next_handle: AtomicU64::new(1),
             mounted_at: SystemTime::now(),
             started: Instant::now(),
+            access: Access::everyone(),
             templates,
             output,
             staging,
@@ -242,6 +307,12 @@ impl ViewCore {
         if state.done_count == self.output.count() {
             state.phase = Phase::Complete;
         }
+    }
+
+    /// The view's files carry `access` (their owner and read bits).
+    pub fn with_access(mut self, access: Access) -> ViewCore {
+        self.access = access;
+        self
     }
 
     pub fn layout(&self) -> &ViewLayout {
@@ -325,6 +396,9 @@ impl ViewCore {
             kind,
             size,
             mtime: self.mounted_at,
+            perm: self.access.perm(kind),
+            uid: self.access.uid,
+            gid: self.access.gid,
         })
     }
 
@@ -435,46 +509,78 @@ impl ViewCore {
     /// Reads `size` bytes at `offset`. `reply` is called now, or later when
     /// the block the bytes belong to completes (or the view fails).
     pub fn read(&self, ino: u64, handle: u64, offset: u64, size: u32, reply: ReadReply) {
+        self.read_by(0, ino, handle, offset, size, reply)
+    }
+
+    /// [`ViewCore::read`] for thread `requester` (as the FUSE request names
+    /// it): a read parked for it ends with EINTR once it is interrupted
+    /// or gone ([`ViewCore::interrupt_requesters`]).
+    pub fn read_by(
+        &self,
+        requester: u32,
+        ino: u64,
+        handle: u64,
+        offset: u64,
+        size: u32,
+        reply: ReadReply,
+    ) {
+        let read = ReadRequest {
+            requester,
+            offset,
+            size,
+            reply,
+        };
         let fixed = |bytes: &[u8]| slice_at(bytes, offset, size);
         if ino == STATUS_INO {
             let snapshot = self.status_snapshots.lock().get(&handle).cloned();
-            return reply(Ok(fixed(&snapshot.unwrap_or_else(|| self.status_bytes()))));
+            return (read.reply)(Ok(fixed(&snapshot.unwrap_or_else(|| self.status_bytes()))));
         }
         if ino == WAIT_INO {
-            return self.read_wait_file(handle, offset, size, reply);
+            return self.read_wait_file(handle, read);
         }
         if let Some(file) = self.names.static_file(ino) {
-            return reply(Ok(fixed(&file.bytes)));
+            return (read.reply)(Ok(fixed(&file.bytes)));
         }
         if self.names.dir_of(ino).is_some() {
-            return reply(Err(libc::EISDIR));
+            return (read.reply)(Err(libc::EISDIR));
         }
         let Some(rank) = self.names.block_rank(ino) else {
-            return reply(Err(libc::ENOENT));
+            return (read.reply)(Err(libc::ENOENT));
         };
-        self.read_block(rank, offset, size, reply);
+        self.read_block(rank, read);
     }
 
     /// A read of the wait file: parked while materialising, else answered.
-    fn read_wait_file(&self, handle: u64, offset: u64, size: u32, reply: ReadReply) {
+    fn read_wait_file(&self, handle: u64, read: ReadRequest) {
         {
             let mut state = self.state.lock();
             if state.phase == Phase::Materialising {
                 state.end_waiters.push(EndWaiter {
                     handle,
-                    offset,
-                    size,
-                    reply,
+                    offset: read.offset,
+                    size: read.size,
+                    requester: read.requester,
+                    reply: read.reply,
                 });
                 return;
             }
         }
-        reply(Ok(slice_at(&self.end_snapshot(handle), offset, size)))
+        (read.reply)(Ok(slice_at(
+            &self.end_snapshot(handle),
+            read.offset,
+            read.size,
+        )))
     }
 
     /// A read of block `rank`'s file: header and trailer bytes come from its
     /// template, data from the staged file once the block is done.
-    fn read_block(&self, rank: u64, offset: u64, size: u32, reply: ReadReply) {
+    fn read_block(&self, rank: u64, read: ReadRequest) {
+        let ReadRequest {
+            requester,
+            offset,
+            size,
+            reply,
+        } = read;
         let template = self.template(rank);
         let file_len = template.file_len();
         let end = offset.saturating_add(size as u64).min(file_len);
@@ -492,30 +598,30 @@ impl ViewCore {
             };
             return reply(Ok(bytes));
         }
-        if let Some(reply) = self.park_unless_done(rank, offset, end, reply) {
+        let waiter = Waiter {
+            offset,
+            end,
+            requester,
+            reply,
+        };
+        if let Some(reply) = self.park_unless_done(rank, waiter) {
             reply(self.read_staged(rank, offset, end));
         }
     }
 
-    /// Parks a read of bytes `offset..end` of block `rank` until the block
-    /// is done, or answers it with EIO if it never will be. Gives the reply
-    /// back if the block is done already.
-    fn park_unless_done(
-        &self,
-        rank: u64,
-        offset: u64,
-        end: u64,
-        reply: ReadReply,
-    ) -> Option<ReadReply> {
+    /// Parks `waiter`, a read of block `rank`, until the block is done, or
+    /// answers it with EIO if it never will be. Gives the reply back if the
+    /// block is done already.
+    fn park_unless_done(&self, rank: u64, waiter: Waiter) -> Option<ReadReply> {
         let mut state = self.state.lock();
         if state.done[rank as usize] {
-            return Some(reply);
+            return Some(waiter.reply);
         }
         match state.phase {
             Phase::Materialising => {
                 let waiters = state.waiters.entry(rank).or_default();
                 let first = waiters.is_empty();
-                waiters.push(Waiter { offset, end, reply });
+                waiters.push(waiter);
                 if first {
                     // Someone waits for it: the materialiser may
                     // extract it ahead of the plan.
@@ -524,7 +630,7 @@ impl ViewCore {
             }
             Phase::Failed | Phase::Stopping | Phase::Complete => {
                 drop(state);
-                reply(Err(libc::EIO));
+                (waiter.reply)(Err(libc::EIO));
             }
         }
         None
@@ -652,6 +758,12 @@ impl ViewCore {
         state.on_demand_seconds += seconds;
     }
 
+    /// The materialiser waits for space on the filesystem at `filesystem`
+    /// (or, with `None`, no longer does).
+    pub fn waiting_for_space(&self, filesystem: Option<std::path::PathBuf>) {
+        self.state.lock().waiting_for_space = filesystem;
+    }
+
     /// Records the materialiser's latest counts.
     pub fn update_run(&self, run: &RunStats) {
         self.state.lock().run = *run;
@@ -729,6 +841,14 @@ impl ViewCore {
             Vec::new()
         }
     }
+}
+
+/// A read as it arrives: who asked, for which bytes, and where the answer goes.
+struct ReadRequest {
+    requester: u32,
+    offset: u64,
+    size: u32,
+    reply: ReadReply,
 }
 
 /// The `size` bytes of `bytes` at `offset`, fewer at its end.

@@ -10,8 +10,8 @@ use crate::error::{Error, Result};
 use crate::format::BlockFormat;
 use crate::input::{HeaderChecks, InputArray};
 use crate::plan::{self, Plan, Problem, Strategy};
-use crate::view::staging::{Manifest, Staging};
-use crate::view::{BlockTemplates, ViewCore, ViewLayout};
+use crate::view::staging::{make_private_dir, Manifest, Staging};
+use crate::view::{Access, BlockTemplates, ViewCore, ViewLayout};
 
 /// What `rechunkfs mount` was asked for.
 #[derive(Clone, Debug)]
@@ -55,7 +55,15 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
     laps.mark("plan");
     let staging_dir = match &request.staging {
         Some(dir) => dir.clone(),
-        None => Staging::default_dir(&input.source, &input.dataset, &problem.output_block, format)?,
+        None => {
+            let dir =
+                Staging::default_dir(&input.source, &input.dataset, &problem.output_block, format)?;
+            // ~/.cache/rechunkfs lists the areas, named by their inputs.
+            if let Some(areas) = dir.parent() {
+                make_private_dir(areas)?;
+            }
+            dir
+        }
     };
     let layout = layout_of(request, &input, &problem, format)?;
     // Before the staging area: what the format cannot hold is refused
@@ -65,13 +73,10 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
     let manifest = Manifest::new(&input, &problem.output_block, format);
     let (staging, done) = Staging::open(&staging_dir, &manifest, request.rebuild)?;
     laps.mark("staging");
-    let core = Arc::new(ViewCore::new(
-        layout,
-        &plan,
-        templates,
-        Arc::new(staging),
-        &done,
-    ));
+    let access = Access::of_inputs(&input.access()?);
+    let core = Arc::new(
+        ViewCore::new(layout, &plan, templates, Arc::new(staging), &done).with_access(access),
+    );
     laps.mark("view");
     log::debug!(
         "prepared the view of {} input blocks: {laps}",

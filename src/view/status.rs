@@ -38,6 +38,10 @@ pub struct Status {
     pub eta_seconds: Option<f64>,
     pub elapsed_seconds: f64,
     pub waiting_reads: u64,
+    /// The filesystem the materialiser waits for space on (it is full):
+    /// it goes on by itself once space is freed there.
+    #[serde(default)]
+    pub waiting_for_space: Option<std::path::PathBuf>,
     pub error: Option<String>,
     pub staging: std::path::PathBuf,
     pub pid: u32,
@@ -84,6 +88,7 @@ impl ViewCore {
                 .then(|| remaining as f64 / rate),
             elapsed_seconds: elapsed,
             waiting_reads: state.waiters.values().map(|w| w.len() as u64).sum(),
+            waiting_for_space: state.waiting_for_space.clone(),
             error: state.failure.clone(),
             staging: self.staging.dir().to_path_buf(),
             pid: std::process::id(),
