@@ -17,6 +17,7 @@
 
 // `hdf5` and `zarr` are named by later stages (the HDF5 reader, Zarr's
 // metadata files); the other formats are reached through this module.
+pub mod decode;
 pub mod hdf5;
 mod minc;
 mod nifti;
@@ -180,7 +181,7 @@ pub enum Storage {
     /// compressed or sharded Zarr chunk: it can only be read whole, in one
     /// call, and decoded into the full (padded) block by `decoder`.
     Encoded {
-        decoder: std::sync::Arc<zarr_codecs::BlockDecoder>,
+        decoder: std::sync::Arc<dyn decode::BlockDecode>,
         len: u64,
     },
 }

@@ -18,6 +18,7 @@ use zarrs::array::codec::{ArrayToBytesCodecTraits, CodecOptions};
 use zarrs::array::{Array, ArrayMetadata, ChunkRepresentation, CodecChain, RawBytes};
 use zarrs::storage::store::MemoryStore;
 
+use super::decode::BlockDecode;
 use crate::array::dtype::{DType, Endian};
 use crate::error::{Error, Result};
 
@@ -74,19 +75,23 @@ impl BlockDecoder {
         })
     }
 
-    /// Bytes of one decoded chunk (the full chunk shape, padding included).
-    pub fn decoded_len(&self) -> u64 {
-        self.decoded_len
-    }
-
     /// The codecs, as the metadata names them.
     pub fn names(&self) -> &str {
         &self.names
     }
+}
 
-    /// The raw bytes of the chunk whose encoded bytes are `encoded`, read
-    /// from `path` (named in errors).
-    pub fn decode(&self, path: &Path, encoded: &[u8]) -> Result<Vec<u8>> {
+impl BlockDecode for BlockDecoder {
+    /// Bytes of one decoded chunk (the full chunk shape, padding included).
+    fn decoded_len(&self) -> u64 {
+        self.decoded_len
+    }
+
+    fn describe(&self) -> String {
+        format!("Zarr codecs {}", self.names)
+    }
+
+    fn decode(&self, path: &Path, encoded: &[u8]) -> Result<Vec<u8>> {
         let damaged = |why: String| Error::BadBlockFile {
             path: path.to_path_buf(),
             format: "Zarr",
