@@ -136,6 +136,20 @@ pub struct InputArgs {
     /// raw/s0). (`plan` without IN takes the array's shape here instead.)
     #[arg(long, value_name = "PATH")]
     pub array: Option<String>,
+    /// Which values of a MINC2 image to write: stored (its stored integers, moved as they are)
+    /// or scaled (its physical values, as nibabel's get_fdata computes them from image-min,
+    /// image-max and valid_range, written as float32). Default: stored, where the output keeps
+    /// the image's scaling or holds the stored values (HDF5); otherwise (per-slice scaling in
+    /// NIfTI, any scaling in npy, raw or Zarr) the run asks for one.
+    #[arg(long, value_name = "stored|scaled")]
+    pub values: Option<String>,
+}
+
+impl InputArgs {
+    /// `--values`, if given.
+    pub fn values(&self) -> anyhow::Result<Option<crate::input::Values>> {
+        Ok(self.values.as_deref().map(str::parse).transpose()?)
+    }
 }
 
 #[derive(Args, Debug, Clone)]

@@ -61,6 +61,7 @@ fn request_of(args: &MountArgs) -> anyhow::Result<MountRequest> {
             .map(str::parse::<BlockFormat>)
             .transpose()?,
         dataset: args.input_args.dataset.clone(),
+        values: args.input_args.values()?,
         rebuild: args.rebuild,
         allow_other: args.allow_other,
         in_order: args.in_order,

@@ -109,10 +109,14 @@ fn problem_of_args(
         (Some(input), _) => {
             let input = InputArray::scan(input, Some(&args.input_args.dataset))?;
             let format = format.unwrap_or_else(|| input.format.default_output());
+            let input = input.with_values(args.input_args.values()?, format)?;
             let problem = problem_of(&input, &args.planning.shape, format)?;
             (problem, input.dtype, input.axis_order())
         }
         (None, Some(array)) => {
+            if args.input_args.values.is_some() {
+                bail!("--values chooses an input's values; planning without data takes --dtype");
+            }
             if args.blocks.is_none() || args.dtype.is_none() {
                 bail!("planning without data needs --array SHAPE, --blocks and --dtype");
             }

@@ -39,6 +39,7 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         Some(text) => text.parse::<BlockFormat>()?,
         None => input.format.default_output(),
     };
+    let input = input.with_values(args.input_args.values()?, format)?;
     let plan = plan_rechunk(&args, &input, format)?;
     if same_directory(&args.input, &args.output) {
         bail!(

@@ -5,14 +5,13 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::IoSliceMut;
 use std::num::NonZeroUsize;
 use std::path::Path;
 
 use lru::LruCache;
 
 use super::pieces::{PackingBuffer, PieceGrid, RowLayout};
-use super::seekio::{read_exact_at, FileKey, SeekCounter, SeekLog};
+use super::seekio::{FileKey, SeekCounter, SeekLog};
 use crate::array::geometry::{IndexBox, Region};
 use crate::error::{Error, Result};
 use crate::format::hdf5::Hdf5BlockReader;
@@ -484,10 +483,9 @@ pub(super) fn decoded_block(
             Ok(fill.repeat(file_box.volume() as usize))
         }
         (Storage::Encoded { decoder, len }, Some(InputHandle::Encoded(file))) => {
-            let mut encoded = vec![0u8; *len as usize];
-            read_exact_at(file, &block.path, &mut [IoSliceMut::new(&mut encoded)], 0)?;
+            let decoded = decoder.read_decoded(&block.path, file, *len)?;
             count(0, *len);
-            decoder.decode(&block.path, &encoded)
+            Ok(decoded)
         }
         _ => Err(Error::bad_input(
             &block.path,

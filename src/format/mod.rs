@@ -19,7 +19,7 @@
 // metadata files); the other formats are reached through this module.
 pub mod decode;
 pub mod hdf5;
-mod minc;
+pub mod minc;
 mod nifti;
 mod npy;
 pub mod zarr;

@@ -24,7 +24,10 @@
 mod discover;
 mod grid;
 mod probe;
+mod values;
 mod zarr;
+
+pub use values::Values;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::format::BlockFormat;
-use crate::input::{HeaderChecks, InputArray};
+use crate::input::{HeaderChecks, InputArray, Values};
 use crate::plan::{self, Plan, Problem, Strategy};
 use crate::view::staging::{make_private_dir, Manifest, Staging};
 use crate::view::{Access, BlockTemplates, ViewCore, ViewLayout};
@@ -24,6 +24,8 @@ pub struct MountRequest {
     pub staging: Option<PathBuf>,
     pub format: Option<BlockFormat>,
     pub dataset: String,
+    /// `--values`: the input's stored or scaled values (`None`: not said).
+    pub values: Option<Values>,
     pub rebuild: bool,
     pub allow_other: bool,
     /// Never extract blocks ahead of the plan for waiting readers.
@@ -51,13 +53,19 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
     let format = request
         .format
         .unwrap_or_else(|| input.format.default_output());
+    let input = input.with_values(request.values, format)?;
     let (problem, plan, mem) = plan_view(request, &input, output_block, format)?;
     laps.mark("plan");
     let staging_dir = match &request.staging {
         Some(dir) => dir.clone(),
         None => {
-            let dir =
-                Staging::default_dir(&input.source, &input.dataset, &problem.output_block, format)?;
+            let dir = Staging::default_dir(
+                &input.source,
+                &input.dataset,
+                &problem.output_block,
+                format,
+                request.values,
+            )?;
             // ~/.cache/rechunkfs lists the areas, named by their inputs.
             if let Some(areas) = dir.parent() {
                 make_private_dir(areas)?;

@@ -33,7 +33,7 @@ use crate::array::geometry::show_shape;
 use crate::engine::InputWitness;
 use crate::error::{Error, Result};
 use crate::format::BlockFormat;
-use crate::input::{FileIdentity, InputArray, InputBlock};
+use crate::input::{FileIdentity, InputArray, InputBlock, Values};
 use crate::sys::pagecache;
 
 const MANIFEST: &str = "manifest.json";
@@ -276,12 +276,14 @@ fn push_record(bytes: &mut Vec<u8>, kind: u64, payload: [u64; RECORD_WORDS]) {
 
 impl Staging {
     /// The default staging directory for a view: under the user's cache
-    /// directory, keyed by the input's path, the dataset, the shape and the format.
+    /// directory, keyed by the input's path, the dataset, the shape and the
+    /// format, and by `values` when they are not the stored ones.
     pub fn default_dir(
         input: &Path,
         dataset: &str,
         output_block: &[u64],
         format: BlockFormat,
+        values: Option<Values>,
     ) -> Result<PathBuf> {
         let cache = std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
@@ -295,13 +297,16 @@ impl Staging {
         let canonical = input
             .canonicalize()
             .map_err(|e| Error::io(input, "resolving", e))?;
-        let key = format!(
+        let mut key = format!(
             "{}|{}|{}|{}",
             canonical.display(),
             dataset,
             show_shape(output_block),
             format.extension()
         );
+        if values == Some(Values::Scaled) {
+            key += "|scaled";
+        }
         let leaf = canonical
             .file_name()
             .map_or("input".into(), |n| n.to_string_lossy().into_owned());

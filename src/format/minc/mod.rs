@@ -9,9 +9,11 @@
 //! affine is computed as nibabel's MINC2 reader computes it, then reordered
 //! to NIfTI's voxel order, so nibabel sees every voxel at the same world
 //! position in the MINC2 input and in the NIfTI blocks made from it.
-//! rechunkfs moves raw voxels: a single global scaling becomes NIfTI's
-//! `scl_slope`/`scl_inter`; a scaling that varies per slice cannot be said in
-//! NIfTI, and is recorded as a reason to refuse NIfTI output.
+//! By default rechunkfs moves the stored voxels: a single global scaling
+//! becomes NIfTI's `scl_slope`/`scl_inter`; a scaling that varies per slice
+//! cannot be said in NIfTI, and is recorded as a reason to refuse NIfTI
+//! output. [`scaled`] computes the physical values instead (`--values
+//! scaled`), as an encoded input.
 
 use std::ffi::c_void;
 use std::path::Path;
@@ -19,6 +21,10 @@ use std::path::Path;
 use ::hdf5::sync::sync;
 use ::hdf5::types::{TypeDescriptor, VarLenAscii, VarLenUnicode};
 use hdf5_sys::h5a::H5Aread;
+
+mod scaled;
+
+pub use scaled::{scaled_decoder, scaled_dtype, value_scaling, ValueScaling};
 
 use super::BlockInfo;
 use crate::array::dtype::{DType, Kind};
@@ -134,15 +140,6 @@ fn fill_dimension(location: &::hdf5::Location, dimension: &mut Dimension) -> ::h
     Ok(())
 }
 
-/// One image-min or image-max variable: its values, if it exists.
-fn scale_values(file: &::hdf5::File, name: &str) -> ::hdf5::Result<Option<Vec<f64>>> {
-    let path = format!("{IMAGE_GROUP}/{name}");
-    match file.dataset(&path) {
-        Ok(dataset) => dataset.read_raw::<f64>().map(Some),
-        Err(_) => Ok(None),
-    }
-}
-
 /// The least and greatest values of an integer dtype, nibabel's default
 /// valid range.
 fn dtype_range(dtype: DType) -> (f64, f64) {
@@ -188,7 +185,7 @@ pub fn probe_space(path: &Path, ndim: usize, dtype: DType) -> Result<Space> {
         }
         let mut refusal = place_axes(&mut space, &dimensions, &dimorder, ndim);
         if dtype.kind != Kind::Float {
-            if let Some(problem) = read_scaling(&mut space, &file, &image, path, dtype)? {
+            if let Some(problem) = read_scaling(&mut space, &file, path, dtype)? {
                 refusal = Some(problem);
             }
         }
@@ -280,43 +277,29 @@ fn world_origin(dimensions: &[Dimension]) -> [f64; 3] {
     origin
 }
 
-/// Sets the scaling of `space` (an integer image's) from the image's
-/// `image-min` and `image-max`, as nibabel does: the valid range mapped
-/// onto [image-min, image-max]. Returns why NIfTI cannot carry it when the
+/// Sets the scaling of `space` from the image's `image-min` and
+/// `image-max` (see [`scaled`]). Returns why NIfTI cannot carry it when the
 /// scaling varies per slice.
 fn read_scaling(
     space: &mut Space,
     file: &::hdf5::File,
-    image: &::hdf5::Dataset,
     path: &Path,
     dtype: DType,
 ) -> Result<Option<String>> {
-    let minimum =
-        scale_values(file, "image-min").map_err(|e| library_error(path, "image-min", e))?;
-    let maximum =
-        scale_values(file, "image-max").map_err(|e| library_error(path, "image-max", e))?;
-    let (Some(minimum), Some(maximum)) = (minimum, maximum) else {
+    let Some(table) = scaled::read_table(file, path, dtype)? else {
         return Ok(None);
     };
-    let single = |values: &[f64]| -> Option<f64> {
-        let first = *values.first()?;
-        values.iter().all(|&v| v == first).then_some(first)
-    };
-    let (Some(image_min), Some(image_max)) = (single(&minimum), single(&maximum)) else {
-        return Ok(Some(format!(
-            "its image-min/image-max scaling varies per slice ({} values), and a NIfTI file has \
-             one scl_slope/scl_inter; write h5 output instead (rechunkfs moves raw voxels, \
-             never rescales them)",
-            minimum.len().max(maximum.len())
-        )));
-    };
-    let (valid_min, valid_max) = match numbers_attr(image, "valid_range")
-        .map_err(|e| library_error(path, "valid_range", e))?
-    {
-        Some(range) if range.len() == 2 => (range[0], range[1]),
-        _ => dtype_range(dtype),
-    };
-    let slope = (image_max - image_min) / (valid_max - valid_min);
-    space.scaling = Some((slope, image_min - valid_min * slope));
+    match table.scaling(dtype) {
+        ValueScaling::Identity => space.scaling = Some((1.0, 0.0)),
+        ValueScaling::Global { slope, inter } => space.scaling = Some((slope, inter)),
+        ValueScaling::PerSlice { entries } => {
+            return Ok(Some(format!(
+                "its image-min/image-max scaling varies per slice ({entries} values), and a \
+                 NIfTI file has one scl_slope/scl_inter; pass --values scaled to write its \
+                 physical values (float32, as nibabel computes them)"
+            )))
+        }
+        ValueScaling::Float | ValueScaling::Absent => {}
+    }
     Ok(None)
 }

@@ -1,0 +1,160 @@
+//! Which values of an input a run writes (`--values`): the stored ones, or
+//! a MINC2 integer image's physical values. Scaled MINC2 blocks become
+//! encoded input ([`Storage::Encoded`]): each file read whole and decoded
+//! into float32, so the planner counts one read per block and the decoded
+//! block in its peak memory, as for any encoded input.
+//!
+//! Without `--values` the stored values are written wherever that loses
+//! nothing a reader needs: the input has no scaling, the output records
+//! it (NIfTI's `scl_slope`/`scl_inter`, for one global scaling), or the
+//! output is HDF5, MINC2's default output, which holds the stored values as
+//! h5py reads them from the MINC2 file. Elsewhere the run is refused, and
+//! the message names both choices.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use super::InputArray;
+use crate::array::geometry::FileShape;
+use crate::error::{Error, Result};
+use crate::format::decode::BlockDecode;
+use crate::format::minc::{self, ValueScaling};
+use crate::format::{BlockFormat, Storage};
+
+/// The values a run writes (`--values`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Values {
+    /// The stored values, moved as they are.
+    Stored,
+    /// A MINC2 integer image's physical values, as nibabel's `get_fdata`
+    /// computes them, as float32.
+    Scaled,
+}
+
+impl FromStr for Values {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Values> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "stored" => Ok(Values::Stored),
+            "scaled" => Ok(Values::Scaled),
+            _ => Err(Error::BadArgument(format!(
+                "--values '{text}': use stored (the stored values, moved as they are) or scaled \
+                 (a MINC2 image's physical values, as float32)"
+            ))),
+        }
+    }
+}
+
+impl InputArray {
+    /// The input as `values` asks (`None`: not said) for output `format`:
+    /// itself, or for [`Values::Scaled`] a MINC2 integer image as encoded
+    /// blocks of its physical values. Refuses `--values scaled` for inputs
+    /// with nothing to scale, and an unsaid choice where the stored values
+    /// would lose the input's scaling (see the module's notes).
+    pub fn with_values(self, values: Option<Values>, format: BlockFormat) -> Result<InputArray> {
+        if self.format != BlockFormat::Minc2 {
+            return match values {
+                Some(Values::Scaled) => Err(Error::BadArgument(format!(
+                    "--values scaled: {} is {}, whose stored values are its values; it applies \
+                     to MINC2 images scaled by image-min/image-max",
+                    self.source.display(),
+                    self.format.name()
+                ))),
+                _ => Ok(self),
+            };
+        }
+        let scaling = self.scaling()?;
+        match values {
+            Some(Values::Stored) => Ok(self),
+            Some(Values::Scaled) => self.scaled(&scaling),
+            None if stored_keeps(&scaling, format) => Ok(self),
+            None => Err(Error::BadArgument(format!(
+                "{}: its stored values become its physical values through image-min/image-max \
+                 ({}), which {} output cannot record; pass --values scaled to write the \
+                 physical values as float32 (as nibabel's get_fdata computes them), or --values \
+                 stored to write the stored values without their scaling",
+                self.source.display(),
+                describe(&scaling),
+                format.name()
+            ))),
+        }
+    }
+
+    /// The scaling of every block: one, if all share it; per slice if any
+    /// varies, or if the blocks' scalings differ.
+    fn scaling(&self) -> Result<ValueScaling> {
+        let mut common: Option<ValueScaling> = None;
+        for block in &self.blocks {
+            let scaling = minc::value_scaling(&block.path, self.dtype)?;
+            common = Some(match common {
+                None => scaling,
+                Some(seen) if seen == scaling => seen,
+                Some(ValueScaling::PerSlice { entries }) => ValueScaling::PerSlice { entries },
+                Some(_) => ValueScaling::PerSlice {
+                    entries: self.blocks.len(),
+                },
+            });
+            if matches!(common, Some(ValueScaling::PerSlice { .. })) {
+                break;
+            }
+        }
+        Ok(common.unwrap_or(ValueScaling::Absent))
+    }
+
+    /// This MINC2 input's blocks as encoded blocks of physical values
+    /// (float images, already physical, stay as they are).
+    fn scaled(mut self, scaling: &ValueScaling) -> Result<InputArray> {
+        match scaling {
+            ValueScaling::Float => return Ok(self),
+            ValueScaling::Absent => {
+                return Err(Error::BadArgument(format!(
+                    "--values scaled: {} has no image-min/image-max, so its physical values \
+                     are not known; pass --values stored to write its stored values",
+                    self.source.display()
+                )))
+            }
+            _ => {}
+        }
+        let grid = self.grid();
+        let mut decoders: BTreeMap<Vec<u64>, Arc<dyn BlockDecode>> = BTreeMap::new();
+        for (rank, block) in self.blocks.iter_mut().enumerate() {
+            let file_shape = grid.block(&grid.unravel(rank as u64)).shape;
+            let len = std::fs::metadata(&block.path)
+                .map_err(|e| Error::io(&block.path, "stat", e))?
+                .len();
+            let decoder = decoders
+                .entry(file_shape.clone())
+                .or_insert_with(|| {
+                    minc::scaled_decoder(file_shape, self.block_shape.clone(), self.dtype)
+                })
+                .clone();
+            block.storage = Storage::Encoded { decoder, len };
+            block.check = None;
+        }
+        self.dtype = minc::scaled_dtype(self.dtype);
+        self.files = FileShape::Encoded(self.block_shape.clone());
+        Ok(self)
+    }
+}
+
+/// Whether writing the stored values as `format` keeps what `scaling`
+/// says of them (see the module's notes).
+fn stored_keeps(scaling: &ValueScaling, format: BlockFormat) -> bool {
+    match scaling {
+        ValueScaling::Float | ValueScaling::Absent | ValueScaling::Identity => true,
+        ValueScaling::Global { .. } => matches!(format, BlockFormat::Nifti | BlockFormat::Hdf5),
+        ValueScaling::PerSlice { .. } => format == BlockFormat::Hdf5,
+    }
+}
+
+fn describe(scaling: &ValueScaling) -> String {
+    match scaling {
+        ValueScaling::Global { slope, inter } => {
+            format!("one slope {slope} and intercept {inter} for the whole image")
+        }
+        ValueScaling::PerSlice { entries } => format!("{entries} ranges, varying per slice"),
+        _ => "none".into(),
+    }
+}
