@@ -70,15 +70,7 @@ impl InputArray {
             Some(Values::Stored) => Ok(self),
             Some(Values::Scaled) => self.scaled(&scaling),
             None if stored_keeps(&scaling, format) => Ok(self),
-            None => Err(Error::BadArgument(format!(
-                "{}: its stored values become its physical values through image-min/image-max \
-                 ({}), which {} output cannot record; pass --values scaled to write the \
-                 physical values as float32 (as nibabel's get_fdata computes them), or --values \
-                 stored to write the stored values without their scaling",
-                self.source.display(),
-                describe(&scaling),
-                format.name()
-            ))),
+            None => Err(Error::BadArgument(unsaid_refusal(&self, &scaling, format))),
         }
     }
 
@@ -149,12 +141,29 @@ fn stored_keeps(scaling: &ValueScaling, format: BlockFormat) -> bool {
     }
 }
 
-fn describe(scaling: &ValueScaling) -> String {
-    match scaling {
-        ValueScaling::Global { slope, inter } => {
-            format!("one slope {slope} and intercept {inter} for the whole image")
+/// Why the stored values of `input` cannot be written as `format`
+/// unless `--values` says so, and what to pass.
+fn unsaid_refusal(input: &InputArray, scaling: &ValueScaling, format: BlockFormat) -> String {
+    let how = match scaling {
+        ValueScaling::PerSlice { entries } => {
+            format!("a scaling that varies per slice ({entries} image-min/image-max ranges)")
         }
-        ValueScaling::PerSlice { entries } => format!("{entries} ranges, varying per slice"),
-        _ => "none".into(),
-    }
+        ValueScaling::Global { slope, inter } => {
+            format!("one scaling for the whole image (slope {slope}, intercept {inter})")
+        }
+        _ => "a scaling".into(),
+    };
+    let choices = if format == BlockFormat::Nifti {
+        "pass --values scaled to write the physical values as float32 (as nibabel's get_fdata \
+         computes them), or write h5 output, which holds the stored values"
+    } else {
+        "pass --values scaled to write the physical values as float32 (as nibabel's get_fdata \
+         computes them), or --values stored to write the stored values without their scaling"
+    };
+    format!(
+        "{}: its stored values become its physical values through {how}, which {} output \
+         cannot record; {choices}",
+        input.source.display(),
+        format.name()
+    )
 }

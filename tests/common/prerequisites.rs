@@ -23,6 +23,9 @@ pub enum Need {
     /// Root and mount(8) able to mount a tmpfs, to make a small
     /// filesystem to fill.
     TmpfsMount,
+    /// Debian's minc-tools (rawtominc, mincresample, mincreshape), to make
+    /// MINC2 images as users do.
+    MincTools,
 }
 
 /// The modules the readers' Python must import.
@@ -72,6 +75,7 @@ fn missing(need: Need) -> Option<String> {
         Need::Fuse => fuse_missing(),
         Need::MemoryCgroup => cgroup_missing(),
         Need::TmpfsMount => tmpfs_missing().clone(),
+        Need::MincTools => minc_tools_missing(),
     }
 }
 
@@ -107,6 +111,18 @@ fn readers_missing() -> &'static Option<String> {
             )),
         }
     })
+}
+
+fn minc_tools_missing() -> Option<String> {
+    let on_path = |tool: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).exists()))
+    };
+    let missing: Vec<&str> = ["rawtominc", "mincresample", "mincreshape", "mincinfo"]
+        .into_iter()
+        .filter(|tool| !on_path(tool))
+        .collect();
+    (!missing.is_empty()).then(|| format!("minc-tools ({} not on PATH)", missing.join(", ")))
 }
 
 fn is_root() -> bool {

@@ -39,7 +39,22 @@ const DIMENSIONS: &str = "/minc-2.0/dimensions";
 /// Learn a MINC2 file's image shape (C order, as its `dimorder` lists the
 /// dimensions), dtype and storage.
 pub fn probe(path: &Path) -> Result<BlockInfo> {
+    refuse_minc1(path)?;
     super::hdf5::probe(path, IMAGE)
+}
+
+/// MINC1 files are netCDF (`CDF\x01` or `CDF\x02`), not HDF5: say what
+/// they are and how to convert them, rather than that they are not HDF5.
+fn refuse_minc1(path: &Path) -> Result<()> {
+    let (_, _, head) = super::read_head(path, "MINC2", 4)?;
+    if head.starts_with(b"CDF\x01") || head.starts_with(b"CDF\x02") {
+        return Err(Error::bad_input(
+            path,
+            "is a MINC1 (netCDF) file; rechunkfs reads MINC2, which is HDF5: convert it with \
+             minc-tools' `mincconvert -2 IN.mnc OUT.mnc`",
+        ));
+    }
+    Ok(())
 }
 
 fn library_error(path: &Path, what: &str, error: ::hdf5::Error) -> Error {
