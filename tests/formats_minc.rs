@@ -256,6 +256,40 @@ fn nibabel_test_images_scaled_equal_get_fdata() {
 }
 
 #[test]
+fn big_endian_blocks_made_by_h5py_scale_alike() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    // Laid out as libminc lays MINC2 out, big-endian, a range per slice;
+    // 7×9×11 in 4×4×4 blocks leaves smaller edge blocks.
+    run_script(
+        "make_minc2.py",
+        &[
+            text(root.path()),
+            "--shape",
+            "7,9,11",
+            "--dtype",
+            ">i2",
+            "--blocks",
+            "4,4,4",
+            "--scaling",
+            "per-slice",
+        ],
+    );
+    let blocks = root.path().join("blocks");
+    for (format, block) in [("h5", "5,5,5"), ("nii", "3,9,2"), ("npy", "7,9,11")] {
+        let out = root.path().join(format);
+        rechunk_as_planned(
+            &blocks,
+            &out,
+            block,
+            &["--values", "scaled", "--format", format, "--mem", "4K"],
+        );
+        let said = check(&out, &blocks, block, format, "scaled");
+        assert!(said.starts_with("checked"), "{said}");
+    }
+}
+
+#[test]
 fn without_values_what_would_lose_the_scaling_is_refused_naming_the_way_out() {
     require!(Readers);
     let data = nibabel_data();

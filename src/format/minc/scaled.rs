@@ -47,6 +47,8 @@ pub enum ValueScaling {
 
 /// The scaling of an integer image, as read from its file.
 pub(super) struct ScaleTable {
+    /// The image's shape.
+    shape: Vec<u64>,
     /// The leading image dimensions the pairs vary along (0, 1 or 2).
     dims: usize,
     /// One (slope, intercept) per entry, C order over those dimensions.
@@ -148,7 +150,7 @@ pub(super) fn read_table(
         ));
     }
     let dims = minimum.dims.len();
-    if dims > 2 || image_dims.get(..dims) != Some(&minimum.dims[..]) {
+    if dims > 2 || dims > shape.len() || image_dims.get(..dims) != Some(&minimum.dims[..]) {
         return refuse(format!(
             "its image-min/image-max vary along ({}), which are not the first one or two of \
              the image's dimensions ({})",
@@ -177,7 +179,12 @@ pub(super) fn read_table(
             (slope, low - valid.0 * slope)
         })
         .collect();
-    Ok(Some(ScaleTable { dims, pairs, valid }))
+    Ok(Some(ScaleTable {
+        shape,
+        dims,
+        pairs,
+        valid,
+    }))
 }
 
 /// The image's `valid_range`, else its dtype's range, as nibabel takes it.
@@ -267,10 +274,12 @@ impl BlockDecode for ScaledMinc {
                 .map_err(|e| library_error(path, "the file", e))?;
             read_table(&file, path, self.stored)
         })?
+        .filter(|table| table.shape == self.file_shape)
         .ok_or_else(|| {
             Error::bad_input(
                 path,
-                "changed since the scan: it no longer has image-min/image-max",
+                "changed while being read: its image-min/image-max are gone, or its image has \
+                 another shape",
             )
         })?;
         let mut block = vec![0u8; self.decoded_len() as usize];
@@ -378,4 +387,94 @@ fn array<const N: usize>(bytes: &[u8]) -> [u8; N] {
     let mut out = [0u8; N];
     out.copy_from_slice(&bytes[..N]);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dtype(kind: Kind, size: usize, endian: Endian) -> DType {
+        DType::new(kind, size, endian).unwrap()
+    }
+
+    #[test]
+    fn stored_integers_read_in_their_byte_order() {
+        let i16be = stored_reader(dtype(Kind::Signed, 2, Endian::Big));
+        assert_eq!(i16be(&(-300i16).to_be_bytes()), -300.0);
+        let u32le = stored_reader(dtype(Kind::Unsigned, 4, Endian::Little));
+        assert_eq!(u32le(&4_000_000_000u32.to_le_bytes()), 4e9);
+        let i8 = stored_reader(dtype(Kind::Signed, 1, Endian::Little));
+        assert_eq!(i8(&[0xff]), -1.0);
+    }
+
+    /// A 2×3 file of i16 in a 3×4 padded block, scaled per row: each
+    /// value clipped, then `v * slope + inter`, into float32; the file's
+    /// voxels land at their place in the padded block.
+    #[test]
+    fn values_are_clipped_scaled_and_placed_in_the_padded_block() {
+        let stored = dtype(Kind::Signed, 2, Endian::Little);
+        let decoder = ScaledMinc {
+            file_shape: vec![2, 3],
+            padded_shape: vec![3, 4],
+            stored,
+        };
+        let table = ScaleTable {
+            shape: vec![2, 3],
+            dims: 1,
+            pairs: vec![(0.5, 1.0), (2.0, -3.0)],
+            valid: (-10.0, 10.0),
+        };
+        let voxels: [[i16; 3]; 2] = [[1, -20, 3], [4, 5, 30]];
+        let mut block = vec![0u8; decoder.decoded_len() as usize];
+        for (row, values) in voxels.iter().enumerate() {
+            for (column, value) in values.iter().enumerate() {
+                let at = (row * 4 + column) * 2;
+                block[at..at + 2].copy_from_slice(&value.to_le_bytes());
+            }
+        }
+        decoder.scale_in_place(&mut block, &table);
+        let value = |row: usize, column: usize| {
+            let at = (row * 4 + column) * 4;
+            f32::from_ne_bytes(block[at..at + 4].try_into().unwrap())
+        };
+        assert_eq!(value(0, 0), 1.5);
+        assert_eq!(value(0, 1), -4.0, "clipped to -10 first");
+        assert_eq!(value(0, 2), 2.5);
+        assert_eq!(value(1, 0), 5.0);
+        assert_eq!(value(1, 1), 7.0);
+        assert_eq!(value(1, 2), 17.0, "clipped to 10 first");
+        assert_eq!(value(2, 0), 0.0, "a padding row scales to nothing");
+    }
+
+    #[test]
+    fn one_pair_everywhere_is_global_and_the_unit_pair_over_the_range_is_identity() {
+        let u8 = dtype(Kind::Unsigned, 1, Endian::Little);
+        let table = |pairs: Vec<(f64, f64)>, valid| ScaleTable {
+            shape: vec![2, 2],
+            dims: 1,
+            pairs,
+            valid,
+        };
+        assert_eq!(
+            table(vec![(1.0, 0.0); 2], (0.0, 255.0)).scaling(u8),
+            ValueScaling::Identity
+        );
+        assert_eq!(
+            table(vec![(1.0, 0.0); 2], (0.0, 100.0)).scaling(u8),
+            ValueScaling::Global {
+                slope: 1.0,
+                inter: 0.0
+            },
+            "a narrower valid range clips"
+        );
+        assert_eq!(
+            table(vec![(1.0, 0.0), (2.0, 0.0)], (0.0, 255.0)).scaling(u8),
+            ValueScaling::PerSlice { entries: 2 }
+        );
+        assert_eq!(scaled_dtype(u8).numpy_descr(), "<f4");
+        assert_eq!(
+            scaled_dtype(dtype(Kind::Signed, 8, Endian::Big)).numpy_descr(),
+            "<f8"
+        );
+    }
 }
