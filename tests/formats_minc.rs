@@ -86,7 +86,11 @@ fn rechunk_as_planned(input: &Path, out: &Path, shape: &str, extra: &[&str]) -> 
     let mut plan_args = vec!["plan", text(input), "--shape", shape, "--json"];
     plan_args.extend(extra);
     let planned = rechunkfs(&plan_args);
-    assert!(planned.status.success(), "{plan_args:?}: {}", stderr(&planned));
+    assert!(
+        planned.status.success(),
+        "{plan_args:?}: {}",
+        stderr(&planned)
+    );
     let plan: serde_json::Value = serde_json::from_slice(&planned.stdout).expect("JSON plan");
     for (made, predicted) in [
         ("seeks.made", "seeks.planned"),
@@ -140,7 +144,13 @@ fn minc_tools_images_scaled_equal_nibabel_get_fdata_in_every_voxel() {
     // divide the image and shapes that do not; block grids whose edge
     // blocks are smaller; chunked, compressed images.
     let cases: [(&str, &[&str], &str, &[&str], &[&str]); 4] = [
-        ("float-short", &[], "whole.mnc", &["7,3,11", "4,4,5"], &["h5", "nii", "npy"]),
+        (
+            "float-short",
+            &[],
+            "whole.mnc",
+            &["7,3,11", "4,4,5"],
+            &["h5", "nii", "npy"],
+        ),
         (
             "float-short",
             &["--resample", "8,10,13", "--blocks", "3,4,5", "--compress"],
@@ -148,8 +158,20 @@ fn minc_tools_images_scaled_equal_nibabel_get_fdata_in_every_voxel() {
             &["8,5,13", "5,3,6", "100,100,100"],
             &["h5", "nii"],
         ),
-        ("byte", &["--compress"], "whole.mnc", &["5,2,7", "2,4,3"], &["nii", "raw"]),
-        ("short", &["--blocks", "4,5,7"], "blocks", &["3,3,3"], &["h5", "nii"]),
+        (
+            "byte",
+            &["--compress"],
+            "whole.mnc",
+            &["5,2,7", "2,4,3"],
+            &["nii", "raw"],
+        ),
+        (
+            "short",
+            &["--blocks", "4,5,7"],
+            "blocks",
+            &["3,3,3"],
+            &["h5", "nii"],
+        ),
     ];
     for (n, (kind, make, input, shapes, formats)) in cases.into_iter().enumerate() {
         let base = root.path().join(format!("case{n}"));
@@ -221,7 +243,11 @@ fn nibabel_test_images_scaled_equal_get_fdata() {
     // minc2-4d-d.mnc: float64, its values as stored.
     for (name, shapes, formats) in [
         ("small.mnc", &["5,8,10", "18,28,29"][..], &["h5", "nii"][..]),
-        ("minc2_4d.mnc", &["1,4,7,20", "2,3,20,6"][..], &["h5", "nii"][..]),
+        (
+            "minc2_4d.mnc",
+            &["1,4,7,20", "2,3,20,6"][..],
+            &["h5", "nii"][..],
+        ),
         ("minc2_1_scale.mnc", &["3,7,20"][..], &["npy"][..]),
         ("minc2-no-att.mnc", &["4,6,20"][..], &["h5"][..]),
         ("minc2-4d-d.mnc", &["2,5,16,3"][..], &["h5"][..]),
@@ -312,7 +338,10 @@ fn without_values_what_would_lose_the_scaling_is_refused_naming_the_way_out() {
             message.contains("varies per slice") && message.contains("--values scaled"),
             "{format}: {message}"
         );
-        assert!(!out.exists(), "{format}: nothing may be written when refused");
+        assert!(
+            !out.exists(),
+            "{format}: nothing may be written when refused"
+        );
         let plan = rechunkfs(&["plan", text(&small), "--shape", "5,5,5", "--format", format]);
         assert!(!plan.status.success() && stderr(&plan).contains("--values scaled"));
     }
@@ -329,7 +358,11 @@ fn without_values_what_would_lose_the_scaling_is_refused_naming_the_way_out() {
         "stored",
     ]);
     assert!(!output.status.success());
-    assert!(stderr(&output).contains("--values scaled"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("--values scaled"),
+        "{}",
+        stderr(&output)
+    );
     // Inputs with nothing to scale, and values rechunkfs does not know.
     let h5 = root.path().join("in.h5");
     run_script_inline(&format!(
@@ -371,10 +404,84 @@ fn without_values_what_would_lose_the_scaling_is_refused_naming_the_way_out() {
         let help = rechunkfs(&[command, "--help"]);
         let said = String::from_utf8_lossy(&help.stdout).replace(char::is_whitespace, " ");
         assert!(
-            said.contains("--values") && said.contains("get_fdata") && said.contains("Default: stored"),
+            said.contains("--values")
+                && said.contains("get_fdata")
+                && said.contains("Default: stored"),
             "{command} --help: {said}"
         );
     }
+}
+
+/// Damaged MINC2 files, read with `--values scaled`: each run either ends
+/// with a message (never a panic or a signal) or writes what nibabel reads
+/// in the damaged file, where nibabel can read it.
+#[test]
+fn damaged_images_are_refused_or_scaled_right_never_a_panic() {
+    require!(Readers);
+    let data = nibabel_data();
+    let root = tempfile::tempdir().unwrap();
+    let mut rng = common::TestRng(0x6d696e63);
+    let (mut refused, mut written) = (0, 0);
+    for (name, shape) in [("small.mnc", "5,8,10"), ("minc2_4d.mnc", "1,4,7,20")] {
+        let original = fs::read(data.join(name)).unwrap();
+        for trial in 0..20 {
+            let mut bytes = original.clone();
+            for _ in 0..1 + rng.below(4) {
+                let at = rng.below(bytes.len() as u64) as usize;
+                bytes[at] = rng.below(256) as u8;
+            }
+            let input = root.path().join(format!("{trial}-{name}"));
+            fs::write(&input, &bytes).unwrap();
+            let out = root.path().join(format!("{trial}-{name}-out"));
+            let args = [
+                "rechunk",
+                text(&input),
+                text(&out),
+                "--shape",
+                shape,
+                "--values",
+                "scaled",
+                "-q",
+            ];
+            let output = rechunkfs(&args);
+            let said = stderr(&output);
+            assert!(
+                !said.contains("panicked") && matches!(output.status.code(), Some(0 | 1)),
+                "{args:?}: {:?} {said}",
+                output.status
+            );
+            if output.status.success() {
+                let checked = run_script(
+                    "check_minc_values.py",
+                    &[
+                        text(&out),
+                        "--input",
+                        text(&input),
+                        "--block",
+                        shape,
+                        "--format",
+                        "h5",
+                        "--values",
+                        "scaled",
+                        "--skip-unreadable",
+                    ],
+                );
+                assert!(
+                    checked.starts_with("checked") || checked.starts_with("unreadable"),
+                    "{checked}"
+                );
+                written += 1;
+            } else {
+                assert!(said.starts_with("rechunkfs: error:"), "{said}");
+                assert!(!out.exists(), "{args:?}: a refused run leaves no OUT");
+                refused += 1;
+            }
+        }
+    }
+    assert!(
+        refused > 0 && written > 0,
+        "refused {refused}, written {written}"
+    );
 }
 
 fn run_script_inline(script: &str) {
