@@ -136,51 +136,66 @@ fn planned_dtype(input: &Path, ndim: usize, extra: &[&str]) -> String {
     plan["dtype"].as_str().unwrap().to_owned()
 }
 
+/// An image made by minc-tools, and how it is rechunked.
+struct Case {
+    /// make_minc_tools.py's --kind, its image shape and other options.
+    kind: &'static str,
+    shape: &'static str,
+    make: &'static [&'static str],
+    /// `whole.mnc` or `blocks`.
+    input: &'static str,
+    /// Output block shapes and formats, each with each.
+    blocks: &'static [&'static str],
+    formats: &'static [&'static str],
+}
+
 #[test]
 fn minc_tools_images_scaled_equal_nibabel_get_fdata_in_every_voxel() {
     require!(Readers, MincTools);
     let root = tempfile::tempdir().unwrap();
-    // (kind, make options, input, shapes to write, formats): shapes that
-    // divide the image and shapes that do not; block grids whose edge
-    // blocks are smaller; chunked, compressed images.
-    let cases: [(&str, &[&str], &str, &[&str], &[&str]); 4] = [
-        (
-            "float-short",
-            &[],
-            "whole.mnc",
-            &["7,3,11", "4,4,5"],
-            &["h5", "nii", "npy"],
-        ),
-        (
-            "float-short",
-            &["--resample", "8,10,13", "--blocks", "3,4,5", "--compress"],
-            "blocks",
-            &["8,5,13", "5,3,6", "100,100,100"],
-            &["h5", "nii"],
-        ),
-        (
-            "byte",
-            &["--compress"],
-            "whole.mnc",
-            &["5,2,7", "2,4,3"],
-            &["nii", "raw"],
-        ),
-        (
-            "short",
-            &["--blocks", "4,5,7"],
-            "blocks",
-            &["3,3,3"],
-            &["h5", "nii"],
-        ),
+    // Shapes that divide the image and shapes that do not; block grids
+    // whose edge blocks are smaller; chunked, compressed images.
+    let cases = [
+        Case {
+            kind: "float-short",
+            shape: "7,9,11",
+            make: &[],
+            input: "whole.mnc",
+            blocks: &["7,3,11", "4,4,5"],
+            formats: &["h5", "nii", "npy"],
+        },
+        Case {
+            kind: "float-short",
+            shape: "7,9,11",
+            make: &["--resample", "8,10,13", "--blocks", "3,4,5", "--compress"],
+            input: "blocks",
+            blocks: &["8,5,13", "5,3,6", "100,100,100"],
+            formats: &["h5", "nii"],
+        },
+        Case {
+            kind: "byte",
+            shape: "5,6,7",
+            make: &["--compress"],
+            input: "whole.mnc",
+            blocks: &["5,2,7", "2,4,3"],
+            formats: &["nii", "raw"],
+        },
+        Case {
+            kind: "short",
+            shape: "7,9,11",
+            make: &["--blocks", "4,5,7"],
+            input: "blocks",
+            blocks: &["3,3,3"],
+            formats: &["h5", "nii"],
+        },
     ];
-    for (n, (kind, make, input, shapes, formats)) in cases.into_iter().enumerate() {
+    for (n, case) in cases.iter().enumerate() {
         let base = root.path().join(format!("case{n}"));
-        let shape = if n == 2 { "5,6,7" } else { "7,9,11" };
-        make_minc(&base, shape, kind, make);
-        let input = base.join(input);
+        make_minc(&base, case.shape, case.kind, case.make);
+        let input = base.join(case.input);
         assert_eq!(planned_dtype(&input, 3, &["--values", "scaled"]), "<f4");
-        for block in shapes {
-            for format in formats {
+        for block in case.blocks {
+            for format in case.formats {
                 let out = base.join(format!("{format}-{}", block.replace(',', "x")));
                 rechunk_as_planned(
                     &input,
