@@ -12,6 +12,7 @@
 //! the message names both choices.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -57,54 +58,65 @@ impl InputArray {
         if self.format != BlockFormat::Minc2 {
             return match values {
                 Some(Values::Scaled) => Err(Error::BadArgument(format!(
-                    "--values scaled: {} is {}, whose stored values are its values; it applies \
-                     to MINC2 images scaled by image-min/image-max",
+                    "--values scaled applies to MINC2 images, whose image-min/image-max scale \
+                     their stored values; {} is {}, whose values are moved as stored",
                     self.source.display(),
                     self.format.name()
                 ))),
                 _ => Ok(self),
             };
         }
-        let scaling = self.scaling()?;
+        let (scaling, decided_by) = self.scaling()?;
+        let decided_by = decided_by.to_path_buf();
         match values {
             Some(Values::Stored) => Ok(self),
-            Some(Values::Scaled) => self.scaled(&scaling),
+            Some(Values::Scaled) => self.scaled(&scaling, &decided_by),
             None if stored_keeps(&scaling, format) => Ok(self),
-            None => Err(Error::BadArgument(unsaid_refusal(&self, &scaling, format))),
+            None => Err(Error::BadArgument(unsaid_refusal(
+                &decided_by,
+                &scaling,
+                format,
+            ))),
         }
     }
 
     /// The scaling of every block: one, if all share it; per slice if any
-    /// varies, or if the blocks' scalings differ.
-    fn scaling(&self) -> Result<ValueScaling> {
+    /// varies, or if the blocks' scalings differ; absent if any block has
+    /// none. With it, the block that decided it.
+    fn scaling(&self) -> Result<(ValueScaling, &Path)> {
         let mut common: Option<ValueScaling> = None;
         for block in &self.blocks {
             let scaling = minc::value_scaling(&block.path, self.dtype)?;
-            common = Some(match common {
-                None => scaling,
-                Some(seen) if seen == scaling => seen,
-                Some(ValueScaling::PerSlice { entries }) => ValueScaling::PerSlice { entries },
-                Some(_) => ValueScaling::PerSlice {
+            let decided = match (common, scaling) {
+                (_, ValueScaling::Absent) => ValueScaling::Absent,
+                (None, scaling) => scaling,
+                (Some(seen), scaling) if seen == scaling => seen,
+                (Some(ValueScaling::PerSlice { entries }), _) => ValueScaling::PerSlice { entries },
+                (_, _) => ValueScaling::PerSlice {
                     entries: self.blocks.len(),
                 },
-            });
-            if matches!(common, Some(ValueScaling::PerSlice { .. })) {
-                break;
+            };
+            if matches!(
+                decided,
+                ValueScaling::Absent | ValueScaling::PerSlice { .. }
+            ) {
+                return Ok((decided, &block.path));
             }
+            common = Some(decided);
         }
-        Ok(common.unwrap_or(ValueScaling::Absent))
+        Ok((common.unwrap_or(ValueScaling::Absent), &self.source))
     }
 
     /// This MINC2 input's blocks as encoded blocks of physical values
     /// (float images, already physical, stay as they are).
-    fn scaled(mut self, scaling: &ValueScaling) -> Result<InputArray> {
+    fn scaled(mut self, scaling: &ValueScaling, decided_by: &Path) -> Result<InputArray> {
         match scaling {
             ValueScaling::Float => return Ok(self),
             ValueScaling::Absent => {
                 return Err(Error::BadArgument(format!(
                     "--values scaled: {} has no image-min/image-max, so its physical values \
                      are not known; pass --values stored to write its stored values",
-                    self.source.display()
+                    decided_by.display()
                 )))
             }
             _ => {}
@@ -143,7 +155,7 @@ fn stored_keeps(scaling: &ValueScaling, format: BlockFormat) -> bool {
 
 /// Why the stored values of `input` cannot be written as `format`
 /// unless `--values` says so, and what to pass.
-fn unsaid_refusal(input: &InputArray, scaling: &ValueScaling, format: BlockFormat) -> String {
+fn unsaid_refusal(path: &Path, scaling: &ValueScaling, format: BlockFormat) -> String {
     let how = match scaling {
         ValueScaling::PerSlice { entries } => {
             format!("a scaling that varies per slice ({entries} image-min/image-max ranges)")
@@ -163,7 +175,7 @@ fn unsaid_refusal(input: &InputArray, scaling: &ValueScaling, format: BlockForma
     format!(
         "{}: its stored values become its physical values through {how}, which {} output \
          cannot record; {choices}",
-        input.source.display(),
+        path.display(),
         format.name()
     )
 }
