@@ -136,6 +136,33 @@ fn planned_dtype(input: &Path, ndim: usize, extra: &[&str]) -> String {
     plan["dtype"].as_str().unwrap().to_owned()
 }
 
+/// The image shape of `file` as `mincinfo` reports it: its dimensions'
+/// lengths, in the order the image lists them.
+fn mincinfo_shape(file: &Path) -> Vec<u64> {
+    let run = |args: &[&str]| {
+        let output = Command::new("mincinfo")
+            .args(args)
+            .arg(file)
+            .output()
+            .expect("run mincinfo");
+        assert!(
+            output.status.success(),
+            "mincinfo {args:?}: {}",
+            stderr(&output)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let names = run(&["-vardims", "image"]);
+    let mut args = Vec::new();
+    for name in names.split_whitespace() {
+        args.extend(["-dimlength", name]);
+    }
+    run(&args)
+        .split_whitespace()
+        .map(|n| n.parse().expect("a length"))
+        .collect()
+}
+
 /// An image made by minc-tools, and how it is rechunked.
 struct Case {
     /// make_minc_tools.py's --kind, its image shape and other options.
@@ -194,6 +221,20 @@ fn minc_tools_images_scaled_equal_nibabel_get_fdata_in_every_voxel() {
         make_minc(&base, case.shape, case.kind, case.make);
         let input = base.join(case.input);
         assert_eq!(planned_dtype(&input, 3, &["--values", "scaled"]), "<f4");
+        // The array is in the order minc-tools list the image's dimensions.
+        let planned = rechunkfs(&[
+            "plan",
+            text(&input),
+            "--shape",
+            "1,1,1",
+            "--json",
+            "--values",
+            "scaled",
+        ]);
+        let plan: serde_json::Value = serde_json::from_slice(&planned.stdout).expect("JSON plan");
+        let array: Vec<u64> = serde_json::from_value(plan["array"].clone()).unwrap();
+        // (blocks cut from whole.mnc tile it.)
+        assert_eq!(array, mincinfo_shape(&base.join("whole.mnc")));
         for block in case.blocks {
             for format in case.formats {
                 let out = base.join(format!("{format}-{}", block.replace(',', "x")));
