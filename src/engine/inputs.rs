@@ -467,8 +467,9 @@ impl<'a> InputReader<'a> {
 
 /// The decoded bytes of encoded input block `block` (all of `file_box`,
 /// padding included), through its open `handle`. The file is read whole in
-/// one call, at offset 0 for its length, which is what `count` is told: one
-/// seek, as the planner predicts. An absent chunk (no handle) is the fill
+/// one call ([`BlockDecode::read_decoded`](crate::format::decode::BlockDecode::read_decoded)),
+/// at offset 0 for its length, which is what `count` is told: one seek, as
+/// the planner predicts. An absent chunk (no handle) is the fill
 /// value, counted as an empty call at offset 0: one seek too, so that a
 /// plan's count does not depend on which chunks exist.
 pub(super) fn decoded_block(

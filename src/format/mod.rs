@@ -15,8 +15,9 @@
 //! shape's template for one block. MINC2 is read (it is HDF5 underneath) but
 //! not written; raw blocks are data only.
 
-// `hdf5` and `zarr` are named by later stages (the HDF5 reader, Zarr's
-// metadata files); the other formats are reached through this module.
+// `hdf5`, `minc` and `zarr` are named by later stages (the HDF5 reader,
+// MINC2's value scaling, Zarr's metadata files); the other formats are
+// reached through this module.
 pub mod decode;
 pub mod hdf5;
 pub mod minc;
