@@ -12,7 +12,7 @@
 //! By default rechunkfs moves the stored voxels: a single global scaling
 //! becomes NIfTI's `scl_slope`/`scl_inter`; a scaling that varies per slice
 //! cannot be said in NIfTI, and is recorded as a reason to refuse NIfTI
-//! output. [`scaled`] computes the physical values instead (`--values
+//! output. the `scaled` module computes the physical values instead (`--values
 //! scaled`), as an encoded input.
 
 use std::ffi::c_void;
@@ -293,7 +293,7 @@ fn world_origin(dimensions: &[Dimension]) -> [f64; 3] {
 }
 
 /// Sets the scaling of `space` from the image's `image-min` and
-/// `image-max` (see [`scaled`]). Returns why NIfTI cannot carry it when the
+/// `image-max` (see the `scaled` module). Returns why NIfTI cannot carry it when the
 /// scaling varies per slice.
 fn read_scaling(
     space: &mut Space,
