@@ -12,7 +12,7 @@
 //! By default rechunkfs moves the stored voxels: a single global scaling
 //! becomes NIfTI's `scl_slope`/`scl_inter`; a scaling that varies per slice
 //! cannot be said in NIfTI, and is recorded as a reason to refuse NIfTI
-//! output. the `scaled` module computes the physical values instead (`--values
+//! output. The `scaled` module computes the physical values instead (`--values
 //! scaled`), as an encoded input.
 
 use std::ffi::c_void;
