@@ -53,6 +53,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         .unwrap_or_else(|| input.format.default_output());
     let (problem, plan, mem) = plan_view(request, &input, output_block, format)?;
     laps.mark("plan");
+    let format = format.for_output_blocks(&problem.output_block);
     let staging_dir = match &request.staging {
         Some(dir) => dir.clone(),
         None => {
