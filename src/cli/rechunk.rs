@@ -40,7 +40,7 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         None => input.format.default_output(),
     };
     let plan = plan_rechunk(&args, &input, format)?;
-    let format = output_format(format, &plan, args.json);
+    let format = output_format(format, &plan);
     if same_directory(&args.input, &args.output) {
         bail!(
             "{}: OUT is the input directory; write the new blocks somewhere else",
@@ -60,12 +60,13 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
 }
 
 /// The format the output blocks of `plan` are written in: `asked`, or
-/// NIfTI-2 where NIfTI-1 cannot hold them (said on stderr, unless `quiet`).
-fn output_format(asked: BlockFormat, plan: &Plan, quiet: bool) -> BlockFormat {
+/// NIfTI-2 where NIfTI-1 cannot hold them (said on stderr, also with
+/// --json: the blocks are not what was asked for).
+fn output_format(asked: BlockFormat, plan: &Plan) -> BlockFormat {
     // The first output block is the largest.
     let largest = plan.output.block(&vec![0; plan.output.ndim()]).shape;
     let format = asked.for_output_blocks(&largest);
-    if let (Some(note), false) = (crate::cli::format_note(asked, format), quiet) {
+    if let Some(note) = crate::cli::format_note(asked, format) {
         eprintln!("{note}");
     }
     format
