@@ -287,7 +287,6 @@ fn chosen_array(input: &std::path::Path, args: &InputArgs) -> anyhow::Result<Pat
     })
 }
 
-/// `--mem` in bytes, if given.
 /// What to tell the user when the blocks are written in `used` where
 /// `asked` was asked for: NIfTI-2, for blocks NIfTI-1 cannot hold.
 fn format_note(asked: BlockFormat, used: BlockFormat) -> Option<String> {
@@ -301,6 +300,7 @@ fn format_note(asked: BlockFormat, used: BlockFormat) -> Option<String> {
     })
 }
 
+/// `--mem` in bytes, if given.
 fn mem_of(planning: &PlanningArgs) -> anyhow::Result<Option<u64>> {
     planning
         .mem

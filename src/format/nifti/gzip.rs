@@ -183,6 +183,39 @@ mod tests {
     }
 
     #[test]
+    fn probing_inflates_the_header_only() {
+        use crate::array::space::Space;
+        let dtype = "<i2".parse().unwrap();
+        let shape = [40, 50, 60];
+        let mut image = super::super::encode_header(
+            super::super::Version::Two,
+            &shape,
+            dtype,
+            &Space::identity(3),
+            &[0, 0, 0],
+            544,
+        );
+        image.extend((0..40 * 50 * 60 * 2).map(|i| (i * 7 % 251) as u8));
+        let whole = gzip(&image);
+        // Cut well past the header: probing never gets that far, reading does.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("0_0_0.nii.gz");
+        std::fs::write(&path, &whole[..whole.len() / 2]).unwrap();
+        let (header, data_len, storage) = read_header(&path, whole.len() as u64 / 2).unwrap();
+        assert_eq!(header.dims, [60, 50, 40]);
+        assert_eq!(data_len, 40 * 50 * 60 * 2);
+        let Storage::Encoded { decoder, .. } = storage else {
+            panic!("a gzipped file is read whole and decoded");
+        };
+        assert_eq!(decoder.decoded_len(), data_len);
+        let error = decoder
+            .decode(&path, &whole[..whole.len() / 2])
+            .unwrap_err();
+        assert!(error.to_string().contains("damaged"), "{error}");
+        assert_eq!(decoder.decode(&path, &whole).unwrap(), &image[544..]);
+    }
+
+    #[test]
     fn damaged_streams_are_errors_naming_the_file() {
         let path = Path::new("x.nii.gz");
         let whole = gzip(b"headabcdef");
