@@ -5,6 +5,7 @@
 //! [`GzippedNifti`] into the block's bytes after `vox_offset`.
 
 use std::fmt;
+use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 use std::sync::Arc;
@@ -28,10 +29,14 @@ pub(super) fn is_gzip(head: &[u8]) -> bool {
     head.starts_with(&[0x1f, 0x8b])
 }
 
-/// The header of the gzipped NIfTI file `path` (`file_len` bytes), with
-/// its data length and storage, inflating only the header's bytes.
-pub(super) fn read_header(path: &Path, file_len: u64) -> Result<(NiftiHeader, u64, Storage)> {
-    let file = crate::sys::files::open_regular(path)?;
+/// The header of the gzipped NIfTI file `path` (open as `file`, at its
+/// start, `file_len` bytes), with its data length and storage, inflating
+/// only the header's bytes.
+pub(super) fn read_header(
+    path: &Path,
+    file: File,
+    file_len: u64,
+) -> Result<(NiftiHeader, u64, Storage)> {
     let mut stream =
         MultiGzDecoder::new(BufReader::with_capacity(PROBE_BUFFER, file)).take(HEAD_LEN);
     let mut head = Vec::with_capacity(HEAD_LEN as usize);
@@ -201,7 +206,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("0_0_0.nii.gz");
         std::fs::write(&path, &whole[..whole.len() / 2]).unwrap();
-        let (header, data_len, storage) = read_header(&path, whole.len() as u64 / 2).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let (header, data_len, storage) = read_header(&path, file, whole.len() as u64 / 2).unwrap();
         assert_eq!(header.dims, [60, 50, 40]);
         assert_eq!(data_len, 40 * 50 * 60 * 2);
         let Storage::Encoded { decoder, .. } = storage else {

@@ -705,9 +705,9 @@ pub fn read_header(path: &Path) -> Result<NiftiHeader> {
 
 /// The header of `path`, its data length, and how the file stores it.
 fn read_file_header(path: &Path) -> Result<(NiftiHeader, u64, Storage)> {
-    let (_, file_len, head) = super::read_head(path, "NIfTI", HEAD_LEN)?;
+    let (file, file_len, head) = super::read_head(path, "NIfTI", HEAD_LEN)?;
     if gzip::is_gzip(&head) {
-        return gzip::read_header(path, file_len);
+        return gzip::read_header(path, file, file_len);
     }
     let (header, data_len) = header_of(path, &head, "NIfTI")?;
     let needed_len = header.vox_offset.saturating_add(data_len);
