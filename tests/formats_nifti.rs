@@ -484,6 +484,8 @@ fn shapes_and_names_follow_the_input_formats_axis_order() {
 /// A mounted view, unmounted when dropped whatever the test did.
 struct Mounted {
     view: PathBuf,
+    /// What `mount` said on stderr.
+    said: String,
 }
 
 impl Mounted {
@@ -502,7 +504,10 @@ impl Mounted {
             text(&base.join("staging")),
         ]);
         assert!(output.status.success(), "mount failed: {}", stderr(&output));
-        Mounted { view }
+        Mounted {
+            view,
+            said: stderr(&output),
+        }
     }
 
     fn wait_complete(&self) {
@@ -905,4 +910,32 @@ fn damaged_gzipped_blocks_are_refused_naming_the_file_and_leave_nothing() {
         &out,
         &["1_0_1.nii.gz", "is compressed but", "is not"],
     );
+}
+
+#[test]
+fn a_view_of_blocks_too_long_for_nifti1_serves_nifti2() {
+    require!(Fuse, Readers);
+    let root = tempfile::tempdir().unwrap();
+    let base = root.path().join("long");
+    let whole = make_nifti_as(
+        &base,
+        "40000,3,2",
+        "<i2",
+        "15000,3,1",
+        &["--gzip", "--nifti2"],
+    );
+    let mounted = Mounted::new(&base.join("blocks"), root.path(), "40000,2,1", "nii");
+    assert!(
+        mounted.said.contains("writing NIfTI-2 blocks, not NIfTI"),
+        "{}",
+        mounted.said
+    );
+    check(
+        &mounted.view,
+        &whole,
+        Some("40000,2,1"),
+        "nii",
+        &["--vox-offset", "4096", "--nifti-version", "2"],
+    );
+    mounted.wait_complete();
 }
