@@ -1,12 +1,16 @@
-//! NIfTI-1, MINC2 and raw blocks checked by the readers people use:
-//! nibabel loads every `.nii` block (of `rechunk` outputs and of a real FUSE
-//! view) and finds its voxels and its place in the world right; h5py reads
-//! the `.h5` blocks made from MINC2; numpy reads raw blocks with the
-//! metadata file. Inputs are made by nibabel (NIfTI) and h5py (MINC2, laid
-//! out so nibabel's MINC2 reader, the ground truth, loads them) through
-//! `tests/fixtures/make_nifti.py` and `tests/fixtures/make_minc2.py`; `tests/fixtures/check_blocks.py`
-//! does the checking. Also: what NIfTI cannot hold is refused, with a
-//! message, before anything is written; and shapes follow the input's axis order.
+//! NIfTI (1 and 2, plain and gzipped), MINC2 and raw blocks checked by the
+//! readers people use: nibabel loads every `.nii` block (of `rechunk`
+//! outputs and of a real FUSE view) and finds its voxels, voxel sizes and
+//! place in the world right; nifti_tool (the NIfTI library's) reads NIfTI-2
+//! outputs; h5py reads the `.h5` blocks made from MINC2; numpy reads raw
+//! blocks with the metadata file. Inputs are made by nibabel (NIfTI, and
+//! the images it ships for its own tests) and h5py (MINC2, laid out so
+//! nibabel's MINC2 reader, the ground truth, loads them) through
+//! `tests/fixtures/make_nifti.py` and `tests/fixtures/make_minc2.py`;
+//! `tests/fixtures/check_blocks.py` does the checking. Also: gzipped inputs
+//! are read whole, once, as planned, and damaged ones are refused naming the
+//! file; what NIfTI cannot hold is refused, with a message, before anything
+//! is written; and shapes follow the input's axis order.
 
 #[macro_use]
 mod common;
@@ -86,6 +90,11 @@ fn make_minc2(dir: &Path, shape: &str, descr: &str, blocks: &str, scaling: &str)
 /// `rechunk IN OUT --shape SHAPE [--format FORMAT]`, which must succeed,
 /// with seeks as planned.
 fn rechunk_ok(input: &Path, out: &Path, shape: &str, format: Option<&str>) {
+    rechunk_ok_with(input, out, shape, format, &[]);
+}
+
+/// As [`rechunk_ok`], with `extra` arguments.
+fn rechunk_ok_with(input: &Path, out: &Path, shape: &str, format: Option<&str>, extra: &[&str]) {
     let mut args = vec![
         "rechunk",
         text(input),
@@ -99,6 +108,7 @@ fn rechunk_ok(input: &Path, out: &Path, shape: &str, format: Option<&str>) {
     if let Some(format) = format {
         args.extend(["--format", format]);
     }
+    args.extend(extra);
     let output = rechunkfs(&args);
     assert!(
         output.status.success(),
@@ -200,7 +210,15 @@ fn minc2_input_rechunks_to_nifti_and_h5_that_nibabel_and_h5py_read() {
         .enumerate()
         {
             let out = base.join(format!("out{index}"));
-            rechunk_ok(input, &out, shape, format);
+            // HDF5 cannot record an integer image's scaling: its stored
+            // values are written only when asked for.
+            let scaled_to_h5 = format != Some("nii") && descr != "<f4" && scaling != "none";
+            let values: &[&str] = if scaled_to_h5 {
+                &["--values", "stored"]
+            } else {
+                &[]
+            };
+            rechunk_ok_with(input, &out, shape, format, values);
             // MINC2 input is written as plain HDF5 unless told otherwise.
             check(&out, &whole, Some(shape), format.unwrap_or("h5"), &[]);
         }
@@ -208,7 +226,7 @@ fn minc2_input_rechunks_to_nifti_and_h5_that_nibabel_and_h5py_read() {
 }
 
 #[test]
-fn per_slice_minc2_scaling_refuses_nifti_output_but_not_h5() {
+fn per_slice_minc2_scaling_is_refused_until_values_says_which() {
     require!(Fuse, Readers);
     let root = tempfile::tempdir().unwrap();
     make_minc2(root.path(), "6,5,4", "<u2", "3,5,4", "per-slice");
@@ -255,7 +273,18 @@ fn per_slice_minc2_scaling_refuses_nifti_output_but_not_h5() {
         !root.path().join("staging").exists(),
         "no staging area for a refused view"
     );
-    rechunk_ok(&blocks, &out, "4,4,4", Some("h5"));
+    let unsaid = rechunkfs(&["rechunk", text(&blocks), text(&out), "--shape", "4,4,4"]);
+    assert!(
+        !unsaid.status.success(),
+        "HDF5 output cannot record the scaling"
+    );
+    let message = stderr(&unsaid);
+    assert!(
+        message.contains("--values scaled") && message.contains("--values stored"),
+        "{message}"
+    );
+    assert!(!out.exists(), "nothing may be written when refused");
+    rechunk_ok_with(&blocks, &out, "4,4,4", Some("h5"), &["--values", "stored"]);
     check(
         &out,
         &root.path().join("whole.mnc"),
@@ -325,24 +354,6 @@ fn what_nifti_cannot_hold_is_refused_with_a_message() {
     let root = tempfile::tempdir().unwrap();
     let out = root.path().join("out");
 
-    // .nii.gz, as a file and in a directory of blocks.
-    make_nifti(&root.path().join("img"), "6,5,4", "<i2", "3,5,4", None);
-    let gz = root.path().join("img").join("whole.nii.gz");
-    fs::copy(root.path().join("img").join("whole.nii"), &gz).unwrap();
-    assert_refused(
-        &["rechunk", text(&gz), text(&out), "--shape", "2,2,2"],
-        &out,
-        &["whole.nii.gz", "not supported", "gunzip"],
-    );
-    let gz_dir = root.path().join("gzdir");
-    fs::create_dir(&gz_dir).unwrap();
-    fs::copy(&gz, gz_dir.join("0_0_0.nii.gz")).unwrap();
-    assert_refused(
-        &["rechunk", text(&gz_dir), text(&out), "--shape", "2,2,2"],
-        &out,
-        &["0_0_0.nii.gz", "gunzip"],
-    );
-
     // More than 7 dimensions.
     let eight = make_blocks(
         root.path(),
@@ -365,32 +376,6 @@ fn what_nifti_cannot_hold_is_refused_with_a_message() {
         &out,
         &["NIfTI-1 holds at most 7 dimensions", "8"],
     );
-
-    // A side over 32767.
-    let long = make_blocks(
-        root.path(),
-        "long",
-        &[2, 40_000],
-        &[1, 40_000],
-        dtype("u1"),
-        BlockFormat::Npy,
-    );
-    assert_refused(
-        &[
-            "rechunk",
-            text(&long),
-            text(&out),
-            "--shape",
-            "2,40000",
-            "--format",
-            "nii",
-        ],
-        &out,
-        &["32767", "40000", "smaller --shape"],
-    );
-    // ...while a block within the limit is fine.
-    rechunk_ok(&long, &out, "2,20000", Some("nii"));
-    fs::remove_dir_all(&out).unwrap();
 
     // float16, which NIfTI-1 has no datatype for.
     let half = make_blocks(
@@ -524,13 +509,16 @@ fn shapes_and_names_follow_the_input_formats_axis_order() {
 /// A mounted view, unmounted when dropped whatever the test did.
 struct Mounted {
     view: PathBuf,
+    /// What `mount` said on stderr.
+    said: String,
 }
 
 impl Mounted {
-    fn new(input: &Path, base: &Path, shape: &str, format: &str) -> Mounted {
+    fn new(input: &Path, base: &Path, shape: &str, format: &str, extra: &[&str]) -> Mounted {
         let view = base.join("view");
         fs::create_dir_all(&view).unwrap();
-        let output = rechunkfs(&[
+        let staging = base.join("staging");
+        let mut args = vec![
             "mount",
             text(input),
             text(&view),
@@ -539,10 +527,15 @@ impl Mounted {
             "--format",
             format,
             "--staging",
-            text(&base.join("staging")),
-        ]);
+            text(&staging),
+        ];
+        args.extend(extra);
+        let output = rechunkfs(&args);
         assert!(output.status.success(), "mount failed: {}", stderr(&output));
-        Mounted { view }
+        Mounted {
+            view,
+            said: stderr(&output),
+        }
     }
 
     fn wait_complete(&self) {
@@ -580,6 +573,8 @@ fn nibabel_and_numpy_read_every_block_of_a_mounted_view() {
     make_nifti(&nifti, "11,9,7", ">i2", "4,4,4", Some("0.5,10"));
     let minc = root.path().join("minc");
     make_minc2(&minc, "7,9,11", "<u2", "4,4,4", "global");
+    let gzipped = root.path().join("gzipped");
+    let gzipped_whole = make_nifti_as(&gzipped, "11,9,7", "<f4", "4,4,4", &["--gzip"]);
     for (name, input, whole, shape, format) in [
         (
             "nii-nii",
@@ -603,6 +598,13 @@ fn nibabel_and_numpy_read_every_block_of_a_mounted_view() {
             "h5",
         ),
         (
+            "niigz-nii2",
+            gzipped.join("blocks"),
+            gzipped_whole.clone(),
+            "5,5,5",
+            "nii2",
+        ),
+        (
             "nii-raw",
             nifti.join("blocks"),
             nifti.join("whole.nii"),
@@ -611,16 +613,363 @@ fn nibabel_and_numpy_read_every_block_of_a_mounted_view() {
         ),
     ] {
         let base = root.path().join(name);
-        let mounted = Mounted::new(&input, &base, shape, format);
-        // Read while it fills: nibabel's reads wait for pending blocks.
-        let extra: &[&str] = if format == "nii" {
-            &["--vox-offset", "4096"]
+        // HDF5 output cannot record MINC2's scaling: the stored values are asked for.
+        let values: &[&str] = if name == "mnc-h5" {
+            &["--values", "stored"]
         } else {
             &[]
+        };
+        let mounted = Mounted::new(&input, &base, shape, format, values);
+        // Read while it fills: nibabel's reads wait for pending blocks.
+        let (format, extra): (&str, &[&str]) = match format {
+            "nii" => ("nii", &["--vox-offset", "4096"]),
+            "nii2" => ("nii", &["--vox-offset", "4096", "--nifti-version", "2"]),
+            other => (other, &[]),
         };
         check(&mounted.view, &whole, Some(shape), format, extra);
         mounted.wait_complete();
         let umount = rechunkfs(&["umount", text(&mounted.view)]);
         assert!(umount.status.success(), "{}", stderr(&umount));
     }
+}
+
+/// A NIfTI image made by nibabel as `options` say (`--gzip`: `.nii.gz`
+/// files; `--nifti2`: NIfTI-2): `DIR/whole.nii[.gz]` and
+/// `DIR/blocks/{i}_{j}_{k}.nii[.gz]`. Returns the whole file.
+fn make_nifti_as(dir: &Path, shape: &str, descr: &str, blocks: &str, options: &[&str]) -> PathBuf {
+    let mut args = vec![
+        text(dir),
+        "--shape",
+        shape,
+        "--dtype",
+        descr,
+        "--blocks",
+        blocks,
+    ];
+    args.extend_from_slice(options);
+    run_script("make_nifti.py", &args);
+    let ext = if options.contains(&"--gzip") {
+        "nii.gz"
+    } else {
+        "nii"
+    };
+    dir.join(format!("whole.{ext}"))
+}
+
+/// The files of `input` (a file, or a directory of block files) and
+/// their total size.
+fn input_files(input: &Path) -> (u64, u64) {
+    if input.is_file() {
+        return (1, fs::metadata(input).unwrap().len());
+    }
+    fs::read_dir(input)
+        .unwrap()
+        .map(|entry| entry.unwrap().metadata().unwrap().len())
+        .fold((0, 0), |(n, bytes), len| (n + 1, bytes + len))
+}
+
+/// Rechunks `input` to `out` as `args` add and holds the run to its plan:
+/// seeks made and peak memory held are those planned, and when `gzipped`
+/// every input file is read whole, once, in one call. Returns stderr.
+fn rechunk_as_planned(input: &Path, out: &Path, args: &[&str], gzipped: bool) -> String {
+    let mut all = vec!["rechunk", text(input), text(out), "--json"];
+    all.extend_from_slice(args);
+    let output = rechunkfs(&all);
+    assert!(output.status.success(), "{all:?}: {}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON report");
+    assert_eq!(
+        common::json_u64(&report, "seeks.made"),
+        common::json_u64(&report, "seeks.planned"),
+        "{report}"
+    );
+    assert_eq!(
+        report["peak_memory_bytes"], report["planned_peak_memory_bytes"],
+        "{report}"
+    );
+    if gzipped {
+        let (files, bytes) = input_files(input);
+        assert_eq!(common::json_u64(&report, "seeks.read"), files, "{report}");
+        assert_eq!(common::json_u64(&report, "bytes_read"), bytes, "{report}");
+    }
+    stderr(&output)
+}
+
+#[test]
+fn gzipped_and_nifti2_images_rechunk_byte_exact_as_planned() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    // Shapes are nibabel's (x, y, z): 23, 17, 9 in blocks of 8, 8, 4 leave
+    // smaller edge blocks; 24, 16, 8 divides evenly.
+    let cases: [(&str, &str, &str, &[&str]); 5] = [
+        ("23,17,9", "8,8,4", "|u1", &["--gzip"]),
+        ("24,16,8", "8,8,4", "<i2", &["--gzip"]),
+        ("23,17,9", "8,6,4", ">f4", &["--gzip", "--nifti2"]),
+        ("24,16,8", "8,8,4", "<f8", &["--nifti2"]),
+        ("23,17,9", "23,5,9", ">u2", &["--gzip"]),
+    ];
+    for (n, (shape, blocks, descr, options)) in cases.into_iter().enumerate() {
+        let base = root.path().join(format!("case{n}"));
+        let whole = make_nifti_as(&base, shape, descr, blocks, options);
+        let gzipped = options.contains(&"--gzip");
+        let outputs: [(&str, &str, &[&str]); 4] = [
+            ("10,10,10", "nii", &[]),
+            ("7,17,3", "h5", &[]),
+            ("9,6,9", "nii2", &["--nifti-version", "2"]),
+            // Within a memory limit, so the planner searches.
+            ("5,9,9", "nii", &["--mem"]),
+        ];
+        for (k, (out_shape, format, extra)) in outputs.into_iter().enumerate() {
+            for (what, input) in [("blocks", base.join("blocks")), ("whole", whole.clone())] {
+                let out = base.join(format!("out-{what}-{k}"));
+                let mut args = vec!["--shape", out_shape, "--format", format];
+                let mut check_extra = extra.to_vec();
+                if extra == ["--mem"] {
+                    check_extra.clear();
+                    // A file read whole needs room for it and its decoded
+                    // copy: only the blocks fit so small a limit.
+                    if what == "whole" {
+                        continue;
+                    }
+                    args.extend(["--mem", "12K"]);
+                }
+                rechunk_as_planned(&input, &out, &args, gzipped);
+                let format = if format == "nii2" { "nii" } else { format };
+                check(&out, &whole, Some(out_shape), format, &check_extra);
+            }
+        }
+    }
+}
+
+/// The NIfTI images nibabel ships for its own tests.
+fn nibabel_test_data() -> PathBuf {
+    let output = Command::new(python())
+        .args([
+            "-c",
+            "import nibabel, os; print(os.path.join(os.path.dirname(nibabel.__file__), 'tests', 'data'))",
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
+#[test]
+fn nibabels_own_test_images_rechunk_byte_exact() {
+    require!(Readers);
+    let data = nibabel_test_data();
+    let root = tempfile::tempdir().unwrap();
+    // NIfTI-1 gzipped (4-D, and a small one), NIfTI-2 gzipped, NIfTI-1
+    // big-endian, and a NIfTI-2 CIFTI file (6-D, with extensions before
+    // its data); output shapes that do not divide them.
+    for (name, shape) in [
+        ("example4d.nii.gz", "50,40,10,1"),
+        ("standard.nii.gz", "3,2,7"),
+        ("example_nifti2.nii.gz", "7,20,5,2"),
+        ("anatomical.nii", "10,41,8"),
+        ("row_major.dconn.nii", "1,1,1,1,3,4"),
+    ] {
+        let input = data.join(name);
+        assert!(input.exists(), "nibabel ships {}", input.display());
+        for (format, extra) in [("nii", &[][..]), ("nii2", &["--nifti-version", "2"][..])] {
+            let out = root.path().join(format!("{name}-{format}"));
+            rechunk_as_planned(
+                &input,
+                &out,
+                &["--shape", shape, "--format", format],
+                name.ends_with(".gz"),
+            );
+            check(&out, &input, Some(shape), "nii", extra);
+        }
+    }
+}
+
+/// `nifti_tool`'s output for `args`, failing the test if it fails.
+fn nifti_tool(args: &[&str]) -> String {
+    let output = Command::new("nifti_tool").args(args).output().unwrap();
+    assert!(
+        output.status.success(),
+        "nifti_tool {args:?}: {}",
+        stderr(&output)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn nifti2_blocks_on_request_and_for_long_sides_read_by_nibabel_and_nifti_tool() {
+    require!(Readers, NiftiTool);
+    let root = tempfile::tempdir().unwrap();
+    // 40,000 voxels along x: more than NIfTI-1 can say, so nibabel writes
+    // the input as NIfTI-2, gzipped, in blocks of 15,000.
+    let base = root.path().join("long");
+    let whole = make_nifti_as(
+        &base,
+        "40000,3,2",
+        "|u1",
+        "15000,3,1",
+        &["--gzip", "--nifti2"],
+    );
+    let blocks = base.join("blocks");
+
+    // NIfTI-1 asked for, NIfTI-2 needed: written as NIfTI-2, and said.
+    let out = root.path().join("auto");
+    let said = rechunk_as_planned(
+        &blocks,
+        &out,
+        &["--shape", "40000,2,1", "--format", "nii"],
+        true,
+    );
+    assert!(said.contains("writing NIfTI-2 blocks, not NIfTI"), "{said}");
+    check(
+        &out,
+        &whole,
+        Some("40000,2,1"),
+        "nii",
+        &["--nifti-version", "2"],
+    );
+    let header = nifti_tool(&["-disp_hdr", "-infiles", text(&out.join("0_1_1.nii"))]);
+    assert!(header.contains("N-2 header file"), "{header}");
+    assert!(header.contains("3 40000 1 1 1 1 1 1"), "{header}");
+    // nifti_tool's values of a row of x agree with nibabel's of the input.
+    let row = nifti_tool(&[
+        "-disp_ci",
+        "-1",
+        "0",
+        "0",
+        "0",
+        "0",
+        "0",
+        "0",
+        "-quiet",
+        "-infiles",
+        text(&out.join("0_1_1.nii")),
+    ]);
+    let expected = Command::new(python())
+        .args([
+            "-c",
+            "import nibabel, numpy, sys; d = numpy.asanyarray(nibabel.load(sys.argv[1]).dataobj.get_unscaled()); print(' '.join(map(str, d[:, 2, 1])))",
+            text(&whole),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        row.split_whitespace().collect::<Vec<_>>(),
+        String::from_utf8_lossy(&expected.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    );
+
+    // Within NIfTI-1's limit, nii stays NIfTI-1; nii2 asks for NIfTI-2.
+    for (format, version) in [("nii", "1"), ("nii2", "2")] {
+        let out = root.path().join(format);
+        let said = rechunk_as_planned(
+            &blocks,
+            &out,
+            &["--shape", "20000,3,2", "--format", format],
+            true,
+        );
+        assert!(!said.contains("writing NIfTI-2"), "{said}");
+        check(
+            &out,
+            &whole,
+            Some("20000,3,2"),
+            "nii",
+            &["--nifti-version", version],
+        );
+        let header = nifti_tool(&["-disp_hdr", "-infiles", text(&out.join("1_0_0.nii"))]);
+        let expected = if version == "2" {
+            "N-2 header file"
+        } else {
+            "N-1 header file"
+        };
+        assert!(header.contains(expected), "{header}");
+    }
+    let check_hdr = nifti_tool(&[
+        "-check_hdr",
+        "-infiles",
+        text(&root.path().join("nii/0_0_0.nii")),
+    ]);
+    assert!(check_hdr.contains("header IS GOOD"), "{check_hdr}");
+}
+
+#[test]
+fn damaged_gzipped_blocks_are_refused_naming_the_file_and_leave_nothing() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    let base = root.path().join("img");
+    make_nifti_as(&base, "12,9,7", "<i2", "6,5,4", &["--gzip"]);
+    let good = base.join("blocks");
+    let out = root.path().join("out");
+    let damaged = |name: &str, change: &dyn Fn(&mut Vec<u8>)| -> PathBuf {
+        let dir = root.path().join(name);
+        fs::create_dir(&dir).unwrap();
+        for entry in fs::read_dir(&good).unwrap() {
+            let entry = entry.unwrap();
+            fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+        let victim = dir.join("1_1_0.nii.gz");
+        let mut bytes = fs::read(&victim).unwrap();
+        change(&mut bytes);
+        fs::write(&victim, bytes).unwrap();
+        dir
+    };
+    let cut = damaged("cut", &|bytes| bytes.truncate(bytes.len() * 2 / 3));
+    let corrupt = damaged("corrupt", &|bytes| {
+        let middle = bytes.len() / 2;
+        for byte in &mut bytes[middle..middle + 8] {
+            *byte ^= 0x5a;
+        }
+    });
+    let header_cut = damaged("header-cut", &|bytes| bytes.truncate(30));
+    let trailing = damaged("trailing", &|bytes| bytes.extend_from_slice(b"not gzip"));
+    for (dir, expected) in [
+        (&cut, "gzip stream is damaged"),
+        (&corrupt, "gzip stream is damaged"),
+        (&header_cut, "where its header should be"),
+        (&trailing, "gzip stream is damaged"),
+    ] {
+        assert_refused(
+            &["rechunk", text(dir), text(&out), "--shape", "4,4,4"],
+            &out,
+            &["1_1_0.nii.gz", expected, "gzipped NIfTI"],
+        );
+    }
+    // One block gzipped, the others not.
+    let mixed = root.path().join("mixed");
+    make_nifti_as(&mixed, "12,9,7", "<i2", "6,5,4", &[]);
+    let plain = mixed.join("blocks");
+    fs::remove_file(plain.join("1_0_1.nii")).unwrap();
+    fs::copy(good.join("1_0_1.nii.gz"), plain.join("1_0_1.nii.gz")).unwrap();
+    assert_refused(
+        &["rechunk", text(&plain), text(&out), "--shape", "4,4,4"],
+        &out,
+        &["1_0_1.nii.gz", "is compressed but", "is not"],
+    );
+}
+
+#[test]
+fn a_view_of_blocks_too_long_for_nifti1_serves_nifti2() {
+    require!(Fuse, Readers);
+    let root = tempfile::tempdir().unwrap();
+    let base = root.path().join("long");
+    let whole = make_nifti_as(
+        &base,
+        "40000,3,2",
+        "<i2",
+        "15000,3,1",
+        &["--gzip", "--nifti2"],
+    );
+    let mounted = Mounted::new(&base.join("blocks"), root.path(), "40000,2,1", "nii", &[]);
+    assert!(
+        mounted.said.contains("writing NIfTI-2 blocks, not NIfTI"),
+        "{}",
+        mounted.said
+    );
+    check(
+        &mounted.view,
+        &whole,
+        Some("40000,2,1"),
+        "nii",
+        &["--vox-offset", "4096", "--nifti-version", "2"],
+    );
+    mounted.wait_complete();
 }

@@ -1,12 +1,12 @@
-//! A header fuzzer: for each input format (npy, NIfTI-1, HDF5, MINC2, Zarr
-//! v2 and v3), seeded mutations of a valid small input (bit flips, bytes
+//! A header fuzzer: for each input format (npy, NIfTI-1 plain and gzipped,
+//! HDF5, MINC2, Zarr v2 and v3), seeded mutations of a valid small input (bit flips, bytes
 //! set, truncations, insertions and deletions, length and shape fields set
 //! to extremes, text edits of npy headers, JSON edits of Zarr metadata).
 //! Each mutated input is scanned by the library and, when accepted,
 //! rechunked. No case may panic or hang (each runs in a thread with a
 //! deadline), and an accepted one must give the array the input's own
 //! reader says it holds: npy and NIfTI headers parsed by hand
-//! (`common::readers`), HDF5 and MINC2 read by libhdf5, Zarr by a reader
+//! (`common::readers`, a `.nii.gz` inflated whole by flate2 first), HDF5 and MINC2 read by libhdf5, Zarr by a reader
 //! written here from the specifications.
 //!
 //! `RECHUNKFS_FUZZ_CASES` sets the number of cases per format (default
@@ -106,6 +106,9 @@ impl Values {
 enum Fuzzed {
     Npy,
     Nifti,
+    /// `.nii.gz`: the header mutated inside the gzip stream, or the
+    /// stream's own bytes.
+    NiftiGz,
     Hdf5,
     Minc2,
     Zarr2,
@@ -121,6 +124,7 @@ impl Fuzzed {
         match self {
             Fuzzed::Npy => "npy",
             Fuzzed::Nifti => "nii",
+            Fuzzed::NiftiGz => "nii.gz",
             Fuzzed::Hdf5 => "h5",
             Fuzzed::Minc2 => "mnc",
             Fuzzed::Zarr2 | Fuzzed::Zarr3 => "",
@@ -152,6 +156,16 @@ fn seed_input(root: &Path, format: Fuzzed) -> PathBuf {
     match format {
         Fuzzed::Npy => make_blocks(root, "seed", &ARRAY, &BLOCK, u2, BlockFormat::Npy),
         Fuzzed::Nifti => make_blocks(root, "seed", &ARRAY, &BLOCK, u2, BlockFormat::Nifti),
+        Fuzzed::NiftiGz => {
+            let dir = make_blocks(root, "seed", &ARRAY, &BLOCK, u2, BlockFormat::Nifti);
+            for name in Fuzzed::Nifti.targets(&dir) {
+                let plain = dir.join(&name);
+                let bytes = std::fs::read(&plain).expect("read seed block");
+                std::fs::write(plain.with_extension("nii.gz"), gzip(&bytes)).expect("write");
+                std::fs::remove_file(plain).expect("remove plain seed block");
+            }
+            dir
+        }
         Fuzzed::Hdf5 => make_blocks(root, "seed", &ARRAY, &BLOCK, u2, BlockFormat::Hdf5),
         Fuzzed::Minc2 => {
             let out = root.join("minc");
@@ -169,6 +183,36 @@ fn seed_input(root: &Path, format: Fuzzed) -> PathBuf {
         Fuzzed::Zarr2 => common::make_zarr(root, "seed", &ARRAY, &CHUNKS, u2, BlockFormat::Zarr),
         Fuzzed::Zarr3 => common::make_zarr(root, "seed", &ARRAY, &CHUNKS, u2, BlockFormat::Zarr3),
     }
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(bytes).expect("gzip in memory");
+    encoder.finish().expect("gzip in memory")
+}
+
+/// All that the gzip stream (one member or more) `bytes` inflates to, as
+/// `gzip -d` would.
+fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut inflated = Vec::new();
+    flate2::read::MultiGzDecoder::new(bytes)
+        .read_to_end(&mut inflated)
+        .map_err(|e| format!("does not inflate: {e}"))?;
+    Ok(inflated)
+}
+
+/// `.nii.gz`: the NIfTI header inside (inflated, mutated, gzipped again),
+/// or a third of the time the gzip stream's own bytes.
+fn mutate_nifti_gz(rng: &mut TestRng, bytes: &mut Vec<u8>) -> String {
+    if rng.below(3) == 0 {
+        return format!("gzip stream: {}", mutate_bytes(rng, bytes, 64));
+    }
+    let mut inflated = gunzip(bytes).expect("the seed inflates");
+    let what = mutate_nifti(rng, &mut inflated);
+    *bytes = gzip(&inflated);
+    what
 }
 
 fn copy_tree(from: &Path, to: &Path) {
@@ -633,6 +677,7 @@ fn mutate(rng: &mut TestRng, format: Fuzzed, dir: &Path, data_offsets: &[usize])
     let what = match format {
         Fuzzed::Npy => mutate_npy(rng, &mut bytes),
         Fuzzed::Nifti => mutate_nifti(rng, &mut bytes),
+        Fuzzed::NiftiGz => mutate_nifti_gz(rng, &mut bytes),
         Fuzzed::Hdf5 | Fuzzed::Minc2 => mutate_hdf5(rng, &mut bytes, data_offsets[pick]),
         Fuzzed::Zarr2 | Fuzzed::Zarr3 => {
             if rng.below(8) == 0 {
@@ -878,6 +923,12 @@ fn block_values(path: &Path, format: Fuzzed) -> Result<Values, String> {
         Fuzzed::Hdf5 => hdf5_values(path, "/data"),
         Fuzzed::Minc2 => hdf5_values(path, "/minc-2.0/image/0/image"),
         Fuzzed::Npy => npy_values(path),
+        Fuzzed::NiftiGz => {
+            let inflated = gunzip(&std::fs::read(path).map_err(|e| e.to_string())?)?;
+            let plain = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
+            std::fs::write(plain.path(), inflated).map_err(|e| e.to_string())?;
+            block_values(plain.path(), Fuzzed::Nifti)
+        }
         _ => {
             let block = readers::try_read_block(path, format.extension(), "/data")?;
             Values::from_descr(block.shape, &block.descr, &block.data)
@@ -898,7 +949,7 @@ fn blocks_values(dir: &Path, format: Fuzzed) -> Result<Values, String> {
             .split('_')
             .map(|part| part.parse().map_err(|_| format!("name {text}")))
             .collect::<Result<_, _>>()?;
-        if format == Fuzzed::Nifti {
+        if matches!(format, Fuzzed::Nifti | Fuzzed::NiftiGz) {
             index.reverse();
         }
         blocks.push((index, block_values(&dir.join(&name), format)?));
@@ -1333,7 +1384,7 @@ fn run_case(input: &Path, out: &Path, checks: HeaderChecks) -> Result<Outcome, S
         return Ok(Outcome::RefusedAtRun);
     }
     let got = output_values(out).map_err(|e| format!("the output: {e}"))?;
-    let format = fuzzed_of(scanned.format);
+    let format = fuzzed_of(&scanned);
     let expected = reference_values(input, format)
         .map_err(|e| format!("accepted, but its own reader refuses it: {e}"))?;
     if got != expected {
@@ -1355,15 +1406,18 @@ fn run_case(input: &Path, out: &Path, checks: HeaderChecks) -> Result<Outcome, S
     Ok(Outcome::Accepted)
 }
 
-fn fuzzed_of(format: BlockFormat) -> Fuzzed {
-    match format {
+fn fuzzed_of(input: &InputArray) -> Fuzzed {
+    match input.format {
         BlockFormat::Npy => Fuzzed::Npy,
+        BlockFormat::Nifti if input.files.is_encoded() => Fuzzed::NiftiGz,
         BlockFormat::Nifti => Fuzzed::Nifti,
         BlockFormat::Hdf5 => Fuzzed::Hdf5,
         BlockFormat::Minc2 => Fuzzed::Minc2,
         BlockFormat::Zarr => Fuzzed::Zarr2,
         BlockFormat::Zarr3 => Fuzzed::Zarr3,
-        BlockFormat::Raw => panic!("raw blocks are never input"),
+        other @ (BlockFormat::Raw | BlockFormat::Nifti2) => {
+            panic!("{other:?} is never an input format")
+        }
     }
 }
 
@@ -1488,6 +1542,11 @@ fn fuzzed_npy_headers() {
 #[test]
 fn fuzzed_nifti_headers() {
     fuzz(Fuzzed::Nifti);
+}
+
+#[test]
+fn fuzzed_gzipped_nifti_headers() {
+    fuzz(Fuzzed::NiftiGz);
 }
 
 #[test]

@@ -3,12 +3,13 @@
 //! dimensions, shapes that do and do not divide, input and output blocks of
 //! any shape (past the array on an axis meaning the whole axis), memory
 //! limits from none down to the least any plan can hold, both strategies,
-//! every input format (npy, HDF5 contiguous, HDF5 chunked, NIfTI-1, Zarr v2
-//! and v3) and every output format (h5, npy, nii, raw, zarr, zarr3).
+//! every input format (npy, HDF5 contiguous, HDF5 chunked, NIfTI-1 plain
+//! and gzipped, Zarr v2 and v3) and every output format (h5, npy, nii, raw, zarr, zarr3).
 //!
 //! The oracle is independent of the crate: inputs are written and outputs
 //! read by naive writers and readers in `tests/property/files.rs` (npy and
-//! NIfTI-1 headers and Zarr metadata by hand from the formats' specs, HDF5
+//! NIfTI-1 headers and Zarr metadata by hand from the formats' specs, gzip
+//! through flate2's encoder, HDF5
 //! through libhdf5 with the file's own type), and the expected content of
 //! every block is cut from the whole array by the plain index arithmetic in
 //! `tests/property/naive.rs`. Element `n` (C-order linear index in the whole
@@ -64,6 +65,8 @@ enum Input {
         deflate: bool,
     },
     Nifti,
+    /// `.nii.gz`: NIfTI-1 gzipped in two members, read whole and inflated.
+    NiftiGz,
     /// Chunk keys joined by `separator`; chunks past the array are padded
     /// with bytes no reader may take for data; `compressed` chunks are
     /// encoded (v2 Blosc, v3 zstd and crc32c) and read whole.
@@ -87,6 +90,7 @@ impl fmt::Debug for Input {
                 )
             }
             Input::Nifti => write!(f, "nii"),
+            Input::NiftiGz => write!(f, "nii.gz"),
             Input::Zarr {
                 v3,
                 separator,
@@ -107,6 +111,7 @@ impl Input {
             Input::H5 => "h5",
             Input::H5Chunked { .. } => "h5 chunked",
             Input::Nifti => "nii",
+            Input::NiftiGz => "nii.gz",
             Input::Zarr {
                 v3: false,
                 compressed: false,
@@ -125,7 +130,11 @@ impl Input {
     /// The user-facing axis order of a NIfTI input is (x, y, z): block
     /// names, in and out, are the C-order index reversed.
     fn reverses_names(&self) -> bool {
-        *self == Input::Nifti
+        self.is_nifti()
+    }
+
+    fn is_nifti(&self) -> bool {
+        matches!(self, Input::Nifti | Input::NiftiGz)
     }
 }
 
@@ -266,6 +275,7 @@ enum InputKind {
         deflate: bool,
     },
     Nifti,
+    NiftiGz,
     Zarr {
         v3: bool,
         separator: char,
@@ -280,6 +290,7 @@ fn input_kind() -> impl Strategy<Value = InputKind> {
         (fractions(), any::<bool>())
             .prop_map(|(chunk, deflate)| InputKind::H5Chunked { chunk, deflate }),
         Just(InputKind::Nifti),
+        Just(InputKind::NiftiGz),
         (prop_oneof![Just('.'), Just('/')], any::<bool>()).prop_map(|(separator, compressed)| {
             InputKind::Zarr {
                 v3: false,
@@ -357,6 +368,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                         deflate,
                     },
                     InputKind::Nifti => Input::Nifti,
+                    InputKind::NiftiGz => Input::NiftiGz,
                     InputKind::Zarr {
                         v3,
                         separator,
@@ -391,7 +403,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
             "NIfTI-1 cannot hold this dtype or this many dimensions",
             |case| {
                 let ndim = case.array.len();
-                (case.input != Input::Nifti && case.output != BlockFormat::Nifti)
+                (!case.input.is_nifti() && case.output != BlockFormat::Nifti)
                     || nifti_can_hold(case.elem, ndim)
             },
         )
@@ -453,6 +465,7 @@ fn write_input(root: &Path, case: &Case, whole: &[u8]) -> PathBuf {
     let ext = match case.input {
         Input::Npy => "npy",
         Input::H5 | Input::H5Chunked { .. } => "h5",
+        Input::NiftiGz => "nii.gz",
         _ => "nii",
     };
     let single = case.single_file && grid.len() == 1;
@@ -472,6 +485,10 @@ fn write_input(root: &Path, case: &Case, whole: &[u8]) -> PathBuf {
                 files::write_h5(&path, &block.shape, elem, &data, Some(&chunk), *deflate)
             }
             Input::Nifti => files::write_nifti(&path, &block.shape, &block.origin, elem, &data),
+            Input::NiftiGz => {
+                files::write_nifti(&path, &block.shape, &block.origin, elem, &data);
+                files::gzip_in_two_members(&path);
+            }
             Input::Zarr { .. } => unreachable!(),
         }
         if single {
@@ -1019,7 +1036,7 @@ fn rechunked_blocks_match_a_naive_reference() {
         for ndim in 1..=8 {
             need(format!("ndim {ndim}"));
         }
-        for input in ["npy", "h5", "h5 chunked", "nii", "zarr", "zarr3"] {
+        for input in ["npy", "h5", "h5 chunked", "nii", "nii.gz", "zarr", "zarr3"] {
             need(format!("in {input}"));
         }
         for output in ["h5", "npy", "nii", "raw", "zarr", "zarr3"] {

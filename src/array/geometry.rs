@@ -113,18 +113,30 @@ pub enum FileShape {
     Exact,
     /// Every file holds a full chunk of this shape, edge chunks padded.
     Padded(Vec<u64>),
-    /// Every file is one encoded value (a compressed or sharded chunk) that
-    /// decodes into a full chunk of this shape, edge chunks padded: read
-    /// whole, in one call, never in parts.
-    Encoded(Vec<u64>),
+    /// Every file is one encoded value (a compressed or sharded chunk, a
+    /// gzipped NIfTI image), read whole, in one call, never in parts, that
+    /// decodes into a full chunk of `padded_to`, edge chunks padded (Zarr),
+    /// or with `None` into exactly its block.
+    Encoded { padded_to: Option<Vec<u64>> },
 }
 
 impl FileShape {
+    /// The full chunk every file is padded to, if files are padded.
+    fn padded_chunk(&self) -> Option<&[u64]> {
+        match self {
+            FileShape::Padded(chunk)
+            | FileShape::Encoded {
+                padded_to: Some(chunk),
+            } => Some(chunk),
+            FileShape::Exact | FileShape::Encoded { padded_to: None } => None,
+        }
+    }
+
     /// The file's box for `block`: same origin, the file's shape.
     pub fn file_box(&self, block: &Region) -> Region {
-        match self {
-            FileShape::Exact => block.clone(),
-            FileShape::Padded(chunk) | FileShape::Encoded(chunk) => Region::new(
+        match self.padded_chunk() {
+            None => block.clone(),
+            Some(chunk) => Region::new(
                 block.origin.clone(),
                 chunk
                     .iter()
@@ -137,28 +149,17 @@ impl FileShape {
 
     /// Along dimension `d`, the file's extent for a block `extent` long.
     pub fn file_extent(&self, d: usize, extent: u64) -> u64 {
-        match self {
-            FileShape::Exact => extent,
-            FileShape::Padded(chunk) | FileShape::Encoded(chunk) => chunk[d].max(extent),
-        }
+        self.padded_chunk()
+            .map_or(extent, |chunk| chunk[d].max(extent))
     }
 
     pub fn is_padded(&self) -> bool {
-        matches!(self, FileShape::Padded(_) | FileShape::Encoded(_))
+        self.padded_chunk().is_some()
     }
 
     /// Whether files are read whole and decoded ([`FileShape::Encoded`]).
     pub fn is_encoded(&self) -> bool {
-        matches!(self, FileShape::Encoded(_))
-    }
-
-    /// Elements of one decoded file of encoded files (0 for others): what
-    /// the executor holds while it copies from a decoded block.
-    pub fn decoded_volume(&self) -> u64 {
-        match self {
-            FileShape::Encoded(chunk) => chunk.iter().product(),
-            _ => 0,
-        }
+        matches!(self, FileShape::Encoded { .. })
     }
 }
 

@@ -157,8 +157,12 @@ pub fn qform_of(affine: &[[f64; 4]; 3], zooms: [f64; 3]) -> Option<Qform> {
             a = -a;
         }
     }
-    // `a` is implied by b, c, d (a unit quaternion with a ≥ 0).
-    let _ = a;
+    // `a` is implied by b, c, d (a unit quaternion with a ≥ 0). An affine
+    // read from 32-bit floats is not quite a rotation, which leaves the
+    // quaternion off unit length; nibabel refuses b² + c² + d² > 1 beyond
+    // rounding (in 64 bits, for NIfTI-2), as in a half turn, where a ≈ 0.
+    let norm = (a * a + b * b + c * c + d * d).sqrt();
+    let (b, c, d) = (b / norm, c / norm, d / norm);
     Some(Qform {
         b,
         c,

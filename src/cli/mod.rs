@@ -18,6 +18,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::array::axes::{axis_order_help, AXIS_ORDER_HELP};
 use crate::array::units::parse_bytes;
+use crate::format::BlockFormat;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -25,7 +26,7 @@ use crate::array::units::parse_bytes;
     version,
     about = "Rechunk arrays stored as grids of block files, with the fewest seeks in the memory allowed",
     long_about = "rechunkfs reads an array stored as a grid of block files ({i}_{j}_{k}.h5, .npy, \
-.nii or .mnc, one file per block, edge blocks may be smaller; or a Zarr v2/v3 array, compressed or \
+.nii, .nii.gz (NIfTI-1 or -2) or .mnc, one file per block, edge blocks may be smaller; or a Zarr v2/v3 array, compressed or \
 sharded too) \
 and writes it as blocks of another shape (block files, or a Zarr array's chunks), \
 following the keep plan: the read and write order with the fewest disk seeks that fits in \
@@ -69,7 +70,8 @@ attribute user.rechunkfs.state (done or pending).\n\nBlocks are written into a s
 blocks are kept, the rest are redone. If an input file changed after the view read it (its size \
 or mtime, journaled as it was first read), the mount is refused; --rebuild starts over.\n\nInput headers are checked as in rechunk: a few at the mount, each \
 other one when the materialiser first reads its block; a bad block fails the view (status says \
-which and why), and reads of blocks not done get an error.\n\nNIfTI blocks (--format nii) carry the input's voxel sizes and an \
+which and why), and reads of blocks not done get an error.\n\nNIfTI blocks (--format nii, or nii2 for NIfTI-2, which \
+blocks with a side over 32,767 get anyway) carry the input's voxel sizes and an \
 affine placing each block in the whole image (identity for HDF5 and npy input); raw blocks \
 (--format raw) are data only, described by rechunkfs.json.\n\n", axis_order_help!())
 )]
@@ -85,7 +87,7 @@ pub struct MountArgs {
     /// Where to write the blocks (default: under ~/.cache/rechunkfs, keyed by input, shape and format).
     #[arg(long, value_name = "DIR")]
     pub staging: Option<PathBuf>,
-    /// Block file format: h5, npy, nii (NIfTI-1), raw, zarr (the view is a Zarr v2 array) or zarr3 (Zarr v3) (default: the input's; h5 for MINC2 input).
+    /// Block file format: h5, npy, nii (NIfTI-1), nii2 (NIfTI-2), raw, zarr (the view is a Zarr v2 array) or zarr3 (Zarr v3) (default: the input's; h5 for MINC2 input).
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
     #[command(flatten)]
@@ -139,8 +141,9 @@ pub struct InputArgs {
     /// Which values of a MINC2 image to write: stored (its stored integers, moved as they are)
     /// or scaled (its physical values, as nibabel's get_fdata computes them from image-min,
     /// image-max and valid_range, written as float32). Default: stored, where the output keeps
-    /// the image's scaling or holds the stored values (HDF5); otherwise (per-slice scaling in
-    /// NIfTI, any scaling in npy, raw or Zarr) the run asks for one.
+    /// the image's scaling (none to keep, or one scaling in NIfTI's scl_slope/scl_inter);
+    /// otherwise (per-slice scaling in NIfTI, any scaling in HDF5, npy, raw or Zarr) the run
+    /// asks for one.
     #[arg(long, value_name = "stored|scaled")]
     pub values: Option<String>,
 }
@@ -205,7 +208,8 @@ pub struct PlanArgs {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = concat!("NIfTI blocks (--format nii) carry the input's voxel sizes and an \
+    after_help = concat!("NIfTI blocks (--format nii, or nii2 for NIfTI-2, which \
+blocks with a side over 32,767 get anyway) carry the input's voxel sizes and an \
 affine placing each block in the whole image (identity for HDF5 and npy input); raw blocks \
 (--format raw) are data only, and OUT/rechunkfs.json describes them (shape, dtype, axis \
 order).\n\nInput headers: two HDF5 or npy blocks of each kind (interior, or last along some \
@@ -229,7 +233,7 @@ pub struct RechunkArgs {
     pub output: PathBuf,
     #[command(flatten)]
     pub planning: PlanningArgs,
-    /// Output format: h5, npy, nii (NIfTI-1), raw, zarr (OUT becomes a Zarr v2 array) or zarr3 (Zarr v3) (default: the input's; h5 for MINC2 input).
+    /// Output format: h5, npy, nii (NIfTI-1), nii2 (NIfTI-2), raw, zarr (OUT becomes a Zarr v2 array) or zarr3 (Zarr v3) (default: the input's; h5 for MINC2 input).
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
     #[command(flatten)]
@@ -295,6 +299,19 @@ fn chosen_array(input: &std::path::Path, args: &InputArgs) -> anyhow::Result<Pat
     Ok(match &args.array {
         Some(array) => crate::format::zarr::array_in_group(input, array)?,
         None => input.to_path_buf(),
+    })
+}
+
+/// What to tell the user when the blocks are written in `used` where
+/// `asked` was asked for: NIfTI-2, for blocks NIfTI-1 cannot hold.
+fn format_note(asked: BlockFormat, used: BlockFormat) -> Option<String> {
+    (asked != used).then(|| {
+        format!(
+            "writing {} blocks, not {}: a block side is longer than the 32,767 voxels \
+             NIfTI-1 can hold",
+            used.name(),
+            asked.name()
+        )
     })
 }
 

@@ -19,8 +19,9 @@ use crate::view::{MountRequest, PreparedView, ViewCore};
 pub(super) fn mount_command(args: MountArgs) -> anyhow::Result<()> {
     session::check_mount_point(&args.view)?;
     session::check_fuse()?;
-    let prepared = crate::view::prepare(&request_of(&args)?)?;
-    let summary = summary(&prepared);
+    let request = request_of(&args)?;
+    let prepared = crate::view::prepare(&request)?;
+    let summary = summary(&prepared, request.format);
     if args.foreground {
         let core = prepared.core.clone();
         let view = args.view.clone();
@@ -69,11 +70,14 @@ fn request_of(args: &MountArgs) -> anyhow::Result<MountRequest> {
 }
 
 /// "24 blocks of 10×10×10 (0 done already), staging in DIR".
-fn summary(prepared: &PreparedView) -> String {
+fn summary(prepared: &PreparedView, asked: Option<BlockFormat>) -> String {
     let status = prepared.core.status();
     let layout = prepared.core.layout();
+    let asked = asked.unwrap_or_else(|| prepared.input.format.default_output());
+    let note = crate::cli::format_note(asked, layout.format)
+        .map_or(String::new(), |note| format!(" ({note})"));
     format!(
-        "{} blocks of {} ({} done already), staging in {}",
+        "{} blocks of {}{note} ({} done already), staging in {}",
         thousands(status.blocks_total),
         show_shape(&layout.axis_order.to_user(&layout.output_block)),
         thousands(status.blocks_done),

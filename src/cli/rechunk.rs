@@ -41,6 +41,7 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     };
     let input = input.with_values(args.input_args.values()?, format)?;
     let plan = plan_rechunk(&args, &input, format)?;
+    let format = output_format(format, &plan);
     if same_directory(&args.input, &args.output) {
         bail!(
             "{}: OUT is the input directory; write the new blocks somewhere else",
@@ -57,6 +58,19 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let stats = write_output(&args, &input, &plan, spec)?;
     let elapsed = started.elapsed();
     report_run(&plan, &stats, input.axis_order(), elapsed, args.json)
+}
+
+/// The format the output blocks of `plan` are written in: `asked`, or
+/// NIfTI-2 where NIfTI-1 cannot hold them (said on stderr, also with
+/// --json: the blocks are not what was asked for).
+fn output_format(asked: BlockFormat, plan: &Plan) -> BlockFormat {
+    // The first output block is the largest.
+    let largest = plan.output.block(&vec![0; plan.output.ndim()]).shape;
+    let format = asked.for_output_blocks(&largest);
+    if let Some(note) = crate::cli::format_note(asked, format) {
+        eprintln!("{note}");
+    }
+    format
 }
 
 /// The plan for rechunking `input` as `args` ask, in the memory allowed

@@ -10,7 +10,7 @@
 //! block shape serves every file, and a view can report exact sizes and serve
 //! headers before any data are written.
 //!
-//! NIfTI-1 headers also say where a block lies in the world (its affine), so
+//! NIfTI headers also say where a block lies in the world (its affine), so
 //! their bytes depend on the block's origin as well: [`place`] rewrites a
 //! shape's template for one block. MINC2 is read (it is HDF5 underneath) but
 //! not written; raw blocks are data only.
@@ -45,9 +45,13 @@ use crate::error::{Error, Result};
 pub enum BlockFormat {
     Hdf5,
     Npy,
-    /// NIfTI-1 single files (`.nii`), read and written.
+    /// NIfTI single files: read as `.nii` or `.nii.gz`, NIfTI-1 or -2;
+    /// written as NIfTI-1 `.nii` (see [`BlockFormat::for_output_blocks`]).
     #[serde(rename = "nii")]
     Nifti,
+    /// NIfTI-2 single files (`.nii`), written only (inputs are [`Nifti`](Self::Nifti)).
+    #[serde(rename = "nii2")]
+    Nifti2,
     /// MINC2 (`.mnc`, HDF5 underneath), read only.
     #[serde(rename = "mnc")]
     Minc2,
@@ -82,7 +86,7 @@ impl BlockFormat {
         match self {
             BlockFormat::Hdf5 => "h5",
             BlockFormat::Npy => "npy",
-            BlockFormat::Nifti => "nii",
+            BlockFormat::Nifti | BlockFormat::Nifti2 => "nii",
             BlockFormat::Minc2 => "mnc",
             BlockFormat::Raw => "raw",
             // A Zarr array is a directory, not files with an extension;
@@ -99,7 +103,8 @@ impl BlockFormat {
             BlockFormat::Npy => "npy",
             BlockFormat::Zarr => "Zarr v2",
             BlockFormat::Zarr3 => "Zarr v3",
-            BlockFormat::Nifti => "NIfTI-1",
+            BlockFormat::Nifti => "NIfTI",
+            BlockFormat::Nifti2 => "NIfTI-2",
             BlockFormat::Minc2 => "MINC2",
             BlockFormat::Raw => "raw",
         }
@@ -137,7 +142,7 @@ impl BlockFormat {
     /// [`crate::array::axes`]): NIfTI's (x, y, z), or C order.
     pub fn axis_order(self) -> AxisOrder {
         match self {
-            BlockFormat::Nifti => AxisOrder::Nifti,
+            BlockFormat::Nifti | BlockFormat::Nifti2 => AxisOrder::Nifti,
             _ => AxisOrder::C,
         }
     }
@@ -146,6 +151,16 @@ impl BlockFormat {
     /// shape (Zarr chunks are always whole).
     pub fn pads_edge_blocks(&self) -> bool {
         matches!(self, BlockFormat::Zarr | BlockFormat::Zarr3)
+    }
+
+    /// The format output blocks of `block_shape` (internal C order, the
+    /// largest of the output) are written in: NIfTI-2 for NIfTI blocks
+    /// with a side past NIfTI-1's 32,767, the format asked for otherwise.
+    pub fn for_output_blocks(self, block_shape: &[u64]) -> BlockFormat {
+        match (self, nifti::Version::needed_for(block_shape)) {
+            (BlockFormat::Nifti, nifti::Version::Two) => BlockFormat::Nifti2,
+            _ => self,
+        }
     }
 }
 
@@ -156,13 +171,15 @@ impl FromStr for BlockFormat {
         let zarr = match text.trim().to_ascii_lowercase().as_str() {
             "zarr" | "zarr2" => Some(BlockFormat::Zarr),
             "zarr3" => Some(BlockFormat::Zarr3),
+            "nii2" | "nifti2" => Some(BlockFormat::Nifti2),
             _ => None,
         };
         zarr.or_else(|| BlockFormat::from_extension(text.trim()))
             .ok_or_else(|| {
                 Error::BadArgument(format!(
-                    "'{text}' is not a block format rechunkfs knows; use h5 (or hdf5), npy, nii, \
-                     raw, zarr (Zarr v2) or zarr3 (Zarr v3); mnc is read, not written"
+                    "'{text}' is not a block format rechunkfs knows; use h5 (or hdf5), npy, nii \
+                     (NIfTI-1), nii2 (NIfTI-2), raw, zarr (Zarr v2) or zarr3 (Zarr v3); mnc is \
+                     read, not written"
                 ))
             })
     }
@@ -179,8 +196,9 @@ pub enum Storage {
     /// everywhere. `fill` is one element's bytes, in the array's byte order.
     Absent { fill: Vec<u8> },
     /// The whole file (`len` bytes) is one encoded value, such as a
-    /// compressed or sharded Zarr chunk: it can only be read whole, in one
-    /// call, and decoded into the full (padded) block by `decoder`.
+    /// compressed or sharded Zarr chunk or a gzipped NIfTI image: it can
+    /// only be read whole, in one call, and decoded into the block (padded,
+    /// for Zarr) by `decoder`.
     Encoded {
         decoder: std::sync::Arc<dyn decode::BlockDecode>,
         len: u64,
@@ -213,7 +231,7 @@ pub fn probe(path: &Path, format: BlockFormat, dataset: &str) -> Result<BlockInf
     match format {
         BlockFormat::Npy => npy::probe(path),
         BlockFormat::Hdf5 => self::hdf5::probe(path, dataset),
-        BlockFormat::Nifti => nifti::probe(path),
+        BlockFormat::Nifti | BlockFormat::Nifti2 => nifti::probe(path),
         BlockFormat::Minc2 => minc::probe(path),
         BlockFormat::Raw => Err(Error::bad_input(
             path,
@@ -231,7 +249,7 @@ pub fn probe(path: &Path, format: BlockFormat, dataset: &str) -> Result<BlockInf
 /// headers carry one, other formats none (`None`).
 pub fn probe_space(path: &Path, format: BlockFormat, info: &BlockInfo) -> Result<Option<Space>> {
     match format {
-        BlockFormat::Nifti => Ok(Some(nifti::read_header(path)?.space)),
+        BlockFormat::Nifti | BlockFormat::Nifti2 => Ok(Some(nifti::read_header(path)?.space)),
         BlockFormat::Minc2 => minc::probe_space(path, info.shape.len(), info.dtype).map(Some),
         BlockFormat::Hdf5
         | BlockFormat::Npy
@@ -431,7 +449,22 @@ pub fn template_in_space(
             })
         }
         BlockFormat::Hdf5 => self::hdf5::template(shape, dtype, dataset, data_len, alignment),
-        BlockFormat::Nifti => nifti::template(shape, dtype, space, data_len, alignment),
+        BlockFormat::Nifti => nifti::template(
+            nifti::Version::One,
+            shape,
+            dtype,
+            space,
+            data_len,
+            alignment,
+        ),
+        BlockFormat::Nifti2 => nifti::template(
+            nifti::Version::Two,
+            shape,
+            dtype,
+            space,
+            data_len,
+            alignment,
+        ),
         // Raw blocks and Zarr chunks are pure data; their metadata file
         // (rechunkfs.json, .zarray or zarr.json) says shape and dtype.
         BlockFormat::Raw | BlockFormat::Zarr | BlockFormat::Zarr3 => Ok(BlockTemplate {
@@ -451,7 +484,7 @@ pub fn template_in_space(
 /// `template` (made by [`template_in_space`] for this block's shape) as the
 /// block whose first voxel is at `origin` (internal C order) needs it: the
 /// same bytes for formats whose header says nothing of where a block lies,
-/// and for NIfTI-1 a header whose affine is translated to that voxel.
+/// and for NIfTI a header whose affine is translated to that voxel.
 pub fn place<'a>(
     template: &'a BlockTemplate,
     format: BlockFormat,
@@ -460,10 +493,15 @@ pub fn place<'a>(
     space: &Space,
     origin: &[u64],
 ) -> Cow<'a, BlockTemplate> {
-    if format != BlockFormat::Nifti || origin.iter().all(|&o| o == 0) {
+    let version = match format {
+        BlockFormat::Nifti => nifti::Version::One,
+        BlockFormat::Nifti2 => nifti::Version::Two,
+        _ => return Cow::Borrowed(template),
+    };
+    if origin.iter().all(|&o| o == 0) {
         return Cow::Borrowed(template);
     }
-    let header = nifti::encode_header(shape, dtype, space, origin, template.data_offset);
+    let header = nifti::encode_header(version, shape, dtype, space, origin, template.data_offset);
     let mut placed = template.clone();
     placed.prefix[..header.len()].copy_from_slice(&header);
     Cow::Owned(placed)
@@ -550,6 +588,22 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&BlockFormat::Nifti).unwrap(),
             "\"nii\""
+        );
+        assert_eq!("nii2".parse::<BlockFormat>().unwrap(), BlockFormat::Nifti2);
+        assert_eq!(BlockFormat::Nifti2.extension(), "nii");
+        assert_eq!(BlockFormat::from_extension("nii2"), None);
+        let wide = [2, 40_000];
+        assert_eq!(
+            BlockFormat::Nifti.for_output_blocks(&wide),
+            BlockFormat::Nifti2
+        );
+        assert_eq!(
+            BlockFormat::Nifti.for_output_blocks(&[2, 30_000]),
+            BlockFormat::Nifti
+        );
+        assert_eq!(
+            BlockFormat::Hdf5.for_output_blocks(&wide),
+            BlockFormat::Hdf5
         );
         assert_eq!(BlockFormat::from_extension("zarr"), None);
         assert_eq!("zarr".parse::<BlockFormat>().unwrap(), BlockFormat::Zarr);

@@ -1,6 +1,7 @@
 //! Finding the block files of an input: a file's name is all that says
 //! which format it is and where it sits in the grid, so a name that cannot
-//! say it is refused here, before any file is opened.
+//! say it is refused here, before any file is opened. A name's extension
+//! may be double: `.nii.gz` is gzipped NIfTI.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,7 @@ use super::{InputArray, InputBlock};
 use crate::array::geometry::FileShape;
 use crate::array::names::parse_grid_index;
 use crate::error::{Error, Result};
-use crate::format::{self, BlockFormat};
+use crate::format::{self, BlockFormat, Storage};
 use crate::sys::files;
 
 /// A block file of a directory input, by the grid index its name gives
@@ -25,52 +26,81 @@ pub(super) struct NamedBlock {
 pub(super) fn scan_single_file(path: &Path, dataset: String) -> Result<InputArray> {
     let format = format_of(path)?;
     let info = format::probe(path, format, format.input_dataset(&dataset))?;
+    let blocks = vec![InputBlock {
+        path: path.to_path_buf(),
+        storage: info.storage,
+        check: None,
+    }];
     Ok(InputArray {
         source: path.to_path_buf(),
         format,
         dtype: info.dtype,
         shape: info.shape.clone(),
         block_shape: info.shape,
-        files: FileShape::Exact,
-        blocks: vec![InputBlock {
-            path: path.to_path_buf(),
-            storage: info.storage,
-            check: None,
-        }],
+        files: files_of(&blocks)?,
+        blocks,
         dataset,
     })
 }
 
+/// How the files of `blocks` hold their blocks: exactly, in place, or
+/// each one encoded value decoding to exactly its block (gzipped NIfTI).
+/// Refuses a mix: the whole input is read one way or the other.
+pub(super) fn files_of(blocks: &[InputBlock]) -> Result<FileShape> {
+    let encoded = |block: &InputBlock| matches!(block.storage, Storage::Encoded { .. });
+    let Some(first) = blocks.first() else {
+        return Ok(FileShape::Exact);
+    };
+    if let Some(odd) = blocks.iter().find(|block| encoded(block) != encoded(first)) {
+        let (gzipped, plain) = if encoded(first) {
+            (first, odd)
+        } else {
+            (odd, first)
+        };
+        return Err(Error::bad_input(
+            &odd.path,
+            format!(
+                "{} is compressed but {} is not: the blocks of one array are all gzipped or \
+                 none are; compress or decompress the odd ones (gzip, gunzip)",
+                gzipped.path.display(),
+                plain.path.display()
+            ),
+        ));
+    }
+    Ok(if encoded(first) {
+        FileShape::Encoded { padded_to: None }
+    } else {
+        FileShape::Exact
+    })
+}
+
 fn format_of(path: &Path) -> Result<BlockFormat> {
-    refuse_compressed_nifti(path)?;
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    let (_, ext) = split_extension(path);
     BlockFormat::from_extension(ext).ok_or_else(|| {
         Error::bad_input(
             path,
             format!(
                 "unknown block file extension '.{ext}'; rechunkfs reads .h5/.hdf5 (HDF5), .npy, \
-                 .nii (NIfTI-1) and .mnc (MINC2) files"
+                 .nii or .nii.gz (NIfTI-1 or -2) and .mnc (MINC2) files"
             ),
         )
     })
 }
 
-/// `.nii.gz` is the usual way NIfTI travels, but its voxels are not at a
-/// fixed offset, so rechunkfs cannot read them in place: say so rather than
-/// skip the file as one of an unknown type.
-fn refuse_compressed_nifti(path: &Path) -> Result<()> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().to_ascii_lowercase())
-        .unwrap_or_default();
-    if name.ends_with(".nii.gz") {
-        return Err(Error::bad_input(
-            path,
-            "gzip-compressed NIfTI (.nii.gz) is not supported: its voxels cannot be read in \
-             place; decompress it first (gunzip FILE.nii.gz, or gunzip -k to keep the original)",
-        ));
+/// A block file's name split at its extension, `("2_1_3", "h5")`: the
+/// last one, or both of a double extension a compressed format has
+/// (`.nii.gz`, which is NIfTI).
+fn split_extension(path: &Path) -> (&str, &str) {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let lower = name.to_ascii_lowercase();
+    if lower.ends_with(".nii.gz") && name.len() > ".nii.gz".len() {
+        let stem = &name[..name.len() - ".nii.gz".len()];
+        return (stem, "nii");
     }
-    Ok(())
+    match name.rsplit_once('.') {
+        Some((stem, ext)) if !stem.is_empty() => (stem, ext),
+        _ => (name, ""),
+    }
 }
 
 /// Block files in `dir` with their grid index and format. Hidden files and
@@ -86,12 +116,7 @@ pub(super) fn list_block_files(dir: &Path) -> Result<Vec<NamedBlock>> {
         if file_name.starts_with('.') {
             continue;
         }
-        refuse_compressed_nifti(&path)?;
-        let Some(format) = path
-            .extension()
-            .and_then(|e| e.to_str())
-            .and_then(BlockFormat::from_extension)
-        else {
+        let Some(format) = BlockFormat::from_extension(split_extension(&path).1) else {
             log::warn!(
                 target: super::LOG_TARGET,
                 "{}: not a block file (unknown extension), ignored",
@@ -133,7 +158,7 @@ fn check_regular(entry: &fs::DirEntry, path: &Path) -> Result<()> {
 /// The grid index a block file's name gives, in internal C order (names
 /// are in the user's order).
 fn grid_index_of(path: &Path, format: BlockFormat) -> Result<Vec<usize>> {
-    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    let (stem, _) = split_extension(path);
     let index = parse_grid_index(stem).ok_or_else(|| {
         Error::bad_input(
             path,
@@ -161,5 +186,19 @@ mod tests {
         assert_eq!(parse_grid_index("a_1"), None);
         assert_eq!(parse_grid_index("-1_2"), None);
         assert_eq!(grid_name(&[3, 0, 12]), "3_0_12");
+    }
+
+    #[test]
+    fn double_extensions_of_compressed_nifti() {
+        for (name, expected) in [
+            ("2_1_3.nii.gz", ("2_1_3", "nii")),
+            ("2_1_3.NII.GZ", ("2_1_3", "nii")),
+            ("0_0.h5", ("0_0", "h5")),
+            ("notes.txt.gz", ("notes.txt", "gz")),
+            (".nii.gz", (".nii", "gz")),
+            ("README", ("README", "")),
+        ] {
+            assert_eq!(split_extension(Path::new(name)), expected, "{name}");
+        }
     }
 }

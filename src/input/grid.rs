@@ -11,7 +11,7 @@ use super::probe::{self, Probed};
 use super::{HeaderChecks, InputArray, InputBlock};
 use crate::array::axes::AxisOrder;
 use crate::array::dtype::DType;
-use crate::array::geometry::{self, FileShape};
+use crate::array::geometry;
 use crate::array::names::grid_name;
 use crate::error::{Error, Result};
 use crate::format::{BlockFormat, BlockInfo};
@@ -71,7 +71,7 @@ fn assemble(
         dtype: found.dtype,
         shape,
         block_shape: extents.interior,
-        files: FileShape::Exact,
+        files: super::discover::files_of(&found.blocks)?,
         blocks: found.blocks,
     })
 }

@@ -5,11 +5,11 @@
 //! block in its peak memory, as for any encoded input.
 //!
 //! Without `--values` the stored values are written wherever that loses
-//! nothing a reader needs: the input has no scaling, the output records
-//! it (NIfTI's `scl_slope`/`scl_inter`, for one global scaling), or the
-//! output is HDF5, MINC2's default output, which holds the stored values as
-//! h5py reads them from the MINC2 file. Elsewhere the run is refused, and
-//! the message names both choices.
+//! nothing a reader needs: the input has no scaling, or the output records
+//! it (NIfTI's `scl_slope`/`scl_inter`, for one global scaling). Elsewhere,
+//! HDF5 output included (its dataset would hold numbers that are not the
+//! image's values, with nothing saying so), the run is refused, and the
+//! message names both choices.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -138,7 +138,9 @@ impl InputArray {
             block.check = None;
         }
         self.dtype = minc::scaled_dtype(self.dtype);
-        self.files = FileShape::Encoded(self.block_shape.clone());
+        self.files = FileShape::Encoded {
+            padded_to: Some(self.block_shape.clone()),
+        };
         Ok(self)
     }
 }
@@ -148,8 +150,8 @@ impl InputArray {
 fn stored_keeps(scaling: &ValueScaling, format: BlockFormat) -> bool {
     match scaling {
         ValueScaling::Float | ValueScaling::Absent | ValueScaling::Identity => true,
-        ValueScaling::Global { .. } => matches!(format, BlockFormat::Nifti | BlockFormat::Hdf5),
-        ValueScaling::PerSlice { .. } => format == BlockFormat::Hdf5,
+        ValueScaling::Global { .. } => format == BlockFormat::Nifti,
+        ValueScaling::PerSlice { .. } => false,
     }
 }
 
@@ -167,7 +169,8 @@ fn unsaid_refusal(path: &Path, scaling: &ValueScaling, format: BlockFormat) -> S
     };
     let choices = if format == BlockFormat::Nifti {
         "pass --values scaled to write the physical values as float32 (as nibabel's get_fdata \
-         computes them), or write h5 output, which holds the stored values"
+         computes them), or --values stored with --format h5 to write the stored values \
+         without their scaling"
     } else {
         "pass --values scaled to write the physical values as float32 (as nibabel's get_fdata \
          computes them), or --values stored to write the stored values without their scaling"

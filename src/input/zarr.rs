@@ -64,7 +64,9 @@ pub fn scan_array(dir: &Path, meta: ZarrArrayMeta) -> Result<InputArray> {
         shape: meta.shape,
         block_shape,
         files: if meta.decoder.is_some() {
-            FileShape::Encoded(meta.chunks)
+            FileShape::Encoded {
+                padded_to: Some(meta.chunks),
+            }
         } else {
             FileShape::Padded(meta.chunks)
         },

@@ -77,16 +77,70 @@ pub(super) fn plan_read_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
     read_seeks(dims, &problem.input_spans_exactly(&problem.input()))
 }
 
-/// The peak of [`simulate_peak`] plus the decoded input block held beside
-/// the step being read (encoded inputs): every step reads at least one
-/// input block, and the peak is reached while a step is read.
+/// The peak of [`simulate_peak`], with the decoded input blocks held beside
+/// the steps that read them when inputs are encoded.
 pub(super) fn plan_peak(
     problem: &Problem,
     dims: &[&DimOption],
     steps: &Axis,
     give_up_above: u128,
 ) -> u128 {
-    simulate_peak(dims, steps, problem.elem_size, give_up_above) + problem.decoded_block_bytes()
+    let decoded = problem
+        .reads_whole_inputs()
+        .then(|| DecodedExtents::of(problem, dims, steps));
+    simulate_peak(
+        dims,
+        steps,
+        problem.elem_size,
+        give_up_above,
+        decoded.as_ref(),
+    )
+}
+
+/// The longest decoded input block extent each step reads, per
+/// dimension: the executor decodes every input block a step overlaps,
+/// one at a time, and holds each beside the step while it copies from it.
+/// Those blocks are a product of input intervals, so the largest is the
+/// product of the longest along each dimension. Padded files (Zarr)
+/// decode to the full chunk everywhere; exact ones (gzipped NIfTI) to
+/// their block, smaller at the edges.
+struct DecodedExtents {
+    /// Along the first dimension, per step.
+    first: Vec<u64>,
+    /// Along each later dimension `d`, per read interval: `rest[d - 1]`.
+    rest: Vec<Vec<u64>>,
+}
+
+impl DecodedExtents {
+    fn of(problem: &Problem, dims: &[&DimOption], steps: &Axis) -> DecodedExtents {
+        let input = problem.input();
+        let longest = |d: usize, moving: &Axis| -> Vec<u64> {
+            let files = input.axis(d);
+            (0..moving.count())
+                .map(|k| {
+                    files
+                        .overlapping(moving.start(k), moving.end(k))
+                        .map(|f| problem.input_files.file_extent(d, files.extent(f)))
+                        .max()
+                        .unwrap_or(0)
+                })
+                .collect()
+        };
+        DecodedExtents {
+            first: longest(0, steps),
+            rest: (1..dims.len()).map(|d| longest(d, &dims[d].read)).collect(),
+        }
+    }
+
+    /// Elements of the largest decoded block of the read block at
+    /// `index`, leaving out the first dimension (see [`first`](Self::first)).
+    fn rest_volume(&self, index: &[usize]) -> u128 {
+        self.rest
+            .iter()
+            .zip(&index[1..])
+            .map(|(extents, &k)| extents[k] as u128)
+            .product()
+    }
 }
 
 /// Write seeks: at most one write block completes per read block, each of
@@ -104,14 +158,21 @@ pub(super) fn write_seeks(dims: &[&DimOption]) -> u128 {
 /// then that slab is freed, and the slab this step completes (the part of
 /// the read block's completed write block, if any, up to the step's end)
 /// goes in flight. Volumes are products of per-dimension lengths, so a step
-/// costs O(dimensions).
+/// costs O(dimensions). With `decoded` (encoded inputs), the largest
+/// decoded input block a step reads is held beside it while it is read.
 ///
 /// `steps` is [`step_axis`]`(dims)`. The search only asks whether a plan
 /// fits: once the peak passes `give_up_above` bytes the rest is not
 /// simulated, and what is returned is just some number above it.
 ///
 /// [`step_axis`]: super::steps::step_axis
-fn simulate_peak(dims: &[&DimOption], steps: &Axis, elem_size: u64, give_up_above: u128) -> u128 {
+fn simulate_peak(
+    dims: &[&DimOption],
+    steps: &Axis,
+    elem_size: u64,
+    give_up_above: u128,
+    decoded: Option<&DecodedExtents>,
+) -> u128 {
     let first = dims[0];
     let grid: Vec<usize> = dims.iter().map(|o| o.read.count()).collect();
     let mut held: u128 = 0;
@@ -124,12 +185,14 @@ fn simulate_peak(dims: &[&DimOption], steps: &Axis, elem_size: u64, give_up_abov
             rest_volume *= dims[d].read.extent(k) as u128;
             rest_completed *= dims[d].completed_len[k] as u128;
         }
+        let decoded_rest = decoded.map_or(0, |d| d.rest_volume(&index));
         let k = index[0];
         let written = first.completes[k].map(|w| (first.write.start(w), first.write.end(w)));
         let range = steps.overlapping(first.read.start(k), first.read.end(k));
         for j in range.clone() {
             held += steps.extent(j) as u128 * rest_volume;
-            peak = peak.max(held);
+            let decoded_here = decoded.map_or(0, |d| d.first[j] as u128 * decoded_rest);
+            peak = peak.max(held + decoded_here);
             if peak * elem_size as u128 > give_up_above {
                 return peak * elem_size as u128;
             }

@@ -380,9 +380,12 @@ mod tests {
         use crate::array::geometry::FileShape;
         // 55³ u16 in 10³ encoded chunks (edge chunks padded) -> 25³.
         let plain = Problem::new(vec![55; 3], vec![10; 3], vec![25; 3], 2).unwrap();
-        let problem = plain
-            .clone()
-            .with_files(FileShape::Encoded(vec![10; 3]), FileShape::Exact);
+        let problem = plain.clone().with_files(
+            FileShape::Encoded {
+                padded_to: Some(vec![10; 3]),
+            },
+            FileShape::Exact,
+        );
         let decoded = 10 * 10 * 10 * 2;
         let rhat = keep_rhat(&problem);
         assert_eq!(rhat.prediction.read_seeks, 216, "one seek per chunk");
@@ -409,6 +412,28 @@ mod tests {
         };
         assert!(needed > 2 * decoded);
         assert!(plan(&problem, Strategy::Keep, Some(needed)).is_ok());
+    }
+
+    #[test]
+    fn exact_encoded_edge_blocks_are_held_at_their_own_size() {
+        use crate::array::geometry::FileShape;
+        // 15 elements in encoded blocks of 10 into one: read in two steps,
+        // [0, 10) and [10, 15). The second holds 10 + 5 elements and its
+        // decoded block: 5 when files hold exactly their block (gzipped
+        // NIfTI), a padded 10 when they hold full chunks (Zarr).
+        let plain = Problem::new(vec![15], vec![10], vec![15], 1).unwrap();
+        let exact = plain
+            .clone()
+            .with_files(FileShape::Encoded { padded_to: None }, FileShape::Exact);
+        let padded = plain.with_files(
+            FileShape::Encoded {
+                padded_to: Some(vec![10]),
+            },
+            FileShape::Exact,
+        );
+        assert_eq!(keep_rhat(&exact).steps.axis(0).bounds(), &[0, 10, 15]);
+        assert_eq!(keep_rhat(&exact).prediction.peak_bytes, 20);
+        assert_eq!(keep_rhat(&padded).prediction.peak_bytes, 25);
     }
 
     #[test]

@@ -91,10 +91,23 @@ impl Problem {
         self.input_files.is_encoded()
     }
 
-    /// Bytes of the decoded input block the executor holds beside the
-    /// pieces while it copies from it (0 unless inputs are encoded).
-    pub(super) fn decoded_block_bytes(&self) -> u128 {
-        self.input_files.decoded_volume() as u128 * self.elem_size as u128
+    /// Bytes of the smallest decoded input block (0 unless inputs are
+    /// encoded): every step holds at least that beside it.
+    pub(super) fn least_decoded_block_bytes(&self) -> u128 {
+        if !self.input_files.is_encoded() {
+            return 0;
+        }
+        let input = self.input();
+        (0..self.ndim())
+            .map(|d| {
+                let files = input.axis(d);
+                (0..files.count())
+                    .map(|f| self.input_files.file_extent(d, files.extent(f)) as u128)
+                    .min()
+                    .unwrap_or(0)
+            })
+            .product::<u128>()
+            * self.elem_size as u128
     }
 
     pub fn ndim(&self) -> usize {

@@ -100,14 +100,15 @@ fn candidates(problem: &Problem, options: &[Vec<DimOption>]) -> Vec<Candidate> {
             Candidate {
                 seeks: plan_read_seeks(problem, &dims) + write_seeks(&dims),
                 read_blocks: dims.iter().map(|o| o.read.count() as u128).product(),
-                // A lower bound on the peak: the thickest step.
+                // A lower bound on the peak: the thickest step, and the least
+                // decoded input block beside it.
                 min_bytes: dims[0].min_step_extent as u128
                     * dims[1..]
                         .iter()
                         .map(|o| o.max_read_extent as u128)
                         .product::<u128>()
                     * problem.elem_size as u128
-                    + problem.decoded_block_bytes(),
+                    + problem.least_decoded_block_bytes(),
                 choice,
             }
         })

@@ -56,6 +56,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
     let input = input.with_values(request.values, format)?;
     let (problem, plan, mem) = plan_view(request, &input, output_block, format)?;
     laps.mark("plan");
+    let format = format.for_output_blocks(&problem.output_block);
     let staging_dir = match &request.staging {
         Some(dir) => dir.clone(),
         None => {

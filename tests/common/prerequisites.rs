@@ -1,6 +1,7 @@
 //! What some tests need from the machine beyond the crate: the Python
 //! readers (numpy, h5py, nibabel, zarr-python, TensorStore), a FUSE device
-//! to mount on, a memory cgroup to run in, a small tmpfs to fill.
+//! to mount on, a memory cgroup to run in, a small tmpfs to fill, the NIfTI
+//! library's `nifti_tool`.
 //! `./scripts/test` installs them and sets `RECHUNKFS_TEST_ALL=1`: there a
 //! missing one fails the test and names what is missing. Elsewhere (a bare
 //! `cargo test`) the test says `skipped: …` on one line and passes, so a
@@ -26,6 +27,8 @@ pub enum Need {
     /// Debian's minc-tools (rawtominc, mincresample, mincreshape), to make
     /// MINC2 images as users do.
     MincTools,
+    /// `nifti_tool`, from Debian's nifti-bin (the NIfTI reference library's tools).
+    NiftiTool,
 }
 
 /// The modules the readers' Python must import.
@@ -76,7 +79,16 @@ fn missing(need: Need) -> Option<String> {
         Need::MemoryCgroup => cgroup_missing(),
         Need::TmpfsMount => tmpfs_missing().clone(),
         Need::MincTools => minc_tools_missing(),
+        Need::NiftiTool => nifti_tool_missing(),
     }
+}
+
+fn nifti_tool_missing() -> Option<String> {
+    let runs = Command::new("nifti_tool")
+        .arg("-ver")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    (!runs).then(|| "nifti_tool (Debian package nifti-bin)".to_string())
 }
 
 /// The interpreter the readers live in: `RECHUNKFS_PYTHON`, else the venv

@@ -201,6 +201,21 @@ pub fn write_nifti(path: &Path, shape: &[u64], origin: &[u64], elem: Elem, data:
     fs::write(path, h).unwrap();
 }
 
+/// Gzips the file at `path` in place as two gzip members one after the
+/// other (as `cat a.gz b.gz` makes), split in the middle of its bytes.
+pub fn gzip_in_two_members(path: &Path) {
+    use std::io::Write;
+    let bytes = fs::read(path).unwrap();
+    let (first, second) = bytes.split_at(bytes.len() / 2);
+    let mut gzipped = Vec::new();
+    for part in [first, second] {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(part).unwrap();
+        gzipped.extend(encoder.finish().unwrap());
+    }
+    fs::write(path, gzipped).unwrap();
+}
+
 /// What a NIfTI-1 header declares, and the data at its `vox_offset`.
 #[derive(Debug)]
 pub struct Nifti {
