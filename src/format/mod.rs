@@ -18,6 +18,7 @@
 // `hdf5` and `zarr` are named by later stages (the HDF5 reader, Zarr's
 // metadata files); the other formats are reached through this module.
 pub mod decode;
+pub mod encode;
 pub mod hdf5;
 mod minc;
 mod nifti;
@@ -360,18 +361,19 @@ pub fn template(
 }
 
 /// The files `format` keeps beside its blocks to describe the whole array
-/// of `shape` in blocks of `block_shape`, as `(name, bytes)`: a Zarr
-/// array's `.zarray` or `zarr.json`; none for block-file formats, whose
-/// every file describes itself.
+/// of `shape` in blocks of `block_shape` encoded as `encoding`, as `(name,
+/// bytes)`: a Zarr array's `.zarray` or `zarr.json`; none for block-file
+/// formats, whose every file describes itself.
 pub fn array_metadata_files(
     format: BlockFormat,
     shape: &[u64],
     block_shape: &[u64],
     dtype: DType,
+    encoding: &encode::Encoding,
 ) -> Vec<(&'static str, Vec<u8>)> {
     match format {
         BlockFormat::Zarr | BlockFormat::Zarr3 => {
-            zarr::array_metadata(format, shape, block_shape, dtype)
+            zarr::array_metadata(format, shape, block_shape, dtype, encoding)
         }
         _ => Vec::new(),
     }

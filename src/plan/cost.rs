@@ -77,22 +77,39 @@ pub(super) fn plan_read_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
     read_seeks(dims, &problem.input_spans_exactly(&problem.input()))
 }
 
-/// The peak of [`simulate_peak`] plus the decoded input block held beside
-/// the step being read (encoded inputs): every step reads at least one
-/// input block, and the peak is reached while a step is read.
+/// The peak of [`simulate_peak`]: while a step is read, plus the decoded
+/// input block held beside it (encoded inputs: every step reads at least
+/// one input block); or once a slab is handed to the writer.
 pub(super) fn plan_peak(
     problem: &Problem,
     dims: &[&DimOption],
     steps: &Axis,
     give_up_above: u128,
 ) -> u128 {
-    simulate_peak(dims, steps, problem.elem_size, give_up_above) + problem.decoded_block_bytes()
+    let beside = Beside {
+        decoded: problem.decoded_block_bytes(),
+        encoding: problem.encoding_bytes() as u128,
+    };
+    simulate_peak(dims, steps, problem.elem_size, beside, give_up_above)
+}
+
+/// Bytes held beside the pieces: a decoded input block while a step is
+/// read, and an output block being encoded while a slab is in flight.
+#[derive(Clone, Copy)]
+struct Beside {
+    decoded: u128,
+    encoding: u128,
 }
 
 /// Write seeks: at most one write block completes per read block, each of
 /// its pieces goes to a different output file, and reads separate
-/// successive write blocks, so no write call continues another.
-pub(super) fn write_seeks(dims: &[&DimOption]) -> u128 {
+/// successive write blocks, so no write call continues another. An encoded
+/// output block is written whole, in one call: one seek per output block,
+/// the write intervals being whole numbers of output blocks.
+pub(super) fn write_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
+    if problem.writes_whole_outputs() {
+        return dims.iter().map(|o| o.writes.pieces as u128).product();
+    }
     let overlaps: Vec<Overlap> = dims.iter().map(|o| o.writes).collect();
     segments(&overlaps)
 }
@@ -106,13 +123,26 @@ pub(super) fn write_seeks(dims: &[&DimOption]) -> u128 {
 /// goes in flight. Volumes are products of per-dimension lengths, so a step
 /// costs O(dimensions).
 ///
+/// With encoded outputs, the writer also holds `beside.encoding` bytes (an output
+/// block gathered whole, and its encoding) while a slab is in flight: on
+/// top of the step read beside it, and of the slab alone once handed over.
+/// A decoded input block (`beside.decoded`) is held while a step is read.
+///
 /// `steps` is [`step_axis`]`(dims)`. The search only asks whether a plan
 /// fits: once the peak passes `give_up_above` bytes the rest is not
 /// simulated, and what is returned is just some number above it.
 ///
 /// [`step_axis`]: super::steps::step_axis
-fn simulate_peak(dims: &[&DimOption], steps: &Axis, elem_size: u64, give_up_above: u128) -> u128 {
+fn simulate_peak(
+    dims: &[&DimOption],
+    steps: &Axis,
+    elem_size: u64,
+    beside: Beside,
+    give_up_above: u128,
+) -> u128 {
     let first = dims[0];
+    let elem = elem_size as u128;
+    let writing = |in_flight: u128| if in_flight > 0 { beside.encoding } else { 0 };
     let grid: Vec<usize> = dims.iter().map(|o| o.read.count()).collect();
     let mut held: u128 = 0;
     let mut peak: u128 = 0;
@@ -129,9 +159,9 @@ fn simulate_peak(dims: &[&DimOption], steps: &Axis, elem_size: u64, give_up_abov
         let range = steps.overlapping(first.read.start(k), first.read.end(k));
         for j in range.clone() {
             held += steps.extent(j) as u128 * rest_volume;
-            peak = peak.max(held);
-            if peak * elem_size as u128 > give_up_above {
-                return peak * elem_size as u128;
+            peak = peak.max(held * elem + beside.decoded + writing(in_flight));
+            if peak > give_up_above {
+                return peak;
             }
             held -= in_flight;
             let from = if j == range.start { 0 } else { steps.start(j) };
@@ -139,11 +169,12 @@ fn simulate_peak(dims: &[&DimOption], steps: &Axis, elem_size: u64, give_up_abov
                 end.min(steps.end(j)).saturating_sub(start.max(from))
             });
             in_flight = slab as u128 * rest_completed;
+            peak = peak.max(held * elem + writing(in_flight));
         }
     }
     held -= in_flight;
     debug_assert_eq!(held, 0, "every byte read is written");
-    peak * elem_size as u128
+    peak
 }
 
 /// A count, as the `u64` a [`Prediction`] holds (saturated).

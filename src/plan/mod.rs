@@ -145,6 +145,13 @@ impl Plan {
 
 /// The plan for `strategy` within `mem` bytes (None: unlimited).
 pub fn plan(problem: &Problem, strategy: Strategy, mem: Option<u64>) -> Result<Plan> {
+    if strategy == Strategy::Baseline && problem.writes_whole_outputs() {
+        return Err(Error::BadArgument(
+            "the baseline writes each input block's pieces of an output block at once, but a \
+             compressed or sharded output block is encoded whole; use --strategy keep"
+                .into(),
+        ));
+    }
     let chosen = match (strategy, mem) {
         (Strategy::Baseline, _) => baseline(problem),
         (Strategy::Keep, None) => keep_rhat(problem),
@@ -250,10 +257,10 @@ pub fn keep_rhat(problem: &Problem) -> Plan {
 /// The plan that `dims` make, one option per dimension, with its costs.
 fn assemble(problem: &Problem, strategy: Strategy, dims: &[&DimOption]) -> Plan {
     let input = problem.input();
-    let steps = step_axis(dims, problem.reads_whole_inputs());
+    let steps = step_axis(dims, problem);
     let prediction = Prediction {
         read_seeks: clamp(plan_read_seeks(problem, dims)),
-        write_seeks: clamp(write_seeks(dims)),
+        write_seeks: clamp(write_seeks(problem, dims)),
         peak_bytes: clamp(plan_peak(problem, dims, &steps, u128::MAX)),
     };
     Plan {

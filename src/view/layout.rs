@@ -141,6 +141,7 @@ impl Namespace {
             &layout.array,
             &files.block_shape(),
             layout.dtype,
+            &format::encode::Encoding::default(),
         );
         for (i, (name, bytes)) in format_files.into_iter().enumerate() {
             statics.push(StaticFile {

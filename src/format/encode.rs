@@ -1,0 +1,286 @@
+//! Output blocks encoded whole: compressed Zarr chunks (v2 and v3), Zarr v3
+//! shards, and HDF5 files whose dataset has the deflate filter.
+//!
+//! Such a block's file is one encoded value, so it cannot be filled in
+//! place: the block is gathered whole in memory, handed to a
+//! [`BlockEncode`], and the encoded bytes are written in one call. Each
+//! format supplies its encoder, built from the codecs rechunkfs writes in
+//! the array's metadata, by the same libraries readers decode them with
+//! (`zarrs`, libhdf5): what is written is what the metadata says.
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use super::BlockFormat;
+use crate::array::dtype::DType;
+use crate::error::{Error, Result};
+
+/// How to encode the blocks of one output array.
+pub trait BlockEncode: Send + Sync + fmt::Debug {
+    /// The file bytes of the block whose raw C-order bytes (the array's
+    /// byte order as stored, padded to the file's shape where the format
+    /// pads) are `raw`, of shape `shape`; `path` names the file for
+    /// messages.
+    fn encode(&self, path: &Path, shape: &[u64], raw: Vec<u8>) -> Result<Vec<u8>>;
+
+    /// The encoding as people name it, for messages.
+    fn describe(&self) -> String;
+}
+
+/// A compressor and its level, as `--compress` names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Compressor {
+    /// Zstandard, levels 1 to 22.
+    Zstd { level: i32 },
+    /// gzip (deflate), levels 1 to 9.
+    Gzip { level: u32 },
+    /// Blosc with one of its compressors, levels 0 to 9, byte-shuffled.
+    Blosc { cname: String, level: u32 },
+}
+
+/// Blosc's compressors that every build of it has.
+const BLOSC_NAMES: [&str; 5] = ["lz4", "lz4hc", "blosclz", "zstd", "zlib"];
+
+impl Compressor {
+    /// `zstd:3`, as `--compress` takes it.
+    pub fn name(&self) -> String {
+        match self {
+            Compressor::Zstd { level } => format!("zstd:{level}"),
+            Compressor::Gzip { level } => format!("gzip:{level}"),
+            Compressor::Blosc { cname, level } => format!("blosc:{cname}:{level}"),
+        }
+    }
+
+    /// The Zarr v2 `compressor` object (numcodecs' configuration).
+    pub fn zarr_v2(&self) -> serde_json::Value {
+        match self {
+            Compressor::Zstd { level } => {
+                serde_json::json!({ "id": "zstd", "level": level, "checksum": false })
+            }
+            Compressor::Gzip { level } => serde_json::json!({ "id": "gzip", "level": level }),
+            Compressor::Blosc { cname, level } => serde_json::json!({
+                "id": "blosc", "cname": cname, "clevel": level, "shuffle": 1, "blocksize": 0
+            }),
+        }
+    }
+
+    /// The Zarr v3 bytes-to-bytes codec, for elements of `typesize` bytes.
+    pub fn zarr_v3(&self, typesize: usize) -> serde_json::Value {
+        match self {
+            Compressor::Zstd { level } => serde_json::json!({
+                "name": "zstd", "configuration": { "level": level, "checksum": false }
+            }),
+            Compressor::Gzip { level } => {
+                serde_json::json!({ "name": "gzip", "configuration": { "level": level } })
+            }
+            Compressor::Blosc { cname, level } => serde_json::json!({
+                "name": "blosc",
+                "configuration": {
+                    "cname": cname, "clevel": level, "shuffle": "shuffle",
+                    "typesize": typesize, "blocksize": 0
+                }
+            }),
+        }
+    }
+}
+
+impl FromStr for Compressor {
+    type Err = Error;
+
+    /// `zstd[:level]` (default 3), `gzip[:level]` (default 5),
+    /// `blosc[:cname[:level]]` (default lz4, 5).
+    fn from_str(text: &str) -> Result<Compressor> {
+        let refuse = |why: String| {
+            Error::BadArgument(format!(
+                "--compress {text}: {why}; use zstd[:LEVEL] (1-22), gzip[:LEVEL] (1-9) or \
+                 blosc[:CNAME[:LEVEL]] (CNAME one of {}, LEVEL 0-9)",
+                BLOSC_NAMES.join(", ")
+            ))
+        };
+        let parts: Vec<&str> = text.trim().split(':').collect();
+        let level = |part: Option<&&str>, default: i64, range: std::ops::RangeInclusive<i64>| {
+            let level = match part {
+                None => default,
+                Some(digits) => digits
+                    .parse::<i64>()
+                    .map_err(|_| refuse(format!("'{digits}' is not a whole number")))?,
+            };
+            if range.contains(&level) {
+                Ok(level)
+            } else {
+                Err(refuse(format!("level {level} is out of range")))
+            }
+        };
+        let compressor = match (parts[0].to_ascii_lowercase().as_str(), parts.len()) {
+            ("zstd", 1 | 2) => Compressor::Zstd {
+                level: level(parts.get(1), 3, 1..=22)? as i32,
+            },
+            ("gzip", 1 | 2) => Compressor::Gzip {
+                level: level(parts.get(1), 5, 1..=9)? as u32,
+            },
+            ("blosc", 1..=3) => {
+                let cname = parts.get(1).map_or("lz4", |c| c).to_ascii_lowercase();
+                if !BLOSC_NAMES.contains(&cname.as_str()) {
+                    return Err(refuse(format!("'{cname}' is not a Blosc compressor")));
+                }
+                Compressor::Blosc {
+                    cname,
+                    level: level(parts.get(2), 5, 0..=9)? as u32,
+                }
+            }
+            _ => return Err(refuse("not a compressor rechunkfs writes".into())),
+        };
+        Ok(compressor)
+    }
+}
+
+/// How the blocks of an output array are encoded: compressed, sharded
+/// (Zarr v3 only: each output block a shard of chunks of
+/// `shard_chunks`), both, or neither (written in place).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Encoding {
+    pub compressor: Option<Compressor>,
+    /// The inner chunk shape of each shard (internal C order).
+    pub shard_chunks: Option<Vec<u64>>,
+}
+
+impl Encoding {
+    /// Whether blocks are encoded whole (otherwise written in place).
+    pub fn is_encoded(&self) -> bool {
+        self.compressor.is_some() || self.shard_chunks.is_some()
+    }
+
+    /// Refuses what `format` cannot hold, naming what can.
+    pub fn check(&self, format: BlockFormat) -> Result<()> {
+        if self.shard_chunks.is_some() && format != BlockFormat::Zarr3 {
+            return Err(Error::BadArgument(format!(
+                "--shard makes Zarr v3 shards, but the output format is {}; add --format zarr3",
+                format.name()
+            )));
+        }
+        match (&self.compressor, format) {
+            (None, _) | (Some(_), BlockFormat::Zarr | BlockFormat::Zarr3) => Ok(()),
+            (Some(Compressor::Gzip { .. }), BlockFormat::Hdf5) => Ok(()),
+            (Some(other), BlockFormat::Hdf5) => Err(Error::BadArgument(format!(
+                "--compress {}: HDF5 output is compressed with gzip (deflate) only, which every \
+                 HDF5 reader has; use --compress gzip[:LEVEL], or --format zarr/zarr3",
+                other.name()
+            ))),
+            (Some(other), format) => Err(Error::BadArgument(format!(
+                "--compress {}: {} output is written uncompressed (its readers expect raw \
+                 data after the header); compress --format zarr, zarr3 (any codec) or h5 (gzip)",
+                other.name(),
+                format.name()
+            ))),
+        }
+    }
+}
+
+/// The encoder of `format`'s blocks under `encoding` (None: written in
+/// place), for an array of `shape` in blocks of `block_shape` holding
+/// `dtype`; `dataset` is the HDF5 dataset path.
+pub fn encoder(
+    format: BlockFormat,
+    encoding: &Encoding,
+    shape: &[u64],
+    block_shape: &[u64],
+    dtype: DType,
+    dataset: &str,
+) -> Result<Option<Arc<dyn BlockEncode>>> {
+    if !encoding.is_encoded() {
+        return Ok(None);
+    }
+    encoding.check(format)?;
+    let encoder: Arc<dyn BlockEncode> = match (format, &encoding.compressor) {
+        (BlockFormat::Hdf5, Some(Compressor::Gzip { level })) => {
+            super::hdf5::DeflateEncoder::check_block(block_shape, dtype)?;
+            Arc::new(super::hdf5::DeflateEncoder::new(dtype, dataset, *level)?)
+        }
+        (BlockFormat::Zarr | BlockFormat::Zarr3, _) => {
+            let metadata = super::zarr::array_metadata(format, shape, block_shape, dtype, encoding);
+            let (name, bytes) = metadata
+                .first()
+                .ok_or_else(|| Error::BadArgument("no Zarr metadata to encode with".into()))?;
+            Arc::new(super::zarr_codecs::BlockEncoder::new(
+                Path::new(name),
+                bytes,
+                block_shape,
+                dtype,
+            )?)
+        }
+        _ => {
+            return Err(Error::BadArgument(format!(
+                "{} blocks are not encoded",
+                format.name()
+            )))
+        }
+    };
+    Ok(Some(encoder))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compressors_parse_with_their_defaults_and_ranges() {
+        let parse = |text: &str| text.parse::<Compressor>();
+        assert_eq!(parse("zstd").unwrap(), Compressor::Zstd { level: 3 });
+        assert_eq!(parse("ZSTD:19").unwrap(), Compressor::Zstd { level: 19 });
+        assert_eq!(parse("gzip").unwrap(), Compressor::Gzip { level: 5 });
+        assert_eq!(parse("gzip:9").unwrap(), Compressor::Gzip { level: 9 });
+        assert_eq!(
+            parse("blosc").unwrap(),
+            Compressor::Blosc {
+                cname: "lz4".into(),
+                level: 5
+            }
+        );
+        assert_eq!(
+            parse("blosc:zstd:0").unwrap().name(),
+            "blosc:zstd:0".to_string()
+        );
+        for bad in [
+            "zstd:0",
+            "zstd:23",
+            "gzip:x",
+            "gzip:1:2",
+            "blosc:snappy",
+            "lzma",
+            "",
+        ] {
+            let error = parse(bad).unwrap_err().to_string();
+            assert!(
+                error.contains("--compress") && error.contains("zstd"),
+                "{bad}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn combinations_a_format_cannot_hold_are_refused() {
+        let zstd = Encoding {
+            compressor: Some(Compressor::Zstd { level: 3 }),
+            shard_chunks: None,
+        };
+        let sharded = Encoding {
+            compressor: None,
+            shard_chunks: Some(vec![4, 4]),
+        };
+        assert!(zstd.check(BlockFormat::Zarr).is_ok());
+        assert!(sharded.check(BlockFormat::Zarr3).is_ok());
+        for (encoding, format, says) in [
+            (&zstd, BlockFormat::Npy, "uncompressed"),
+            (&zstd, BlockFormat::Nifti, "uncompressed"),
+            (&zstd, BlockFormat::Raw, "uncompressed"),
+            (&zstd, BlockFormat::Hdf5, "gzip"),
+            (&sharded, BlockFormat::Zarr, "zarr3"),
+            (&sharded, BlockFormat::Hdf5, "zarr3"),
+        ] {
+            let error = encoding.check(format).unwrap_err().to_string();
+            assert!(error.contains(says), "{format:?}: {error}");
+        }
+    }
+}
