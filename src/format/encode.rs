@@ -56,9 +56,8 @@ impl Compressor {
     /// The Zarr v2 `compressor` object (numcodecs' configuration).
     pub fn zarr_v2(&self) -> serde_json::Value {
         match self {
-            Compressor::Zstd { level } => {
-                serde_json::json!({ "id": "zstd", "level": level, "checksum": false })
-            }
+            // No "checksum" key: TensorStore refuses it in v2 metadata.
+            Compressor::Zstd { level } => serde_json::json!({ "id": "zstd", "level": level }),
             Compressor::Gzip { level } => serde_json::json!({ "id": "gzip", "level": level }),
             Compressor::Blosc { cname, level } => serde_json::json!({
                 "id": "blosc", "cname": cname, "clevel": level, "shuffle": 1, "blocksize": 0

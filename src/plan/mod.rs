@@ -419,6 +419,46 @@ mod tests {
     }
 
     #[test]
+    fn encoded_outputs_are_written_whole_one_seek_each() {
+        use crate::array::geometry::FileShape;
+        // 55³ u16 in 10³ blocks -> 25³ chunks (edge chunks padded), encoded.
+        let plain = Problem::new(vec![55; 3], vec![10; 3], vec![25; 3], 2).unwrap();
+        let padded = plain
+            .clone()
+            .with_files(FileShape::Exact, FileShape::Padded(vec![25; 3]));
+        let problem = padded.clone().with_encoded_outputs();
+        let encoding = 2 * 25 * 25 * 25 * 2;
+        assert_eq!(problem.encoding_bytes(), encoding);
+        let output_planes = |plan: &Plan| -> bool {
+            let (steps, read) = (plan.steps.axis(0), plan.read.axis(0));
+            steps
+                .bounds()
+                .iter()
+                .all(|&b| b % 25 == 0 || b == 55 || read.bounds().contains(&b))
+        };
+        let rhat = keep_rhat(&problem);
+        assert_eq!(rhat.prediction.write_seeks, 27, "one seek per block");
+        assert_eq!(
+            rhat.prediction.read_seeks,
+            keep_rhat(&padded).prediction.read_seeks
+        );
+        assert!(rhat.prediction.peak_bytes <= keep_rhat(&padded).prediction.peak_bytes + encoding);
+        assert!(rhat.prediction.peak_bytes > keep_rhat(&padded).prediction.peak_bytes);
+        assert!(output_planes(&rhat));
+        for mem in [rhat.prediction.peak_bytes * 9 / 10, 131_750] {
+            let tight = plan(&problem, Strategy::Keep, Some(mem)).unwrap();
+            assert!(tight.prediction.peak_bytes <= mem);
+            assert_eq!(tight.prediction.write_seeks, 27, "within {mem}");
+            assert!(tight.write_modes.iter().all(|&m| m == WriteMode::Keep));
+            assert!(output_planes(&tight));
+        }
+        let refused = plan(&problem, Strategy::Baseline, None).unwrap_err();
+        assert!(refused.to_string().contains("--strategy keep"), "{refused}");
+        // Blocks written in place plan as before.
+        assert_eq!(padded.encoding_bytes(), 0);
+    }
+
+    #[test]
     fn write_intervals_of_the_f0_split() {
         let problem = cube(12, 4, 3);
         let plan = keep_rhat(&problem);
