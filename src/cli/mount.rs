@@ -45,6 +45,19 @@ pub(super) fn mount_command(args: MountArgs) -> anyhow::Result<()> {
 }
 
 fn request_of(args: &MountArgs) -> anyhow::Result<MountRequest> {
+    if let Some(codec) = &args.planning.compress {
+        anyhow::bail!(
+            "--compress {codec}: a view's sizes must be exact before the data exist, and a \
+             compressed block's size is known only once it is written; compress with \
+             `rechunkfs rechunk` instead"
+        );
+    }
+    if args.planning.shard.is_some() {
+        anyhow::bail!(
+            "--shard: views of sharded Zarr v3 arrays are not served; write shards with \
+             `rechunkfs rechunk --shard`"
+        );
+    }
     // The daemon outlives this command; absolute paths keep status and
     // logs unambiguous.
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());

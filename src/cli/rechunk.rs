@@ -7,21 +7,19 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use nix::sys::signal::Signal;
 
-use crate::array::geometry::show_shape;
-use crate::array::units::{parse_shape, show_bytes};
-use crate::cli::plan::{problem_of, Budget};
+use crate::array::units::show_bytes;
+use crate::cli::plan::{encoded_problem_of, Budget};
 use crate::cli::report::{progress_bar, report_run};
 use crate::cli::{mem_of, RechunkArgs};
 use crate::engine::RunStats;
 use crate::error::Error;
-use crate::format::encode::{Compressor, Encoding};
 use crate::format::BlockFormat;
 use crate::input::{HeaderChecks, InputArray};
 use crate::output::directory::{self, OutputSpec};
-use crate::plan::{self, Plan, Strategy};
+use crate::plan::{self, Plan, Problem, Strategy};
 use crate::sys::{disk, signals};
 
 pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
@@ -41,8 +39,8 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         Some(text) => text.parse::<BlockFormat>()?,
         None => input.format.default_output(),
     };
-    let encoding = encoding_of(&args, &input, format)?;
-    let plan = plan_rechunk(&args, &input, format, &encoding)?;
+    let (problem, encoding) = encoded_problem_of(&input, &args.planning, format)?;
+    let plan = plan_rechunk(&args, problem)?;
     if same_directory(&args.input, &args.output) {
         bail!(
             "{}: OUT is the input directory; write the new blocks somewhere else",
@@ -64,18 +62,7 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
 
 /// The plan for rechunking `input` as `args` ask, in the memory allowed
 /// (said on stderr when that is not `--mem`).
-fn plan_rechunk(
-    args: &RechunkArgs,
-    input: &InputArray,
-    format: BlockFormat,
-    encoding: &Encoding,
-) -> anyhow::Result<Plan> {
-    // Sharded, the blocks written are the shards.
-    let blocks = args.shard.as_deref().unwrap_or(&args.planning.shape);
-    let mut problem = problem_of(input, blocks, format)?;
-    if encoding.is_encoded() {
-        problem = problem.with_encoded_outputs();
-    }
+fn plan_rechunk(args: &RechunkArgs, problem: Problem) -> anyhow::Result<Plan> {
     let strategy: Strategy = args.planning.strategy.parse()?;
     let requested = mem_of(&args.planning)?;
     let cgroup_limit = crate::sys::cgroup::memory_limit();
@@ -91,65 +78,6 @@ fn plan_rechunk(
         eprintln!("planning{}", budget.describe());
     }
     Ok(plan)
-}
-
-/// How `--compress` and `--shard` ask blocks of `format` to be encoded;
-/// refuses what the format cannot hold, and shards that are no whole
-/// number of chunks.
-fn encoding_of(
-    args: &RechunkArgs,
-    input: &InputArray,
-    format: BlockFormat,
-) -> anyhow::Result<Encoding> {
-    let compressor = args
-        .compress
-        .as_deref()
-        .map(str::parse::<Compressor>)
-        .transpose()?;
-    let shard_chunks = match &args.shard {
-        None => None,
-        Some(shard) => Some(shard_chunks(input, shard, &args.planning.shape)?),
-    };
-    let encoding = Encoding {
-        compressor,
-        shard_chunks,
-    };
-    encoding.check(format)?;
-    Ok(encoding)
-}
-
-/// The chunk shape inside shards of `shard` (both as `--shard` and
-/// `--shape` give them; sides past the array mean the array's side), in
-/// internal order: each shard side must be a whole number of chunk sides.
-fn shard_chunks(input: &InputArray, shard: &str, chunk: &str) -> anyhow::Result<Vec<u64>> {
-    let order = input.axis_order();
-    let clip = |text: &str, option: &str| -> anyhow::Result<Vec<u64>> {
-        let sides = order.to_internal(&parse_shape(text).context(option.to_string())?);
-        if sides.len() != input.ndim() || sides.contains(&0) {
-            bail!(
-                "{option} {text} must have {} positive sides, one per dimension of the array {}",
-                input.ndim(),
-                show_shape(&order.to_user(&input.shape))
-            );
-        }
-        Ok(sides
-            .iter()
-            .zip(&input.shape)
-            .map(|(&s, &a)| s.min(a))
-            .collect())
-    };
-    let (shards, chunks) = (clip(shard, "--shard")?, clip(chunk, "--shape")?);
-    if shards.iter().zip(&chunks).any(|(s, c)| s % c != 0) {
-        bail!(
-            "--shard {shard} is not a whole number of chunks of --shape {chunk} on every side \
-             (after clipping both to the array {}: shards {}, chunks {}); Zarr shards hold whole \
-             chunks, so choose each shard side a multiple of the chunk side",
-            show_shape(&order.to_user(&input.shape)),
-            show_shape(&order.to_user(&shards)),
-            show_shape(&order.to_user(&chunks)),
-        );
-    }
-    Ok(chunks)
 }
 
 /// Runs `plan` into OUT, with a progress bar. A run that fails, or that a
