@@ -433,7 +433,7 @@ fn combinations_that_cannot_be_written_are_refused_before_out_is_touched() {
         ),
         (
             vec!["--format", "zarr3", "--shard", "8,12"],
-            "multiple of the chunk side",
+            "a multiple of the chunk side",
         ),
         (
             vec!["--format", "zarr3", "--shard", "10"],

@@ -92,16 +92,14 @@ pub(super) fn encoding_of(
 }
 
 /// The chunk shape inside shards of `shard` (both as `--shard` and
-/// `--shape` give them, in `order`; sides past the array mean the array's
-/// side), in internal order: each shard side must be a whole number of
-/// chunk sides.
+/// `--shape` give them, in `order`), in internal order.
 fn shard_chunks(
     array: &[u64],
     order: AxisOrder,
     shard: &str,
     chunk: &str,
 ) -> anyhow::Result<Vec<u64>> {
-    let clip = |text: &str, option: &str| -> anyhow::Result<Vec<u64>> {
+    let parse = |text: &str, option: &str| -> anyhow::Result<Vec<u64>> {
         let sides = order.to_internal(&parse_shape(text).context(option.to_string())?);
         if sides.len() != array.len() || sides.contains(&0) {
             bail!(
@@ -110,20 +108,12 @@ fn shard_chunks(
                 show_shape(&order.to_user(array))
             );
         }
-        Ok(sides.iter().zip(array).map(|(&s, &a)| s.min(a)).collect())
+        Ok(sides)
     };
-    let (shards, chunks) = (clip(shard, "--shard")?, clip(chunk, "--shape")?);
-    if shards.iter().zip(&chunks).any(|(s, c)| s % c != 0) {
-        bail!(
-            "--shard {shard} is not a whole number of chunks of --shape {chunk} on every side \
-             (after clipping both to the array {}: shards {}, chunks {}); Zarr shards hold whole \
-             chunks, so choose each shard side a multiple of the chunk side",
-            show_shape(&order.to_user(array)),
-            show_shape(&order.to_user(&shards)),
-            show_shape(&order.to_user(&chunks)),
-        );
-    }
-    Ok(chunks)
+    let (shards, chunks) = (parse(shard, "--shard")?, parse(chunk, "--shape")?);
+    Ok(crate::format::encode::shard_chunks(
+        array, &shards, &chunks, order,
+    )?)
 }
 
 /// The memory a plan was made in, and why.

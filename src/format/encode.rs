@@ -7,14 +7,22 @@
 //! format supplies its encoder, built from the codecs rechunkfs writes in
 //! the array's metadata, by the same libraries readers decode them with
 //! (`zarrs`, libhdf5): what is written is what the metadata says.
+//!
+//! An uncompressed shard is the one encoded block whose size is known
+//! before its data exist ([`ShardLayout`]): its inner chunks, every one
+//! written, lie at fixed offsets, so its index is fixed too. A view can
+//! serve it like any block file: a template (the index as a trailer) and
+//! data.
 
 use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use super::BlockFormat;
+use super::{BlockFormat, BlockTemplate};
+use crate::array::axes::AxisOrder;
 use crate::array::dtype::DType;
+use crate::array::geometry::{show_shape, IndexBox};
 use crate::error::{Error, Result};
 
 /// How to encode the blocks of one output array.
@@ -192,6 +200,9 @@ pub fn encoder(
         return Ok(None);
     }
     encoding.check(format)?;
+    if let (None, Some(inner)) = (&encoding.compressor, &encoding.shard_chunks) {
+        return Ok(Some(Arc::new(ShardLayout::new(block_shape, inner, dtype)?)));
+    }
     let encoder: Arc<dyn BlockEncode> = match (format, &encoding.compressor) {
         (BlockFormat::Hdf5, Some(Compressor::Gzip { level })) => {
             super::hdf5::DeflateEncoder::check_block(block_shape, dtype)?;
@@ -217,6 +228,132 @@ pub fn encoder(
         }
     };
     Ok(Some(encoder))
+}
+
+/// The inner chunk shape of shards of `shards` holding chunks of `chunks`
+/// in an array of `array` (all internal order; sides past the array mean
+/// the array's side): each shard side must be a whole number of chunk
+/// sides. `order` is the user's, for the refusal.
+pub fn shard_chunks(
+    array: &[u64],
+    shards: &[u64],
+    chunks: &[u64],
+    order: AxisOrder,
+) -> Result<Vec<u64>> {
+    let clip =
+        |sides: &[u64]| -> Vec<u64> { sides.iter().zip(array).map(|(&s, &a)| s.min(a)).collect() };
+    let (shards, chunks) = (clip(shards), clip(chunks));
+    if shards
+        .iter()
+        .zip(&chunks)
+        .any(|(s, c)| *c == 0 || s % c != 0)
+    {
+        return Err(Error::BadArgument(format!(
+            "--shard {} is not a whole number of chunks of --shape {} on every side (both \
+             clipped to the array {}); Zarr shards hold whole chunks, so choose each shard side \
+             a multiple of the chunk side",
+            show_shape(&order.to_user(&shards)),
+            show_shape(&order.to_user(&chunks)),
+            show_shape(&order.to_user(array)),
+        )));
+    }
+    Ok(chunks)
+}
+
+/// The layout of an uncompressed Zarr v3 shard: its inner chunks, every
+/// one written, in C order of the chunk grid, each the raw C-order bytes
+/// of a full chunk; then the index zarr-python writes (per chunk its
+/// offset and length, little-endian u64s, then a CRC32C of them), which,
+/// the chunks lying at fixed offsets, is the same for every shard.
+/// Chunks past the array's end are written too (as the fill value): the
+/// shard's size is then exact before its data exist, which a view needs.
+#[derive(Debug)]
+pub struct ShardLayout {
+    shard: Vec<u64>,
+    inner: Vec<u64>,
+    elem: usize,
+    /// The index and its checksum: the shard's last bytes.
+    index: Vec<u8>,
+}
+
+impl ShardLayout {
+    /// Shards of `shard` (a whole number of `inner` chunks on every side)
+    /// holding `dtype`.
+    pub fn new(shard: &[u64], inner: &[u64], dtype: DType) -> Result<ShardLayout> {
+        let grid: Vec<u64> = shard.iter().zip(inner).map(|(s, c)| s / c).collect();
+        let chunk_bytes = inner.iter().product::<u64>() * dtype.size as u64;
+        let chunks: u64 = grid.iter().product();
+        let mut entries = Vec::with_capacity(chunks as usize * 16);
+        for k in 0..chunks {
+            entries.extend_from_slice(&(k * chunk_bytes).to_le_bytes());
+            entries.extend_from_slice(&chunk_bytes.to_le_bytes());
+        }
+        Ok(ShardLayout {
+            shard: shard.to_vec(),
+            inner: inner.to_vec(),
+            elem: dtype.size,
+            index: super::zarr_codecs::shard_index(&grid, entries)?,
+        })
+    }
+
+    /// The shard file's template: no header, the chunks as its data, the
+    /// index as its trailer.
+    pub fn template(&self) -> BlockTemplate {
+        BlockTemplate {
+            prefix: Vec::new(),
+            data_offset: 0,
+            data_len: self.shard.iter().product::<u64>() * self.elem as u64,
+            suffix: self.index.clone(),
+        }
+    }
+}
+
+impl BlockEncode for ShardLayout {
+    fn encode(&self, path: &Path, shape: &[u64], raw: Vec<u8>) -> Result<Vec<u8>> {
+        let template = self.template();
+        if shape != self.shard || raw.len() as u64 != template.data_len {
+            return Err(Error::BadOutput {
+                path: path.to_path_buf(),
+                problem: format!(
+                    "a block of {} is no shard of {}",
+                    show_shape(shape),
+                    show_shape(&self.shard)
+                ),
+            });
+        }
+        let mut file = Vec::with_capacity(template.file_len() as usize);
+        let row = self.inner[self.inner.len() - 1] as usize * self.elem;
+        let strides: Vec<usize> = (0..self.shard.len())
+            .map(|d| self.shard[d + 1..].iter().product::<u64>() as usize * self.elem)
+            .collect();
+        let grid: Vec<usize> = self
+            .shard
+            .iter()
+            .zip(&self.inner)
+            .map(|(s, c)| (s / c) as usize)
+            .collect();
+        let mut rows: Vec<usize> = self.inner.iter().map(|&c| c as usize).collect();
+        let last = rows.len() - 1;
+        rows[last] = 1;
+        for chunk in IndexBox::grid(&grid) {
+            for within in IndexBox::grid(&rows) {
+                let at: usize = (0..chunk.len())
+                    .map(|d| (chunk[d] * self.inner[d] as usize + within[d]) * strides[d])
+                    .sum();
+                file.extend_from_slice(&raw[at..at + row]);
+            }
+        }
+        file.extend_from_slice(&self.index);
+        Ok(file)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "uncompressed Zarr v3 shards of {} in chunks of {}",
+            show_shape(&self.shard),
+            show_shape(&self.inner)
+        )
+    }
 }
 
 #[cfg(test)]

@@ -235,3 +235,31 @@ impl fmt::Debug for BlockEncoder {
         write!(f, "BlockEncoder({})", self.names)
     }
 }
+
+/// A shard's index as zarr-python writes it: `entries` (per inner chunk of
+/// a chunk grid of `grid`, its offset and length as little-endian u64s)
+/// encoded with the index codecs `bytes` (little-endian) then `crc32c`.
+pub fn shard_index(grid: &[u64], entries: Vec<u8>) -> Result<Vec<u8>> {
+    let mut shape = grid.to_vec();
+    shape.push(2);
+    let metadata = serde_json::json!({
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": shape,
+        "data_type": "uint64",
+        "chunk_grid": { "name": "regular", "configuration": { "chunk_shape": shape } },
+        "chunk_key_encoding": { "name": "default" },
+        "fill_value": 0,
+        "codecs": [
+            { "name": "bytes", "configuration": { "endian": "little" } },
+            { "name": "crc32c" }
+        ],
+    });
+    let bytes = serde_json::to_vec(&metadata).map_err(|e| Error::BadArgument(e.to_string()))?;
+    let u64_le = DType::new(crate::array::dtype::Kind::Unsigned, 8, Endian::Little)?;
+    BlockEncoder::new(Path::new("shard index"), &bytes, &shape, u64_le)?.encode(
+        Path::new("shard index"),
+        &shape,
+        entries,
+    )
+}
