@@ -7,13 +7,17 @@
 //! datasets holding the source's bytes. Inputs are written by zarr-python.
 //! Seeks and peak memory are the plan's exactly, within tight `--mem`
 //! too, and combinations a format cannot hold are refused before OUT is
-//! touched, saying what to do.
+//! touched, saying what to do. A view (a real FUSE mount) of uncompressed
+//! shards has exact sizes from the first stat, both readers read it while
+//! it fills and once done, and its shards are byte for byte those
+//! `rechunk` writes.
 
 #[macro_use]
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use rechunkfs::format::BlockFormat;
 
@@ -464,5 +468,163 @@ fn combinations_that_cannot_be_written_are_refused_before_out_is_touched() {
         let message = stderr(&output);
         assert!(message.contains(says), "{args:?}: {message}");
         assert!(!out.exists(), "{args:?}: OUT was made");
+    }
+}
+
+/// A mounted view, unmounted when dropped whatever the test did.
+struct MountedView {
+    view: PathBuf,
+}
+
+impl MountedView {
+    fn new(input: &Path, root: &Path, args: &[&str], step_delay_ms: u64) -> MountedView {
+        let view = root.join("view");
+        std::fs::create_dir_all(&view).unwrap();
+        let staging = root.join("staging");
+        let mut all = vec![
+            "mount",
+            input.to_str().unwrap(),
+            view.to_str().unwrap(),
+            "--staging",
+            staging.to_str().unwrap(),
+        ];
+        all.extend(args);
+        let output = common::run_rechunkfs(&all, step_delay_ms);
+        assert!(output.status.success(), "mount failed: {}", stderr(&output));
+        MountedView { view }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let output = rechunkfs(&["status", "--json", self.view.to_str().unwrap()]);
+        assert!(output.status.success(), "status: {}", stderr(&output));
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    fn wait_complete(&self) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let status = self.status();
+            if status["state"] == "complete" {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "not finished: {status}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for MountedView {
+    fn drop(&mut self) {
+        if rechunkfs::fuse::session::is_mounted(&self.view) {
+            let _ = rechunkfs(&["umount", self.view.to_str().unwrap()]);
+        }
+        if rechunkfs::fuse::session::is_mounted(&self.view) {
+            let _ = rechunkfs::fuse::session::detach(&self.view);
+        }
+    }
+}
+
+/// Every shard key (`c/i/j/k`) of an array of `array` in shards of `shards`.
+fn shard_keys(array: &[u64], shards: &[u64]) -> Vec<String> {
+    let grid: Vec<u64> = array
+        .iter()
+        .zip(shards)
+        .map(|(a, s)| a.div_ceil(*s))
+        .collect();
+    let mut keys = vec![String::from("c")];
+    for &n in &grid {
+        keys = keys
+            .iter()
+            .flat_map(|key| (0..n).map(move |i| format!("{key}/{i}")))
+            .collect();
+    }
+    keys
+}
+
+#[test]
+fn sharded_zarr3_views_read_while_filling_and_once_done() {
+    require!(Fuse, Readers);
+    // (array, chunks, shards, ms paused per read block): shards and chunks
+    // that do not divide the array, and ones that do; read at once, and
+    // while the view fills slowly.
+    let cases: [([u64; 3], [u64; 3], [u64; 3], u64); 2] = [
+        ([37, 29, 23], [4, 3, 5], [8, 9, 10], 0),
+        ([40, 36, 30], [8, 9, 5], [16, 18, 10], 150),
+    ];
+    for (array, chunks, shards, delay) in cases {
+        let root = tempfile::tempdir().unwrap();
+        let input = zarr_python_input(root.path(), &array, &[10, 8, 7], "<u2");
+        let (shape, shard) = (shape_text(&chunks), shape_text(&shards));
+        let args = ["--shape", &shape, "--shard", &shard, "--format", "zarr3"];
+        let mounted = MountedView::new(&input, root.path(), &args, delay);
+        // Sizes are exact from the first stat: every inner chunk (those
+        // past the array's end too) and the index with its checksum.
+        let inner: u64 = shards.iter().zip(&chunks).map(|(s, c)| s / c).product();
+        let chunk_bytes = chunks.iter().product::<u64>() * 2;
+        let shard_len = inner * chunk_bytes + 16 * inner + 4;
+        let keys = shard_keys(&array, &shards);
+        for key in &keys {
+            let len = std::fs::metadata(mounted.view.join(key)).unwrap().len();
+            assert_eq!(len, shard_len, "{key}");
+        }
+        if delay > 0 {
+            assert_eq!(mounted.status()["state"], "materialising");
+        }
+        both_readers_agree(&mounted.view, &array, &chunks, "<u2", "3");
+        let status = mounted.wait_complete();
+        if delay == 0 {
+            assert_eq!(status["seeks_made"], status["seeks_planned"], "{status}");
+        } else {
+            // Shards the readers waited for were laid out ahead of the plan.
+            assert!(status["on_demand_blocks"].as_u64() > Some(0), "{status}");
+        }
+        both_readers_agree(&mounted.view, &array, &chunks, "<u2", "3");
+        // The same shards as rechunk writes, byte for byte.
+        let out = root.path().join("out");
+        rechunk_as_planned(&input, &out, &chunks, &args[2..]);
+        for key in &keys {
+            let (served, written) = (
+                std::fs::read(mounted.view.join(key)).unwrap(),
+                std::fs::read(out.join(key)).unwrap(),
+            );
+            assert!(served == written, "{key}: the view and rechunk differ");
+        }
+    }
+}
+
+#[test]
+fn a_view_refuses_compression_and_shards_of_other_formats() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    let input = zarr_python_input(root.path(), &[20, 12], &[5, 6], "<u2");
+    let view = root.path().join("view");
+    std::fs::create_dir(&view).unwrap();
+    for (args, says) in [
+        (
+            vec!["--format", "zarr3", "--compress", "zstd"],
+            "sizes must be exact",
+        ),
+        (
+            vec!["--format", "zarr", "--shard", "10,12"],
+            "--format zarr3",
+        ),
+        (
+            vec!["--format", "zarr3", "--shard", "8,12"],
+            "multiple of the chunk side",
+        ),
+    ] {
+        let mut all = vec![
+            "mount",
+            input.to_str().unwrap(),
+            view.to_str().unwrap(),
+            "--shape",
+            "5,6",
+        ];
+        all.extend(&args);
+        let output = rechunkfs(&all);
+        assert!(!output.status.success(), "{args:?} was accepted");
+        let message = stderr(&output);
+        assert!(message.contains(says), "{args:?}: {message}");
+        assert!(!rechunkfs::fuse::session::is_mounted(&view));
     }
 }

@@ -52,12 +52,7 @@ fn request_of(args: &MountArgs) -> anyhow::Result<MountRequest> {
              `rechunkfs rechunk` instead"
         );
     }
-    if args.planning.shard.is_some() {
-        anyhow::bail!(
-            "--shard: views of sharded Zarr v3 arrays are not served; write shards with \
-             `rechunkfs rechunk --shard`"
-        );
-    }
+
     // The daemon outlives this command; absolute paths keep status and
     // logs unambiguous.
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
@@ -65,6 +60,12 @@ fn request_of(args: &MountArgs) -> anyhow::Result<MountRequest> {
         input: absolute(&args.input),
         view: absolute(&args.view),
         output_block: parse_shape(&args.planning.shape).context("--shape")?,
+        shard: args
+            .planning
+            .shard
+            .as_deref()
+            .map(|text| parse_shape(text).context("--shard"))
+            .transpose()?,
         mem: mem_of(&args.planning)?,
         strategy: args.planning.strategy.parse()?,
         staging: args.staging.as_deref().map(absolute),
