@@ -541,13 +541,17 @@ fn shard_keys(array: &[u64], shards: &[u64]) -> Vec<String> {
     keys
 }
 
+/// A sharded case: the array, chunks, shards, and (views) the pause in ms
+/// after each read block.
+type ShardCase = ([u64; 3], [u64; 3], [u64; 3], u64);
+
 #[test]
 fn sharded_zarr3_views_read_while_filling_and_once_done() {
     require!(Fuse, Readers);
     // (array, chunks, shards, ms paused per read block): shards and chunks
     // that do not divide the array, and ones that do; read at once, and
     // while the view fills slowly.
-    let cases: [([u64; 3], [u64; 3], [u64; 3], u64); 2] = [
+    let cases: [ShardCase; 2] = [
         ([37, 29, 23], [4, 3, 5], [8, 9, 10], 0),
         ([40, 36, 30], [8, 9, 5], [16, 18, 10], 150),
     ];
