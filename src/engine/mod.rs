@@ -13,7 +13,9 @@
 //! both cores work at once, even when the whole array is one read block (a
 //! split or a merge); the bytes held are exactly what the planner
 //! simulates: the step being read, the slab in flight, and the waiting
-//! pieces.
+//! pieces. Encoded output blocks (compressed, sharded) are gathered whole
+//! by the writer and written in one call each; the planner hands them over
+//! whole, and counts the block and its encoding while a slab is in flight.
 //!
 //! Every data I/O goes through [`seekio`], whose counts must equal the
 //! plan's predictions; both threads log their calls and the reader counts

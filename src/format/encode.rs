@@ -395,6 +395,59 @@ mod tests {
         }
     }
 
+    /// CRC-32C (Castagnoli, reflected), bit by bit: the check zarr-python
+    /// writes after a shard's index, computed here without zarrs.
+    fn crc32c(bytes: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &byte in bytes {
+            crc ^= byte as u32;
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0x82f6_3b78
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    #[test]
+    fn uncompressed_shards_hold_their_chunks_in_order_then_a_fixed_index() {
+        let byte: DType = "u1".parse().unwrap();
+        // A 4×4 shard of 2×2 chunks holding 0..16 in C order.
+        let layout = ShardLayout::new(&[4, 4], &[2, 2], byte).unwrap();
+        let encoded = layout
+            .encode(Path::new("s"), &[4, 4], (0..16).collect())
+            .unwrap();
+        let chunks = [0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15];
+        assert_eq!(encoded[..16], chunks);
+        let mut index = Vec::new();
+        for k in 0..4u64 {
+            index.extend_from_slice(&(4 * k).to_le_bytes());
+            index.extend_from_slice(&4u64.to_le_bytes());
+        }
+        assert_eq!(encoded[16..16 + 64], index[..]);
+        assert_eq!(encoded[80..], crc32c(&index).to_le_bytes());
+        let template = layout.template();
+        assert_eq!(template.file_len(), encoded.len() as u64);
+        assert_eq!((template.data_offset, template.data_len), (0, 16));
+        assert_eq!(template.suffix, encoded[16..]);
+        assert!(layout.encode(Path::new("s"), &[4, 2], vec![0; 8]).is_err());
+        // Shards of whole chunks only.
+        let order = AxisOrder::C;
+        assert_eq!(
+            shard_chunks(&[10, 7], &[8, 7], &[4, 7], order).unwrap(),
+            [4, 7]
+        );
+        assert_eq!(
+            shard_chunks(&[10, 7], &[20, 9], &[5, 7], order).unwrap(),
+            [5, 7]
+        );
+        let refused = shard_chunks(&[10, 7], &[8, 6], &[4, 4], order).unwrap_err();
+        assert!(refused.to_string().contains("multiple"), "{refused}");
+    }
+
     #[test]
     fn combinations_a_format_cannot_hold_are_refused() {
         let zstd = Encoding {

@@ -871,16 +871,7 @@ unsafe fn deflated_image(
         ),
         H5Sclose,
     )?;
-    let dataset_create = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_DATASET_CREATE), H5Pclose)?;
-    ::hdf5::h5check(H5Pset_chunk(
-        dataset_create.id,
-        shape.len() as i32,
-        shape.as_ptr() as *const hsize_t,
-    ))?;
-    ::hdf5::h5check(H5Pset_deflate(dataset_create.id, level))?;
-    ::hdf5::h5check(H5Pset_obj_track_times(dataset_create.id, 0))?;
-    let link_create = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_LINK_CREATE), H5Pclose)?;
-    ::hdf5::h5check(H5Pset_create_intermediate_group(link_create.id, 1))?;
+    let (dataset_create, link_create) = deflate_properties(shape, level)?;
     let written = OwnedId::new(
         H5Dcreate2(
             file.id,
@@ -913,6 +904,25 @@ unsafe fn deflated_image(
     image.truncate(got as usize);
     file.close()?;
     Ok(image)
+}
+
+/// The dataset-creation and link-creation property lists of a deflated
+/// dataset of `shape`: one chunk, the whole dataset.
+///
+/// # Safety
+/// The library lock must be held.
+unsafe fn deflate_properties(shape: &[u64], level: u32) -> ::hdf5::Result<(OwnedId, OwnedId)> {
+    let dataset_create = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_DATASET_CREATE), H5Pclose)?;
+    ::hdf5::h5check(H5Pset_chunk(
+        dataset_create.id,
+        shape.len() as i32,
+        shape.as_ptr() as *const hsize_t,
+    ))?;
+    ::hdf5::h5check(H5Pset_deflate(dataset_create.id, level))?;
+    ::hdf5::h5check(H5Pset_obj_track_times(dataset_create.id, 0))?;
+    let link_create = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_LINK_CREATE), H5Pclose)?;
+    ::hdf5::h5check(H5Pset_create_intermediate_group(link_create.id, 1))?;
+    Ok((dataset_create, link_create))
 }
 
 /// A new datatype identifier for exactly `dtype`, byte order included.

@@ -84,7 +84,8 @@ pub struct Prediction {
     pub read_seeks: u64,
     pub write_seeks: u64,
     /// Most array bytes held at once: the step of a read block being read,
-    /// the slab being written, and every piece waiting for its write block.
+    /// the slab being written, every piece waiting for its write block, and
+    /// with encoded outputs the block being encoded (see `cost`).
     pub peak_bytes: u64,
 }
 
