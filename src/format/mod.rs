@@ -13,7 +13,9 @@
 //! NIfTI-1 headers also say where a block lies in the world (its affine), so
 //! their bytes depend on the block's origin as well: [`place`] rewrites a
 //! shape's template for one block. MINC2 is read (it is HDF5 underneath) but
-//! not written; raw blocks are data only.
+//! not written; raw blocks are data only. Compressed and sharded output
+//! blocks are encoded whole instead ([`encode`]), the way [`decode`] reads
+//! encoded input blocks.
 
 // `hdf5` and `zarr` are named by later stages (the HDF5 reader, Zarr's
 // metadata files); the other formats are reached through this module.
