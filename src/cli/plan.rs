@@ -314,6 +314,14 @@ fn print_plan(plans: &Plans, dtype: DType, order: AxisOrder, elapsed: Duration) 
         show_bytes(chosen.prediction.peak_bytes),
         thousands(chosen.prediction.peak_bytes)
     );
+    let encoding = chosen.problem.encoding_bytes();
+    if encoding > 0 {
+        println!(
+            "encoded       each output block gathered whole, encoded and written in one call; \
+             the peak includes {} for a block and its encoding",
+            show_bytes(encoding)
+        );
+    }
     println!("planned in    {:.3} s", elapsed.as_secs_f64());
 }
 
