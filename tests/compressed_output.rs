@@ -358,6 +358,25 @@ fn tight_memory_plans_hold_what_they_predict_compressed() {
         &["--format", "zarr3", "--compress", "zstd"],
     );
     let peak = json_u64(&unlimited, "planned_peak_memory_bytes");
+    // `plan` plans for the same encoding.
+    let planned = rechunkfs(&[
+        "plan",
+        input.to_str().unwrap(),
+        "--shape",
+        &shape_text(&shape),
+        "--format",
+        "zarr3",
+        "--compress",
+        "zstd",
+        "--json",
+    ]);
+    assert!(planned.status.success(), "{}", stderr(&planned));
+    let planned: serde_json::Value = serde_json::from_slice(&planned.stdout).unwrap();
+    assert_eq!(json_u64(&planned, "peak_memory_bytes"), peak);
+    assert_eq!(
+        json_u64(&planned, "seeks.planned"),
+        json_u64(&unlimited, "seeks.planned")
+    );
     // A block gathered whole and its encoding are counted beside the pieces.
     let block = 10 * 7 * 9 * 2;
     assert!(peak >= 2 * block, "{peak}");
