@@ -104,12 +104,17 @@ Workloads (--workload, comma-separated, or "all"; default W1):
          under WORKDIR/tmpfs for its rounds and unmounted after): input,
          outputs and the view's staging; uncapped only (tmpfs pages count
          against a memory cgroup); rechunkfs and the limit only.
+  W1-zstd
+         W1 compressed: a zstd (level 3) Zarr v3 array written by TensorStore,
+         35^3 chunks, into 50^3 zstd Zarr v3 chunks; every tool reads the same
+         array (rechunkfs with --format zarr3 --compress zstd:3); keep,
+         TensorStore and zarrs_reencode only (only when named or with "all").
   W2     1750^3 uint16 in 175^3 blocks -> 250^3 blocks (10.7 GB; only when
          named or with "all"; skipped with a message if the disk cannot hold
          its inputs, the peers' copies and the largest output).
   split  one 350^3 HDF5 file -> 50^3 blocks.
   merge  a 350^3 array in 35^3 blocks -> one file (--shape = the array).
---quick shrinks them for a smoke run: W1 and W1-tmpfs 350^3 in 35^3 -> 50^3, W2 350^3 in
+--quick shrinks them for a smoke run: W1, W1-tmpfs, W1-zstd 350^3 in 35^3 -> 50^3, W2 350^3 in
 70^3 -> 100^3, split one 250^3 file -> 50^3, merge 350^3 in 35^3 -> one file.
 
 Memory cap: a child of this process's memory cgroup per capped run, limit
@@ -145,7 +150,7 @@ Blocks on demand are measured apart: bench/run on-demand --help.
 def parser():
     ap = argparse.ArgumentParser(prog="bench/run", description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="W1",
-                    help="W1, W1-tmpfs, W2, split, merge, a comma-separated list, or all (default: W1)")
+                    help="W1, W1-tmpfs, W1-zstd, W2, split, merge, a comma-separated list, or all (default: W1)")
     ap.add_argument("--quick", action="store_true", help="smaller variants for a fast smoke run")
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench-out",
                     help="where data, outputs, the peers' venv and results go (default: bench-out/ in the repo)")

@@ -14,7 +14,7 @@ from pathlib import Path
 from .common import (MARKER, NUMPY_DTYPE, PEERS_DIR, cube, last_lines, read_text, say, shape_str, show_bytes,
                      write_text)
 from .tools import H5REPACK_TOOLS, ZARR_TOOLS
-from .workloads import input_arg, out_block
+from .workloads import compressed_input, input_arg, out_block
 
 # pip packages per tool (into WORKDIR/venv) and the import that proves them.
 PIP = {
@@ -29,9 +29,11 @@ class Peers:
     """Installs the peers on first use and prepares their inputs; remembers
     why a tool is unavailable."""
 
-    def __init__(self, workdir, wanted):
+    def __init__(self, workdir, wanted, compressed=False):
         self.workdir = workdir
         self.wanted = wanted
+        # A compressed workload's input is written by TensorStore, for every tool.
+        self.compressed = compressed
         self.venv = workdir / "venv"
         self.vpy = self.venv / "bin" / "python"
         self.cargo_root = workdir / "cargo-tools"
@@ -57,7 +59,7 @@ class Peers:
 
     def setup_venv(self):
         needs_venv = [t for t in self.wanted if t in PIP or t in ZARR_TOOLS or t in H5REPACK_TOOLS]
-        if not needs_venv:
+        if not needs_venv and not self.compressed:
             return
         if not self.vpy.exists():
             say(f"creating the harness's venv {self.venv} ...")
@@ -78,6 +80,10 @@ class Peers:
                 why = self._pip(t)
                 if why:
                     self.unavailable[t] = f"not installable: {why}"
+        if self.compressed and "tensorstore" not in self.wanted:
+            why = self._pip("tensorstore")
+            if why:
+                say(f"NOTE: the compressed workload's input cannot be written without TensorStore: {why}")
         self.note_versions()
 
     def note_versions(self):
@@ -104,8 +110,9 @@ class Peers:
         if "zarrs" not in self.wanted:
             return
         if not self.zarrs_bin.exists():
-            cmd = ["cargo", "install", "zarrs_tools", "--root", str(self.cargo_root), "--bin", "zarrs_reencode",
-                   "--locked"]
+            # nice: a build of minutes on a machine that may be shared.
+            cmd = ["nice", "cargo", "install", "zarrs_tools", "--root", str(self.cargo_root), "--bin",
+                   "zarrs_reencode", "--locked"]
             say(f"installing zarrs_reencode: {' '.join(cmd)} (takes minutes on 2 cores)...")
             log = self.workdir / "logs" / "cargo-install-zarrs_tools.log"
             env = dict(os.environ)
@@ -148,6 +155,8 @@ class Peers:
 
     # -- inputs
     def zarr_path(self, w):
+        if w.codec:
+            return compressed_input(self.workdir, w)
         return self.workdir / "peers-data" / f"zarr-{shape_str(w.array, 'x')}-in-{shape_str(w.blocks, 'x')}-u2.zarr"
 
     def h5_path(self, w):
@@ -155,8 +164,15 @@ class Peers:
             return None     # the sample's own file: one contiguous /data, chunk = the whole array
         return self.workdir / "peers-data" / f"h5-{shape_str(w.array, 'x')}-chunks-{shape_str(w.blocks, 'x')}-u2.h5"
 
+    def zarr_kind(self, w):
+        """The kind of Zarr input w's Zarr tools read: 'zarr3' (compressed) or 'zarr'."""
+        return "zarr3" if w.codec else "zarr"
+
     def needs(self, w):
-        """Which peer inputs this workload needs: subset of {'zarr', 'h5'}."""
+        """Which peer inputs this workload needs: subset of {'zarr', 'zarr3', 'h5'}.
+        A compressed workload's Zarr v3 input is every tool's, rechunkfs's too."""
+        if w.codec:
+            return {"zarr3"}
         out = set()
         if any(t in self.wanted and t not in self.unavailable for t in ZARR_TOOLS):
             out.add("zarr")
@@ -168,35 +184,38 @@ class Peers:
         return path.parent / (path.name + MARKER)
 
     def ready(self, w, kind):
-        path = self.zarr_path(w) if kind == "zarr" else self.h5_path(w)
+        path = self.h5_path(w) if kind == "h5" else self.zarr_path(w)
         try:
             m = json.loads(read_text(self._marker(path)))
         except (OSError, ValueError):
             return False
-        return m.get("array") == w.array and m.get("chunks") == w.blocks and path.exists()
+        return (m.get("array") == w.array and m.get("chunks") == w.blocks and m.get("codec") == w.codec
+                and path.exists())
 
     def prepare(self, w):
         for kind in sorted(self.needs(w)):
-            path = self.zarr_path(w) if kind == "zarr" else self.h5_path(w)
+            path = self.h5_path(w) if kind == "h5" else self.zarr_path(w)
             if self.ready(w, kind):
                 say(f"reusing {path.name} (marker matches)")
                 self.prepared[(w.name, kind)] = path
                 continue
             path.parent.mkdir(exist_ok=True)
-            what = "Zarr v2 array" if kind == "zarr" else "chunked HDF5 file"
+            what = {"zarr": "Zarr v2 array", "h5": "chunked HDF5 file",
+                    "zarr3": f"{w.codec} Zarr v3 array written by TensorStore"}[kind]
             say(f"writing the peers' input {path.name}: a {what}, chunks {cube(w.blocks)} ({show_bytes(w.nbytes)})...")
             t0 = time.monotonic()
             log = self.workdir / "logs" / f"prepare-{path.name}.log"
+            codec = ["--codec", w.codec] if w.codec else []
             with open(log, "w") as f:
                 r = subprocess.run([str(self.vpy), str(PEERS_DIR / "prepare.py"), kind, str(path),
-                                    "--array", shape_str(w.array), "--chunks", shape_str(w.blocks)],
+                                    "--array", shape_str(w.array), "--chunks", shape_str(w.blocks), *codec],
                                    stdout=f, stderr=subprocess.STDOUT)
             if r.returncode != 0:
                 self.prepared[(w.name, kind)] = f"!input not prepared: {last_lines(log, 1)} (log: {log})"
                 say(f"  FAILED: {last_lines(log, 2)}")
                 continue
             write_text(self._marker(path), json.dumps({"array": w.array, "chunks": w.blocks, "dtype": NUMPY_DTYPE,
-                                                       "made": time.time()}) + "\n")
+                                                       "codec": w.codec, "made": time.time()}) + "\n")
             self.prepared[(w.name, kind)] = path
             say(f"  done in {time.monotonic() - t0:.1f} s")
 
@@ -205,7 +224,7 @@ class Peers:
         if tool in self.unavailable:
             return None, self.unavailable[tool]
         if tool in ZARR_TOOLS:
-            got = self.prepared.get((w.name, "zarr"))
+            got = self.prepared.get((w.name, self.zarr_kind(w)))
         elif tool in H5REPACK_TOOLS:
             if w.single_file:
                 return input_arg(self.workdir, w), None

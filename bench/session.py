@@ -12,8 +12,9 @@ from .common import MARKER, MIB, PUBLISH_DIR, die, remove_path, say, show_bytes
 from .peer_setup import Peers
 from .report import READER_LABELS, aggregate, cap_label, mbps, published_suffix, write_results
 from .system import CacheDropper, CgroupError, machine_lines, mount_tmpfs, umount_tmpfs
-from .tools import (H5REPACK_TOOLS, MEM_KNOB, REPEATS_FOR_SHORT_RUNS, TOOLS, Context, build, check_limit,
-                    ensure_python, label, plan, run_one, run_peer, stage_binary, verify)
+from .tools import (COMPRESSED_TOOLS, H5REPACK_TOOLS, MEM_KNOB, NOT_COMPRESSED, REPEATS_FOR_SHORT_RUNS, TOOLS,
+                    Context, build, check_limit, ensure_python, label, new_record, plan, run_one, run_peer,
+                    stage_binary, verify)
 from .view import run_view
 from .workloads import TMPFS_SIZE, data_path, data_ready, disk_need, generate, input_arg, storage_dir
 
@@ -89,7 +90,7 @@ class Session:
         say("")
 
     def setup_peers(self):
-        self.peers = Peers(self.workdir, self.optional)
+        self.peers = Peers(self.workdir, self.optional, compressed=any(w.codec for w in self.wl))
         self.peers.setup()
         for t, why in self.peers.unavailable.items():
             say(f"NOTE: {label(t)}: {why}")
@@ -125,7 +126,9 @@ class Session:
         for w in self.wl:
             if w.storage == "tmpfs":
                 continue
-            if not data_ready(self.workdir, w):
+            if w.codec:
+                pass        # its input is the peers' compressed Zarr v3 array, for every tool
+            elif not data_ready(self.workdir, w):
                 generate(self.workdir, w)
             else:
                 say(f"reusing {data_path(self.workdir, w).name} (marker {MARKER} matches)")
@@ -299,6 +302,10 @@ class Session:
     def run_tool(self, w, inp, c, m, tool, runtag, repeat):
         """One timed run of any tool; (record, output to check and remove, or None).
         The view's output is checked here, while it is mounted."""
+        if w.codec and tool not in COMPRESSED_TOOLS:
+            rec = new_record(w, tool, c, m)
+            rec.update(status="unavailable", reason=f"not for a compressed workload: {NOT_COMPRESSED[tool]}")
+            return rec, None
         if tool in ("keep", "baseline"):
             out = storage_dir(self.workdir, w) / "out"
             return run_one(inp, out, w, tool, c, m, self.ctx), out
@@ -351,8 +358,10 @@ class Session:
             return
         if target is None:
             return
-        if tool in ("keep", "baseline"):
+        if tool in ("keep", "baseline") and not w.codec:
             ok, text, secs = verify(target, w)
+        elif w.codec:
+            ok, text, secs = self.peers.verify("zarr", target, w)
         else:
             ok, text, secs = self.peers.verify("h5" if tool in H5REPACK_TOOLS else "zarr", target, w)
         rec["verified"] = ok
@@ -372,9 +381,9 @@ class Session:
             notes.append(f"not verified: {', '.join(unchecked)}")
         else:
             notes.append(f"every finished run's output verified, outside its timed part ({len(finished)} checks):"
-                         " voxel by voxel, rechunkfs outputs and the view with tests/fixtures/verify.py, peers with"
-                         " bench/peers/verify_peer.py; the physical limit, which writes no array, by its counts of"
-                         " files and bytes read and written")
+                         " voxel by voxel, rechunkfs outputs and the view with tests/fixtures/verify.py, peers (and"
+                         " rechunkfs's compressed Zarr outputs) with bench/peers/verify_peer.py; the physical limit,"
+                         " which writes no array, by its counts of files and bytes read and written")
         if self.mems:
             notes.append("memory budget in uncapped runs, the same for every tool (rechunkfs --mem, the peers' knobs,"
                          " the limit's buffers; not h5repack holding the whole array): "

@@ -18,6 +18,18 @@ from .common import (BUILT, FORMAT, MIB, NUMPY_DTYPE, PEERS_DIR, PYTHON, ROOT, V
 from .system import timed_sync
 from .workloads import file_overhead, input_files, out_block, storage_dir
 
+# The tools a compressed workload (W1-zstd) runs, and why the others do not.
+COMPRESSED_TOOLS = ("keep", "tensorstore", "zarrs")
+NOT_COMPRESSED = {
+    "baseline": "writes an output block in pieces; a compressed block is encoded whole",
+    "view": "a view's sizes must be exact before its data exist; a compressed block's are not",
+    "limit": "writes files the sizes of the output's, which a compressed output has only once written",
+    "rechunker-python": "not set up for compressed Zarr v3",
+    "rechunker-dask": "not set up for compressed Zarr v3",
+    "h5repack": "reads HDF5, not Zarr",
+    "h5repack-whole": "reads HDF5, not Zarr",
+}
+
 # Every tool, in table order: key -> (label, kind).
 TOOLS = {
     "keep": ("rechunkfs keep", "rechunkfs"),
@@ -143,8 +155,14 @@ def verify(out, w):
     return r.returncode == 0, (r.stdout + r.stderr).strip(), time.monotonic() - t0
 
 
+def output_args(w):
+    """rechunkfs's output options for w: a compressed workload writes Zarr v3 compressed as its input is."""
+    return ["--format", "zarr3", "--compress", w.codec] if w.codec else []
+
+
 def plan(inp, w, strategy, mem):
-    cmd = [str(Binary.path), "plan", str(inp), "--shape", shape_str(w.shape), "--strategy", strategy, "--json"]
+    cmd = [str(Binary.path), "plan", str(inp), "--shape", shape_str(w.shape), "--strategy", strategy, "--json",
+           *output_args(w)]
     if mem is not None:
         cmd += ["--mem", str(mem)]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -200,7 +218,7 @@ def run_one(inp, out, w, strategy, cap, mem, ctx):
     note_plan(rec, inp, w, strategy, mem)
     shutil.rmtree(out, ignore_errors=True)
     cmd = [str(Binary.path), "rechunk", str(inp), str(out), "--shape", shape_str(w.shape), "--strategy", strategy,
-           "--json", "--quiet"]
+           "--json", "--quiet", *output_args(w)]
     if mem is not None:
         cmd += ["--mem", str(mem)]
     rec["command"] = " ".join(cmd)
@@ -382,7 +400,8 @@ def peer_command(tool, w, src, out, tmp, mem, peers):
     s = shape_str(out_block(w))
     vpy = str(peers.vpy)
     if tool == "tensorstore":
-        return [vpy, PEERS_DIR / "ts_copy.py", src, out, "--chunks", s, "--mem", str(mem)]
+        codec = ["--zarr3-codec", w.codec] if w.codec else []
+        return [vpy, PEERS_DIR / "ts_copy.py", src, out, "--chunks", s, "--mem", str(mem), *codec]
     if tool.startswith("rechunker-"):
         return [vpy, PEERS_DIR / "rechunker_run.py", src, out, tmp, "--chunks", s, "--mem", str(mem),
                 "--executor", tool.split("-", 1)[1]]
@@ -390,7 +409,13 @@ def peer_command(tool, w, src, out, tmp, mem, peers):
         # zarrs_tools (0.6 to 0.8.1 at least) sets the chunk shape only when it writes shards: without
         # --shard-shape, --chunk-shape is silently ignored. One shard per output block holding one
         # plain chunk of that shape is the same file layout with a 20-byte index at its end.
-        return [peers.zarrs_bin, "--chunk-shape", s, "--shard-shape", s, "--cache-size", str(mem), src, out]
+        codecs = []
+        if w.codec:
+            # Inside each shard, as rechunkfs and TensorStore compress each chunk.
+            name, _, level = w.codec.partition(":")
+            codecs = ["--bytes-to-bytes-codecs",
+                      json.dumps([{"name": name, "configuration": {"level": int(level or 3), "checksum": False}}])]
+        return [peers.zarrs_bin, "--chunk-shape", s, "--shard-shape", s, "--cache-size", str(mem), *codecs, src, out]
     if tool in H5REPACK_TOOLS:
         whole = out_block(w) == w.array
         layout = "data:CONTI" if whole else "data:CHUNK=" + shape_str(out_block(w), "x")

@@ -1,7 +1,9 @@
-"""The workloads (W1, W1-tmpfs, W2, split, merge, and their --quick
-variants), where each one's data live (the work directory's disk, or a
-tmpfs the harness mounts for W1-tmpfs), and rechunkfs's own input for each:
-generated with `rechunkfs sample` and reused while its marker matches."""
+"""The workloads (W1, W1-tmpfs, W1-zstd, W2, split, merge, and their
+--quick variants), where each one's data live (the work directory's disk,
+or a tmpfs the harness mounts for W1-tmpfs), and rechunkfs's own input for
+each: generated with `rechunkfs sample` and reused while its marker
+matches; for a compressed workload (W1-zstd), the peers' compressed Zarr
+v3 array, which every tool reads."""
 import json
 import shutil
 import subprocess
@@ -11,13 +13,17 @@ from .common import (DTYPE, FORMAT, ITEMSIZE, MARKER, Binary, cube, die, prod, r
                      show_bytes, write_text)
 
 
+# The compressor of the compressed workload (W1-zstd), in and out, as
+# rechunkfs --compress names it: zstd at Zarr's usual default level.
+ZSTD = "zstd:3"
+
 # The tmpfs W1-tmpfs runs on: a stand-in for storage faster than the disk.
 # Its pages count against a memory cgroup, so its runs are uncapped.
 TMPFS_SIZE = 3 << 30
 
 
 class Workload:
-    def __init__(self, name, array, blocks, shape, single_file, about, storage="disk"):
+    def __init__(self, name, array, blocks, shape, single_file, about, storage="disk", codec=None):
         self.name = name
         self.array = array
         self.blocks = blocks          # input block shape (== array: one file)
@@ -25,6 +31,7 @@ class Workload:
         self.single_file = single_file
         self.about = about
         self.storage = storage        # "disk" (the work directory's) or "tmpfs"
+        self.codec = codec            # e.g. "zstd:3": a Zarr v3 array so compressed, in and out
 
     @property
     def nbytes(self):
@@ -48,6 +55,8 @@ class Workload:
         src = "1 file" if self.single_file else f"{cube(self.blocks)} blocks"
         dst = "1 file" if all(s >= n for s, n in zip(self.shape, self.array)) else f"{cube(self.shape)}"
         where = ", on tmpfs" if self.storage == "tmpfs" else ""
+        if self.codec:
+            src, where = f"{cube(self.blocks)} chunks", f", {self.codec} Zarr v3 in and out"
         return f"{self.name} ({cube(self.array)} {DTYPE}, {src} → {dst}{where})"
 
     def output_sizes(self):
@@ -78,6 +87,8 @@ def workloads(quick):
                            "quick variant of W1 (350³ in 35³ blocks → 50³)"),
             "W1-tmpfs": Workload("W1-tmpfs", [350] * 3, [35] * 3, [50] * 3, False,
                                  "quick W1 on a tmpfs", storage="tmpfs"),
+            "W1-zstd": Workload("W1-zstd", [350] * 3, [35] * 3, [50] * 3, False,
+                                "quick W1 as zstd Zarr v3 in and out", codec=ZSTD),
             "W2": Workload("W2", [350] * 3, [70] * 3, [100] * 3, False,
                            "quick variant of W2 (350³ in 70³ blocks → 100³)"),
             "split": Workload("split", [250] * 3, [250] * 3, [50] * 3, True,
@@ -91,6 +102,9 @@ def workloads(quick):
         "W1-tmpfs": Workload("W1-tmpfs", [700] * 3, [35] * 3, [50] * 3, False,
                              "W1 with its input, output and staging on a tmpfs, for storage faster than"
                              " the disk", storage="tmpfs"),
+        "W1-zstd": Workload("W1-zstd", [700] * 3, [35] * 3, [50] * 3, False,
+                            "W1 as a zstd-compressed Zarr v3 array (written by TensorStore) into zstd Zarr v3"
+                            " chunks", codec=ZSTD),
         "W2": Workload("W2", [1750] * 3, [175] * 3, [250] * 3, False,
                        "keep paper configuration 4 (3500³ in 175³ → 250³) with every length / 2"),
         "split": Workload("split", [350] * 3, [350] * 3, [50] * 3, True,
@@ -125,7 +139,16 @@ def data_path(workdir, w):
     return storage_dir(workdir, w) / w.data_name()
 
 
+def compressed_input(workdir, w):
+    """A compressed workload's input, which every tool reads: the Zarr v3
+    array the peers' setup writes (bench/peers/prepare.py zarr3)."""
+    codec = w.codec.replace(":", "")
+    return workdir / "peers-data" / f"zarr3-{codec}-{shape_str(w.array, 'x')}-in-{shape_str(w.blocks, 'x')}-u2.zarr"
+
+
 def data_ready(workdir, w):
+    if w.codec:
+        return True     # the peers' input, made and checked by peer_setup.Peers
     d = data_path(workdir, w)
     try:
         marker = json.loads(read_text(d / MARKER))
@@ -139,6 +162,8 @@ def data_ready(workdir, w):
 
 
 def input_arg(workdir, w):
+    if w.codec:
+        return compressed_input(workdir, w)
     d = data_path(workdir, w)
     if w.single_file:
         return d / ("_".join("0" for _ in w.array) + "." + FORMAT)

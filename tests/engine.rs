@@ -36,6 +36,7 @@ fn c_order_spec(format: BlockFormat, dtype: DType, ndim: usize) -> OutputSpec {
         dtype,
         space: rechunkfs::array::space::Space::identity(ndim),
         axis_order: rechunkfs::array::axes::AxisOrder::C,
+        encoding: Default::default(),
     }
 }
 

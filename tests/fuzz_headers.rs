@@ -1375,6 +1375,7 @@ fn run_case(input: &Path, out: &Path, checks: HeaderChecks) -> Result<Outcome, S
         dtype: scanned.dtype,
         space: Space::identity(ndim),
         axis_order: AxisOrder::C,
+        encoding: Default::default(),
     };
     if directory::rechunk(&scanned, &plan, out, spec, None, |_| {}).is_err() {
         let left = std::fs::read_dir(out).map_err(|e| e.to_string())?.count();

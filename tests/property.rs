@@ -876,6 +876,7 @@ fn run_case(case: &Case, scratch: &Path) {
         dtype: input.dtype,
         space: input.space().unwrap(),
         axis_order: input.axis_order(),
+        encoding: Default::default(),
     };
     let stats = directory::rechunk(&input, &plan, &out, spec, None, |_| {})
         .unwrap_or_else(|e| panic!("rechunk: {e}"));
@@ -1064,6 +1065,7 @@ fn nifti_refuses_what_it_cannot_hold() {
             dtype,
             space: rechunkfs::array::space::Space::identity(shape.len()),
             axis_order: rechunkfs::array::axes::AxisOrder::C,
+            encoding: Default::default(),
         };
         let refusal = spec.template(&shape).expect_err("NIfTI-1 cannot hold it");
         assert!(refusal.to_string().contains("NIfTI-1"), "{refusal}");

@@ -89,6 +89,7 @@ fn open_core(f: &Fixture) -> (Arc<ViewCore>, Vec<u64>) {
         dataset: "/data".into(),
         space: rechunkfs::array::space::Space::identity(f.array.len()),
         axis_order: rechunkfs::array::axes::AxisOrder::C,
+        shard_chunks: None,
     };
     let templates = BlockTemplates::for_view(&layout, &f.plan.output).unwrap();
     (

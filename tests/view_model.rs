@@ -185,6 +185,7 @@ fn harness(array: &[u64], block: &[u64], format: BlockFormat) -> Harness {
         dataset: "/data".into(),
         space: rechunkfs::array::space::Space::identity(array.len()),
         axis_order: rechunkfs::array::axes::AxisOrder::C,
+        shard_chunks: None,
     };
     let templates = BlockTemplates::for_view(&layout, &plan.output).expect("templates");
     let core = Arc::new(ViewCore::new(

@@ -46,6 +46,14 @@ pub(super) fn mount_command(args: MountArgs) -> anyhow::Result<()> {
 }
 
 fn request_of(args: &MountArgs) -> anyhow::Result<MountRequest> {
+    if let Some(codec) = &args.planning.compress {
+        anyhow::bail!(
+            "--compress {codec}: a view's sizes must be exact before the data exist, and a \
+             compressed block's size is known only once it is written; compress with \
+             `rechunkfs rechunk` instead"
+        );
+    }
+
     // The daemon outlives this command; absolute paths keep status and
     // logs unambiguous.
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
@@ -53,6 +61,12 @@ fn request_of(args: &MountArgs) -> anyhow::Result<MountRequest> {
         input: absolute(&args.input),
         view: absolute(&args.view),
         output_block: parse_shape(&args.planning.shape).context("--shape")?,
+        shard: args
+            .planning
+            .shard
+            .as_deref()
+            .map(|text| parse_shape(text).context("--shard"))
+            .transpose()?,
         mem: mem_of(&args.planning)?,
         strategy: args.planning.strategy.parse()?,
         staging: args.staging.as_deref().map(absolute),

@@ -12,7 +12,8 @@ use crate::array::dtype::DType;
 use crate::array::geometry::{show_shape, Partition};
 use crate::array::units::{parse_shape, show_bytes};
 use crate::cli::report::thousands;
-use crate::cli::{mem_of, PlanArgs};
+use crate::cli::{mem_of, PlanArgs, PlanningArgs};
+use crate::format::encode::{Compressor, Encoding};
 use crate::format::BlockFormat;
 use crate::input::InputArray;
 use crate::plan::{self, Plan, Problem, Strategy};
@@ -37,6 +38,82 @@ pub(super) fn problem_of(
         );
     }
     Ok(crate::output::problem_for(input, output, format)?)
+}
+
+/// The problem of rechunking `input` as `planning` asks, written as
+/// `format`, and how its blocks are encoded (`--compress`, `--shard`):
+/// sharded, the blocks written are the shards.
+pub(super) fn encoded_problem_of(
+    input: &InputArray,
+    planning: &PlanningArgs,
+    format: BlockFormat,
+) -> anyhow::Result<(Problem, Encoding)> {
+    let order = input.axis_order();
+    let encoding = encoding_of(planning, &input.shape, order, format)?;
+    let blocks = planning.shard.as_deref().unwrap_or(&planning.shape);
+    let problem = problem_of(input, blocks, format)?;
+    Ok((encoded(problem, &encoding), encoding))
+}
+
+/// `problem` with its output blocks encoded whole, if `encoding` says so.
+fn encoded(problem: Problem, encoding: &Encoding) -> Problem {
+    if encoding.is_encoded() {
+        problem.with_encoded_outputs()
+    } else {
+        problem
+    }
+}
+
+/// How `--compress` and `--shard` ask blocks of `format`, of an array of
+/// `array` (internal order; `order` is the user's), to be encoded; refuses
+/// what the format cannot hold, and shards that are no whole number of
+/// chunks.
+pub(super) fn encoding_of(
+    planning: &PlanningArgs,
+    array: &[u64],
+    order: AxisOrder,
+    format: BlockFormat,
+) -> anyhow::Result<Encoding> {
+    let compressor = planning
+        .compress
+        .as_deref()
+        .map(str::parse::<Compressor>)
+        .transpose()?;
+    let shard_chunks = match &planning.shard {
+        None => None,
+        Some(shard) => Some(shard_chunks(array, order, shard, &planning.shape)?),
+    };
+    let encoding = Encoding {
+        compressor,
+        shard_chunks,
+    };
+    encoding.check(format)?;
+    Ok(encoding)
+}
+
+/// The chunk shape inside shards of `shard` (both as `--shard` and
+/// `--shape` give them, in `order`), in internal order.
+fn shard_chunks(
+    array: &[u64],
+    order: AxisOrder,
+    shard: &str,
+    chunk: &str,
+) -> anyhow::Result<Vec<u64>> {
+    let parse = |text: &str, option: &str| -> anyhow::Result<Vec<u64>> {
+        let sides = order.to_internal(&parse_shape(text).context(option.to_string())?);
+        if sides.len() != array.len() || sides.contains(&0) {
+            bail!(
+                "{option} {text} must have {} positive sides, one per dimension of the array {}",
+                array.len(),
+                show_shape(&order.to_user(array))
+            );
+        }
+        Ok(sides)
+    };
+    let (shards, chunks) = (parse(shard, "--shard")?, parse(chunk, "--shape")?);
+    Ok(crate::format::encode::shard_chunks(
+        array, &shards, &chunks, order,
+    )?)
 }
 
 /// The memory a plan was made in, and why.
@@ -110,7 +187,7 @@ fn problem_of_args(
             let input = InputArray::scan(input, Some(&args.input_args.dataset))?;
             let format = format.unwrap_or_else(|| input.format.default_output());
             let input = input.with_values(args.input_args.values()?, format)?;
-            let problem = problem_of(&input, &args.planning.shape, format)?;
+            let (problem, _) = encoded_problem_of(&input, &args.planning, format)?;
             (problem, input.dtype, input.axis_order())
         }
         (None, Some(array)) => {
@@ -123,18 +200,20 @@ fn problem_of_args(
             let dtype: DType = args.dtype.as_deref().unwrap_or("u1").parse()?;
             let array = parse_shape(array).context("--array")?;
             let blocks = parse_shape(args.blocks.as_deref().unwrap_or("")).context("--blocks")?;
-            let output = parse_shape(&args.planning.shape).context("--shape")?;
+            let format = format.unwrap_or(BlockFormat::Hdf5);
+            let encoding = encoding_of(&args.planning, &array, AxisOrder::C, format)?;
+            let written = args
+                .planning
+                .shard
+                .as_deref()
+                .unwrap_or(&args.planning.shape);
+            let output = parse_shape(written).context("--shape")?;
             let problem = Problem::new(array, blocks, output, dtype.size as u64)?;
-            let output_files = crate::output::filetree::output_file_shape(
-                format.unwrap_or(BlockFormat::Hdf5),
-                &problem.output(),
-            );
+            let output_files =
+                crate::output::filetree::output_file_shape(format, &problem.output());
             let input_files = crate::array::geometry::FileShape::Exact;
-            (
-                problem.with_files(input_files, output_files),
-                dtype,
-                AxisOrder::C,
-            )
+            let problem = problem.with_files(input_files, output_files);
+            (encoded(problem, &encoding), dtype, AxisOrder::C)
         }
         (None, None) => bail!("give IN (block files) or --array, --blocks and --dtype"),
     })
@@ -239,6 +318,14 @@ fn print_plan(plans: &Plans, dtype: DType, order: AxisOrder, elapsed: Duration) 
         show_bytes(chosen.prediction.peak_bytes),
         thousands(chosen.prediction.peak_bytes)
     );
+    let encoding = chosen.problem.encoding_bytes();
+    if encoding > 0 {
+        println!(
+            "encoded       each output block gathered whole, encoded and written in one call; \
+             the peak includes {} for a block and its encoding",
+            show_bytes(encoding)
+        );
+    }
     println!("planned in    {:.3} s", elapsed.as_secs_f64());
 }
 

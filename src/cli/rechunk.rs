@@ -11,7 +11,7 @@ use anyhow::bail;
 use nix::sys::signal::Signal;
 
 use crate::array::units::show_bytes;
-use crate::cli::plan::{problem_of, Budget};
+use crate::cli::plan::{encoded_problem_of, Budget};
 use crate::cli::report::{progress_bar, report_run};
 use crate::cli::{mem_of, RechunkArgs};
 use crate::engine::RunStats;
@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::format::BlockFormat;
 use crate::input::{HeaderChecks, InputArray};
 use crate::output::directory::{self, OutputSpec};
-use crate::plan::{self, Plan, Strategy};
+use crate::plan::{self, Plan, Problem, Strategy};
 use crate::sys::{disk, signals};
 
 pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
@@ -40,7 +40,8 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         None => input.format.default_output(),
     };
     let input = input.with_values(args.input_args.values()?, format)?;
-    let plan = plan_rechunk(&args, &input, format)?;
+    let (problem, encoding) = encoded_problem_of(&input, &args.planning, format)?;
+    let plan = plan_rechunk(&args, problem)?;
     let format = output_format(format, &plan);
     if same_directory(&args.input, &args.output) {
         bail!(
@@ -54,6 +55,7 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         dtype: input.dtype,
         space: input.space()?,
         axis_order: input.axis_order(),
+        encoding,
     };
     let stats = write_output(&args, &input, &plan, spec)?;
     let elapsed = started.elapsed();
@@ -75,12 +77,7 @@ fn output_format(asked: BlockFormat, plan: &Plan) -> BlockFormat {
 
 /// The plan for rechunking `input` as `args` ask, in the memory allowed
 /// (said on stderr when that is not `--mem`).
-fn plan_rechunk(
-    args: &RechunkArgs,
-    input: &InputArray,
-    format: BlockFormat,
-) -> anyhow::Result<Plan> {
-    let problem = problem_of(input, &args.planning.shape, format)?;
+fn plan_rechunk(args: &RechunkArgs, problem: Problem) -> anyhow::Result<Plan> {
     let strategy: Strategy = args.planning.strategy.parse()?;
     let requested = mem_of(&args.planning)?;
     let cgroup_limit = crate::sys::cgroup::memory_limit();
@@ -111,6 +108,7 @@ fn write_output(
     // (NIfTI's limits, MINC2 scaling), it can hold them all. Refuse before
     // OUT is touched.
     spec.template(&plan.output.block(&vec![0; plan.output.ndim()]).shape)?;
+    spec.encoder(&plan.output)?;
     // Caught from before OUT is touched: a signal until then ends the
     // process at once, with nothing of this run on disk yet.
     let stop = signals::catch_stopping_signals()?;

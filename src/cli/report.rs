@@ -61,6 +61,8 @@ pub(super) fn report_run(
             "bytes_read": stats.bytes_read,
             "fill_bytes": stats.fill_bytes,
             "bytes_written": stats.bytes_written,
+            "encoded_from_bytes": stats.encoded_from_bytes,
+            "compression_ratio": compression_ratio(stats),
             "peak_memory_bytes": stats.peak_held_bytes,
             "planned_peak_memory_bytes": plan.prediction.peak_bytes,
             "output_blocks": stats.output_blocks_done,
@@ -82,6 +84,13 @@ fn print_run(plan: &Plan, stats: &RunStats, seconds: f64) {
         seconds,
         show_bytes((stats.bytes_written as f64 / seconds.max(1e-9)) as u64)
     );
+    if let Some(ratio) = compression_ratio(stats) {
+        println!(
+            "encoded {} of blocks (padding included) into {}: compression ratio {ratio:.2}",
+            show_bytes(stats.encoded_from_bytes),
+            show_bytes(stats.bytes_written)
+        );
+    }
     println!(
         "seeks {} (reads {} + writes {}; planned {})",
         thousands(stats.seeks()),
@@ -102,6 +111,13 @@ fn print_run(plan: &Plan, stats: &RunStats, seconds: f64) {
         show_bytes(plan.prediction.peak_bytes),
         peak_rss_bytes().map_or("unknown".into(), show_bytes)
     );
+}
+
+/// Bytes of encoded blocks before encoding per byte written, when blocks
+/// were encoded.
+fn compression_ratio(stats: &RunStats) -> Option<f64> {
+    (stats.encoded_from_bytes > 0 && stats.bytes_written > 0)
+        .then(|| stats.encoded_from_bytes as f64 / stats.bytes_written as f64)
 }
 
 /// This process's peak resident set size, from `getrusage`.

@@ -13,7 +13,9 @@
 //! both cores work at once, even when the whole array is one read block (a
 //! split or a merge); the bytes held are exactly what the planner
 //! simulates: the step being read, the slab in flight, and the waiting
-//! pieces.
+//! pieces. Encoded output blocks (compressed, sharded) are gathered whole
+//! by the writer and written in one call each; the planner hands them over
+//! whole, and counts the block and its encoding while a slab is in flight.
 //!
 //! Every data I/O goes through [`seekio`], whose counts must equal the
 //! plan's predictions; both threads log their calls and the reader counts
@@ -66,6 +68,10 @@ pub struct RunStats {
     /// (included in `bytes_read`, except for encoded inputs).
     pub fill_bytes: u64,
     pub bytes_written: u64,
+    /// Bytes of the encoded (compressed or sharded) output blocks, as
+    /// gathered before encoding (padding included): `bytes_written` of
+    /// them is the compression. 0 when blocks are written in place.
+    pub encoded_from_bytes: u64,
     /// Input bytes the kernel was asked to read ahead (headers to check
     /// included; a file evicted from the open-file cache and reopened is
     /// asked for again). Advice is no I/O of ours, but a careless window
@@ -106,6 +112,9 @@ pub struct Executor<'a> {
     /// Bytes of the slab handed to the writer and not yet reported written.
     in_flight: Option<u64>,
     held: u64,
+    /// Bytes the writer holds while it encodes an output block (the
+    /// planner's allowance; 0 when blocks are written in place).
+    encoding: u64,
     stats: RunStats,
     cancel: Option<&'a AtomicBool>,
     pool: BufferPool,
@@ -124,6 +133,7 @@ impl<'a> Executor<'a> {
             current_read: 0,
             in_flight: None,
             held: 0,
+            encoding: plan.problem.encoding_bytes(),
             stats: RunStats {
                 read_blocks_total: plan.read.count(),
                 output_blocks_total: plan.output.count(),
@@ -295,6 +305,7 @@ impl<'a> Executor<'a> {
         reports: &Receiver<Result<WriteReport>>,
     ) -> Result<()> {
         self.in_flight = Some(job.bytes);
+        self.note_peak(self.held + self.encoding);
         if jobs.send(job).is_err() {
             // The writer stopped: its report says why.
             self.finish_write(reports)?;
@@ -323,6 +334,7 @@ impl<'a> Executor<'a> {
         };
         log.extend(report.writes);
         self.stats.output_blocks_done += report.blocks_completed;
+        self.stats.encoded_from_bytes += report.encoded_from;
         self.held -= bytes;
         let peak = self.plan.prediction.peak_bytes;
         for piece in report.pieces {
@@ -347,7 +359,11 @@ impl<'a> Executor<'a> {
 
     fn hold(&mut self, bytes: u64) {
         self.held += bytes;
-        self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(self.held);
+        self.note_peak(self.held);
+    }
+
+    fn note_peak(&mut self, bytes: u64) {
+        self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(bytes);
     }
 
     /// Reads step `step_index` (of `Plan::steps`) into its pieces, one per
@@ -362,9 +378,15 @@ impl<'a> Executor<'a> {
         self.hold(step_box.volume() * self.elem);
         self.reader
             .read_step(&step_box, &grid, &mut buffers, &mut self.counter)?;
-        // A decoded input block was held beside the step while it was read.
+        // A decoded input block was held beside the step while it was
+        // read, and the writer encodes a block while a slab is in flight.
         let decoded = std::mem::take(&mut self.reader.decoded_peak);
-        self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(self.held + decoded);
+        let encoding = if self.in_flight.is_some() {
+            self.encoding
+        } else {
+            0
+        };
+        self.note_peak(self.held + decoded + encoding);
         self.pending.file_step(plan, &grid, step_index, buffers);
         Ok(())
     }

@@ -1,16 +1,21 @@
 //! Where the executor writes: a sink hands out output block files and is
 //! told when each is complete, so the same executor fills real files for
-//! `rechunk` and the staging area for the view.
+//! `rechunk` and the staging area for the view. A sink whose blocks are
+//! encoded (compressed or sharded) names its encoder: the writer then
+//! gathers each block whole and writes its encoding in one call.
 
 use std::collections::HashSet;
 use std::fs::File;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use lru::LruCache;
 
 use super::RunStats;
 use crate::error::{Error, Result};
+use crate::format::encode::BlockEncode;
 
 /// An output block file open for positioned writes of its data.
 pub struct OutputTarget<'a> {
@@ -28,8 +33,14 @@ pub struct OutputTarget<'a> {
 /// Where output blocks are written.
 pub trait BlockSink {
     /// The file of output block `rank` (C-order rank in the output grid),
-    /// created on first use.
+    /// created on first use. With an [`encoder`](Self::encoder) the file
+    /// is created empty, for the encoded bytes.
     fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>>;
+    /// How output blocks are encoded whole (None: written in place, a
+    /// region at a time, at the target's data offset).
+    fn encoder(&self) -> Option<Arc<dyn BlockEncode>> {
+        None
+    }
     /// Every byte of output block `rank` has been written.
     fn complete(&mut self, rank: u64) -> Result<()>;
     /// Whether output block `rank` still needs writing (a resumed view

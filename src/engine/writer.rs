@@ -1,18 +1,25 @@
 //! The write side: pieces wait here until their write block is complete,
 //! then go, a slab at a time, to a writer thread that gathers them into
-//! the output files while the reader goes on with the next step.
+//! the output files while the reader goes on with the next step. Encoded
+//! output blocks (the sink's [`BlockSink::encoder`]) are gathered whole
+//! in memory instead, each in one slab (the planner cuts no slab through
+//! one), encoded, and written in one call.
 
 use std::collections::HashMap;
+use std::io::IoSlice;
 use std::ops::Range;
+use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use super::pieces::{PackingBuffer, PieceGrid, RowLayout};
-use super::seekio::{FileKey, SeekLog};
+use super::seekio::{self, FileKey, SeekLog};
 use super::sink::{BlockSink, OutputTarget};
-use crate::array::geometry::{show_shape, IndexBox, Region};
+use crate::array::geometry::{show_shape, volume, IndexBox, Region};
 use crate::error::{Error, Result};
+use crate::format::encode::BlockEncode;
 use crate::plan::Plan;
 use crate::sys::pagecache;
 
@@ -123,6 +130,8 @@ pub(super) struct WriteReport {
     pub(super) read_block: u64,
     pub(super) writes: SeekLog,
     pub(super) blocks_completed: u64,
+    /// Bytes of the encoded blocks the job wrote, before encoding.
+    pub(super) encoded_from: u64,
     /// The job's pieces, written, back for reuse ([`BufferPool`]).
     ///
     /// [`BufferPool`]: super::pool::BufferPool
@@ -136,6 +145,7 @@ pub(super) struct Writer<'a> {
     elem: u64,
     remaining: HashMap<u64, u64>,
     packing: PackingBuffer,
+    encoder: Option<Arc<dyn BlockEncode>>,
 }
 
 impl<'a> Writer<'a> {
@@ -145,6 +155,7 @@ impl<'a> Writer<'a> {
             elem,
             remaining: HashMap::new(),
             packing: PackingBuffer::new(),
+            encoder: None,
         }
     }
 
@@ -156,6 +167,7 @@ impl<'a> Writer<'a> {
         reports: Sender<Result<WriteReport>>,
         sink: &Mutex<&mut (dyn BlockSink + Send)>,
     ) {
+        self.encoder = sink.lock().encoder();
         for job in jobs {
             let report = self.write(job, &mut **sink.lock());
             if reports.send(report).is_err() {
@@ -172,6 +184,7 @@ impl<'a> Writer<'a> {
         let grid = PieceGrid::new(&plan.steps, write_box);
         let mut writes = SeekLog::default();
         let mut blocks_completed = 0;
+        let mut encoded_from = 0;
         for output_index in IndexBox::new(plan.output.overlapping(write_box)) {
             let block = plan.output.block(&output_index);
             let Some(region) = block.intersect(write_box) else {
@@ -179,6 +192,15 @@ impl<'a> Writer<'a> {
             };
             let rank = plan.output.linear(&output_index);
             if !sink.wants(rank) {
+                continue;
+            }
+            if let Some(encoder) = self.encoder.clone() {
+                let (block_writes, raw_len) =
+                    self.write_encoded(sink, &*encoder, rank, &block, &region, &grid, &job.pieces)?;
+                writes.extend(block_writes);
+                encoded_from += raw_len;
+                sink.complete(rank)?;
+                blocks_completed += 1;
                 continue;
             }
             // Writing the region again after a full disk rewrites the
@@ -199,8 +221,55 @@ impl<'a> Writer<'a> {
             read_block: job.read_block,
             writes,
             blocks_completed,
+            encoded_from,
             pieces: job.pieces,
         })
+    }
+
+    /// Gathers output block `rank` (`block`, which `region` must be: the
+    /// plan hands encoded blocks over whole) from `pieces` into its file's
+    /// array, encodes it and writes the encoding in one call; returns the
+    /// call and the bytes encoded.
+    #[allow(clippy::too_many_arguments)]
+    fn write_encoded(
+        &mut self,
+        sink: &mut dyn BlockSink,
+        encoder: &dyn BlockEncode,
+        rank: u64,
+        block: &Region,
+        region: &Region,
+        grid: &PieceGrid,
+        pieces: &[Vec<u8>],
+    ) -> Result<(SeekLog, u64)> {
+        let (path, file_shape) = {
+            let target = sink.target(rank)?;
+            check_file_holds(&target, block)?;
+            (PathBuf::from(target.path), target.file_shape.to_vec())
+        };
+        if region != block {
+            return Err(Error::BadArgument(format!(
+                "plan error: encoded output block {} handed to the writer in parts",
+                path.display()
+            )));
+        }
+        let file_box = Region::new(block.origin.clone(), file_shape.clone());
+        let raw = gather(block, &file_box, self.elem, grid, pieces)?;
+        let raw_len = raw.len() as u64;
+        let encoded = encoder.encode(&path, &file_shape, raw)?;
+        // Writing again after a full disk rewrites the same bytes in place.
+        loop {
+            let written = {
+                let target = sink.target(rank)?;
+                seekio::write_all_at(target.file, target.path, &mut [IoSlice::new(&encoded)], 0)
+            };
+            match written {
+                Err(error) if error.is_no_space() => sink.no_space(error)?,
+                result => break result?,
+            }
+        }
+        let mut writes = SeekLog::default();
+        writes.write(FileKey::Output(rank), 0, encoded.len() as u64);
+        Ok((writes, raw_len))
     }
 
     /// Writes `region` of output block `rank` (`block`) from `pieces`;
@@ -240,6 +309,29 @@ impl<'a> Writer<'a> {
         }
         false
     }
+}
+
+/// The C-order bytes of `file_box`'s array with `region` gathered from
+/// `pieces` (cut by `grid`) and zeros (Zarr's fill value) elsewhere.
+fn gather(
+    region: &Region,
+    file_box: &Region,
+    elem: u64,
+    grid: &PieceGrid,
+    pieces: &[Vec<u8>],
+) -> Result<Vec<u8>> {
+    let mut raw = vec![0u8; (volume(&file_box.shape) * elem) as usize];
+    let layout = RowLayout::new(region, file_box, elem, grid);
+    layout.for_each_segment(|segment| {
+        let base = segment.offset as usize;
+        layout.for_each_part(segment.rows.clone(), |part| {
+            let at = base + part.at;
+            raw[at..at + part.len]
+                .copy_from_slice(&pieces[part.piece][part.offset..part.offset + part.len]);
+            Ok(())
+        })
+    })?;
+    Ok(raw)
 }
 
 /// Refuses a target whose file's array is too small for its `block`.

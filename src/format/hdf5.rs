@@ -1,5 +1,6 @@
 //! HDF5 block files: probing inputs, reading boxes of chunked ones through
-//! libhdf5, and the byte template of contiguous output files.
+//! libhdf5, the byte template of contiguous output files, and whole
+//! gzip-compressed output files ([`DeflateEncoder`]).
 //!
 //! rechunkfs moves bytes, never values, so every path here keeps libhdf5 from
 //! converting: the probe maps the file's own datatype (byte order included)
@@ -22,15 +23,18 @@ use ::hdf5::sync::sync;
 use hdf5_sys::h5::{herr_t, hsize_t, HADDR_UNDEF};
 use hdf5_sys::h5d::{
     H5D_alloc_time_t, H5D_fill_time_t, H5D_layout_t, H5Dclose, H5Dcreate2, H5Dget_offset,
-    H5Dget_space, H5Dread,
+    H5Dget_space, H5Dread, H5Dwrite,
 };
-use hdf5_sys::h5f::{H5Fclose, H5Fcreate, H5F_ACC_EXCL};
+use hdf5_sys::h5f::{
+    H5F_scope_t, H5Fclose, H5Fcreate, H5Fflush, H5Fget_file_image, H5F_ACC_EXCL, H5F_ACC_TRUNC,
+};
 use hdf5_sys::h5i::hid_t;
 use hdf5_sys::h5p::{
-    H5Pclose, H5Pcreate, H5Pset_alignment, H5Pset_alloc_time, H5Pset_create_intermediate_group,
-    H5Pset_fill_time, H5Pset_layout, H5Pset_obj_track_times, H5P_DEFAULT,
+    H5Pclose, H5Pcreate, H5Pset_alignment, H5Pset_alloc_time, H5Pset_chunk,
+    H5Pset_create_intermediate_group, H5Pset_deflate, H5Pset_fapl_core, H5Pset_fill_time,
+    H5Pset_layout, H5Pset_obj_track_times, H5P_DEFAULT,
 };
-use hdf5_sys::h5s::{H5S_seloper_t, H5Sclose, H5Screate_simple, H5Sselect_hyperslab};
+use hdf5_sys::h5s::{H5S_seloper_t, H5Sclose, H5Screate_simple, H5Sselect_hyperslab, H5S_ALL};
 use hdf5_sys::h5t::{
     H5T_class_t, H5T_norm_t, H5T_order_t, H5T_sign_t, H5Tclose, H5Tcopy, H5Tget_class,
     H5Tget_ebias, H5Tget_fields, H5Tget_norm, H5Tget_offset, H5Tget_order, H5Tget_precision,
@@ -760,6 +764,162 @@ unsafe fn dataset_properties() -> ::hdf5::Result<(OwnedId, OwnedId)> {
     ))?;
     ::hdf5::h5check(H5Pset_obj_track_times(dataset_create.id, 0))?;
     // MINC2-style paths (/minc-2.0/image/0/image) need their groups.
+    let link_create = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_LINK_CREATE), H5Pclose)?;
+    ::hdf5::h5check(H5Pset_create_intermediate_group(link_create.id, 1))?;
+    Ok((dataset_create, link_create))
+}
+
+/// Encodes output blocks as whole HDF5 files whose dataset is chunked, one
+/// chunk per block, with the deflate (gzip) filter: libhdf5 builds each
+/// file in memory (its core driver, no backing store) and hands back the
+/// file's image, which the caller writes in one call.
+#[derive(Debug)]
+pub struct DeflateEncoder {
+    dtype: DType,
+    dataset: CString,
+    level: u32,
+}
+
+/// libhdf5 refuses chunks of 4 GiB or more.
+const MAX_CHUNK_BYTES: u64 = (4 << 30) - 1;
+
+impl DeflateEncoder {
+    /// Blocks holding `dtype` in `dataset`, deflated at `level` (1-9).
+    pub fn new(dtype: DType, dataset: &str, level: u32) -> Result<DeflateEncoder> {
+        let dataset = CString::new(dataset).map_err(|_| {
+            Error::BadArgument(format!("dataset name {dataset:?} contains a NUL byte"))
+        })?;
+        Ok(DeflateEncoder {
+            dtype,
+            dataset,
+            level,
+        })
+    }
+
+    /// Refuses blocks of `shape` that one HDF5 chunk cannot hold.
+    pub fn check_block(shape: &[u64], dtype: DType) -> Result<()> {
+        let bytes = shape
+            .iter()
+            .product::<u64>()
+            .saturating_mul(dtype.size as u64);
+        if bytes > MAX_CHUNK_BYTES {
+            return Err(Error::BadArgument(format!(
+                "a gzip-compressed HDF5 block is one HDF5 chunk, which libhdf5 limits to 4 GiB, \
+                 but a block of {} {dtype} holds {bytes} bytes; choose a smaller --shape",
+                shape_text(shape)
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl super::encode::BlockEncode for DeflateEncoder {
+    fn encode(&self, path: &Path, shape: &[u64], raw: Vec<u8>) -> Result<Vec<u8>> {
+        Self::check_block(shape, self.dtype)?;
+        let expected = shape.iter().product::<u64>() * self.dtype.size as u64;
+        if raw.len() as u64 != expected {
+            return Err(Error::BadOutput {
+                path: path.to_path_buf(),
+                problem: format!("{} bytes for a block of {expected}", raw.len()),
+            });
+        }
+        // SAFETY: the dataset name is NUL-terminated, `raw` holds exactly
+        // the dataset's bytes, and the lock is held.
+        sync(|| unsafe { deflated_image(&self.dataset, shape, self.dtype, self.level, &raw) })
+            .map_err(|error| Error::Hdf5 {
+                path: path.to_path_buf(),
+                message: format!(
+                    "cannot write a gzip-compressed dataset of {} {}: {error}",
+                    shape_text(shape),
+                    self.dtype
+                ),
+            })
+    }
+
+    fn describe(&self) -> String {
+        format!("HDF5 deflate level {}", self.level)
+    }
+}
+
+/// The image of an HDF5 file holding `dataset` of `shape` and `dtype`,
+/// one chunk deflated at `level`, with `data` as its bytes (written with
+/// the file's own type, so libhdf5 copies and never converts).
+///
+/// # Safety
+/// The library lock must be held, and `data` must hold the whole dataset.
+unsafe fn deflated_image(
+    dataset: &CStr,
+    shape: &[u64],
+    dtype: DType,
+    level: u32,
+    data: &[u8],
+) -> ::hdf5::Result<Vec<u8>> {
+    let (file_create, file_access) = file_properties(1)?;
+    // In memory only: the image is taken before closing, never written.
+    ::hdf5::h5check(H5Pset_fapl_core(file_access.id, 1 << 20, 0))?;
+    let name = CString::new("block.h5").map_err(|e| e.to_string())?;
+    let file = OwnedId::new(
+        H5Fcreate(name.as_ptr(), H5F_ACC_TRUNC, file_create.id, file_access.id),
+        H5Fclose,
+    )?;
+    let file_type = OwnedId::new(create_datatype(dtype)?, H5Tclose)?;
+    let space = OwnedId::new(
+        H5Screate_simple(
+            shape.len() as i32,
+            shape.as_ptr() as *const hsize_t,
+            ptr::null(),
+        ),
+        H5Sclose,
+    )?;
+    let (dataset_create, link_create) = deflate_properties(shape, level)?;
+    let written = OwnedId::new(
+        H5Dcreate2(
+            file.id,
+            dataset.as_ptr(),
+            file_type.id,
+            space.id,
+            link_create.id,
+            dataset_create.id,
+            H5P_DEFAULT,
+        ),
+        H5Dclose,
+    )?;
+    ::hdf5::h5check(H5Dwrite(
+        written.id,
+        file_type.id,
+        H5S_ALL,
+        H5S_ALL,
+        H5P_DEFAULT,
+        data.as_ptr().cast(),
+    ))?;
+    drop(written);
+    ::hdf5::h5check(H5Fflush(file.id, H5F_scope_t::H5F_SCOPE_GLOBAL))?;
+    let len = ::hdf5::h5check(H5Fget_file_image(file.id, ptr::null_mut(), 0))?;
+    let mut image = vec![0u8; len as usize];
+    let got = ::hdf5::h5check(H5Fget_file_image(
+        file.id,
+        image.as_mut_ptr().cast(),
+        image.len(),
+    ))?;
+    image.truncate(got as usize);
+    file.close()?;
+    Ok(image)
+}
+
+/// The dataset-creation and link-creation property lists of a deflated
+/// dataset of `shape`: one chunk, the whole dataset.
+///
+/// # Safety
+/// The library lock must be held.
+unsafe fn deflate_properties(shape: &[u64], level: u32) -> ::hdf5::Result<(OwnedId, OwnedId)> {
+    let dataset_create = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_DATASET_CREATE), H5Pclose)?;
+    ::hdf5::h5check(H5Pset_chunk(
+        dataset_create.id,
+        shape.len() as i32,
+        shape.as_ptr() as *const hsize_t,
+    ))?;
+    ::hdf5::h5check(H5Pset_deflate(dataset_create.id, level))?;
+    ::hdf5::h5check(H5Pset_obj_track_times(dataset_create.id, 0))?;
     let link_create = OwnedId::new(H5Pcreate(*::hdf5::globals::H5P_LINK_CREATE), H5Pclose)?;
     ::hdf5::h5check(H5Pset_create_intermediate_group(link_create.id, 1))?;
     Ok((dataset_create, link_create))

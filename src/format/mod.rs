@@ -13,12 +13,15 @@
 //! NIfTI headers also say where a block lies in the world (its affine), so
 //! their bytes depend on the block's origin as well: [`place`] rewrites a
 //! shape's template for one block. MINC2 is read (it is HDF5 underneath) but
-//! not written; raw blocks are data only.
+//! not written; raw blocks are data only. Compressed and sharded output
+//! blocks are encoded whole instead ([`encode`]), the way [`decode`] reads
+//! encoded input blocks.
 
 // `hdf5`, `minc` and `zarr` are named by later stages (the HDF5 reader,
 // MINC2's value scaling, Zarr's metadata files); the other formats are
 // reached through this module.
 pub mod decode;
+pub mod encode;
 pub mod hdf5;
 pub mod minc;
 mod nifti;
@@ -379,18 +382,19 @@ pub fn template(
 }
 
 /// The files `format` keeps beside its blocks to describe the whole array
-/// of `shape` in blocks of `block_shape`, as `(name, bytes)`: a Zarr
-/// array's `.zarray` or `zarr.json`; none for block-file formats, whose
-/// every file describes itself.
+/// of `shape` in blocks of `block_shape` encoded as `encoding`, as `(name,
+/// bytes)`: a Zarr array's `.zarray` or `zarr.json`; none for block-file
+/// formats, whose every file describes itself.
 pub fn array_metadata_files(
     format: BlockFormat,
     shape: &[u64],
     block_shape: &[u64],
     dtype: DType,
+    encoding: &encode::Encoding,
 ) -> Vec<(&'static str, Vec<u8>)> {
     match format {
         BlockFormat::Zarr | BlockFormat::Zarr3 => {
-            zarr::array_metadata(format, shape, block_shape, dtype)
+            zarr::array_metadata(format, shape, block_shape, dtype, encoding)
         }
         _ => Vec::new(),
     }

@@ -1,6 +1,6 @@
 //! Zarr arrays (v2 and v3): reading an array's metadata so its chunks can
 //! be input blocks, and writing the metadata that makes a directory of
-//! rechunked (uncompressed) chunks a Zarr array.
+//! rechunked chunks (uncompressed, compressed or sharded) a Zarr array.
 //!
 //! An uncompressed Zarr chunk is the raw C-order array of one full chunk,
 //! with no header: edge chunks are padded to the whole chunk shape. The
@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
+use super::encode::{Compressor, Encoding};
 use super::zarr_codecs::BlockDecoder;
 use super::BlockFormat;
 use crate::array::dtype::{DType, Endian, Kind};
@@ -668,13 +669,17 @@ fn f16_bits(value: f64) -> u16 {
 }
 
 /// The metadata files that make a directory of chunks a Zarr array of
-/// `shape` in chunks of `chunks`: `(name, bytes)`. Chunks are uncompressed,
-/// C order, fill value 0, named as `format` names them by default.
+/// `shape` in chunks of `chunks`: `(name, bytes)`. C order, fill value 0,
+/// chunks named as `format` names them by default, encoded as `encoding`
+/// says (uncompressed without it). Sharded (v3 only), each chunk of the
+/// grid is a shard of inner chunks, indexed as zarr-python indexes them:
+/// at the end, little-endian, with a CRC32C.
 pub(super) fn array_metadata(
     format: BlockFormat,
     shape: &[u64],
     chunks: &[u64],
     dtype: DType,
+    encoding: &Encoding,
 ) -> Vec<(&'static str, Vec<u8>)> {
     let fill = if dtype.kind == Kind::Float {
         json!(0.0)
@@ -682,14 +687,6 @@ pub(super) fn array_metadata(
         json!(0)
     };
     let (name, value) = if format == BlockFormat::Zarr3 {
-        let mut bytes_codec = json!({ "name": "bytes" });
-        if dtype.size > 1 {
-            // The byte order goes here, so big-endian data are stored as
-            // they are, never swapped.
-            bytes_codec["configuration"] = json!({
-                "endian": if dtype.endian == Endian::Big { "big" } else { "little" }
-            });
-        }
         (
             ZARR_JSON,
             json!({
@@ -700,11 +697,15 @@ pub(super) fn array_metadata(
                 "chunk_grid": { "name": "regular", "configuration": { "chunk_shape": chunks } },
                 "chunk_key_encoding": { "name": "default", "configuration": { "separator": "/" } },
                 "fill_value": fill,
-                "codecs": [bytes_codec],
+                "codecs": v3_codecs_written(dtype, encoding),
                 "attributes": {},
             }),
         )
     } else {
+        let compressor = encoding
+            .compressor
+            .as_ref()
+            .map_or(Value::Null, Compressor::zarr_v2);
         (
             ZARRAY,
             json!({
@@ -712,7 +713,7 @@ pub(super) fn array_metadata(
                 "shape": shape,
                 "chunks": chunks,
                 "dtype": dtype.numpy_descr(),
-                "compressor": null,
+                "compressor": compressor,
                 "fill_value": fill,
                 "order": "C",
                 "filters": null,
@@ -723,6 +724,35 @@ pub(super) fn array_metadata(
     let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or_default();
     bytes.push(b'\n');
     vec![(name, bytes)]
+}
+
+/// A v3 array's `codecs`: `bytes` (with the byte order, so big-endian data
+/// are stored as they are, never swapped), then the compressor if any;
+/// inside `sharding_indexed` when sharded.
+fn v3_codecs_written(dtype: DType, encoding: &Encoding) -> Value {
+    let mut bytes_codec = json!({ "name": "bytes" });
+    if dtype.size > 1 {
+        bytes_codec["configuration"] = json!({
+            "endian": if dtype.endian == Endian::Big { "big" } else { "little" }
+        });
+    }
+    let mut codecs = vec![bytes_codec];
+    codecs.extend(encoding.compressor.as_ref().map(|c| c.zarr_v3(dtype.size)));
+    match &encoding.shard_chunks {
+        None => Value::Array(codecs),
+        Some(inner) => json!([{
+            "name": "sharding_indexed",
+            "configuration": {
+                "chunk_shape": inner,
+                "codecs": codecs,
+                "index_codecs": [
+                    { "name": "bytes", "configuration": { "endian": "little" } },
+                    { "name": "crc32c" }
+                ],
+                "index_location": "end"
+            }
+        }]),
+    }
 }
 
 #[cfg(test)]
@@ -783,7 +813,13 @@ mod tests {
                 .path()
                 .join(format!("{}{}", format.extension(), descr.len()));
             fs::create_dir_all(&array).unwrap();
-            for (name, bytes) in array_metadata(format, &[10, 7], &[4, 7], dtype(descr)) {
+            for (name, bytes) in array_metadata(
+                format,
+                &[10, 7],
+                &[4, 7],
+                dtype(descr),
+                &Encoding::default(),
+            ) {
                 fs::write(array.join(name), bytes).unwrap();
             }
             let meta = read_metadata(&array).unwrap().unwrap();

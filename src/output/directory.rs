@@ -18,6 +18,7 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use crate::array::axes::AxisOrder;
 use crate::array::geometry::Partition;
@@ -25,6 +26,7 @@ use crate::array::names::parse_grid_index;
 use crate::array::space::Space;
 use crate::engine::{reopen, BlockSink, Executor, OpenOutput, OutputFiles, OutputTarget, RunStats};
 use crate::error::{Error, Result};
+use crate::format::encode::{self, BlockEncode, Encoding};
 use crate::format::{self, BlockFormat, BlockTemplate};
 use crate::input::InputArray;
 use crate::output::filetree::FileTree;
@@ -60,6 +62,8 @@ pub struct OutputSpec {
     pub space: Space,
     /// The order block file names are written in (the input's; see [`crate::array::axes`]).
     pub axis_order: AxisOrder,
+    /// Compression and sharding (none: blocks written in place).
+    pub encoding: Encoding,
 }
 
 impl OutputSpec {
@@ -73,6 +77,22 @@ impl OutputSpec {
             &self.dataset,
             1,
             &self.space,
+        )
+    }
+
+    /// The encoder of the blocks of `output` (None: written in place);
+    /// refuses what the format cannot encode.
+    pub fn encoder(&self, output: &Partition) -> Result<Option<Arc<dyn BlockEncode>>> {
+        let block_shape: Vec<u64> = (0..output.ndim())
+            .map(|d| output.axis(d).extent(0))
+            .collect();
+        encode::encoder(
+            self.format,
+            &self.encoding,
+            &output.array_shape(),
+            &block_shape,
+            self.dtype,
+            &self.dataset,
         )
     }
 }
@@ -229,6 +249,8 @@ pub struct DirectorySink {
     /// The files describing the whole array this run began to write.
     made_files: Vec<PathBuf>,
     templates: HashMap<Vec<u64>, BlockTemplate>,
+    /// How blocks are encoded whole (None: written in place into templates).
+    encoder: Option<Arc<dyn BlockEncode>>,
     files: OutputFiles,
     /// Completed blocks waiting for the durability batch: (temporary, final).
     completed: Vec<(PathBuf, PathBuf)>,
@@ -241,10 +263,12 @@ pub struct DirectorySink {
 }
 
 impl DirectorySink {
-    pub fn new(dir: &Path, output: Partition, spec: OutputSpec) -> DirectorySink {
+    pub fn new(dir: &Path, output: Partition, spec: OutputSpec) -> Result<DirectorySink> {
         let array_bytes =
             crate::array::geometry::volume(&output.array_shape()) * spec.dtype.size as u64;
-        DirectorySink {
+        let encoder = spec.encoder(&output)?;
+        Ok(DirectorySink {
+            encoder,
             drop_outputs: crate::sys::cgroup::page_cache_cannot_hold(array_bytes),
             dir: dir.to_path_buf(),
             tree: FileTree::for_output(spec.format, output, spec.axis_order),
@@ -257,7 +281,7 @@ impl DirectorySink {
             completed: Vec::new(),
             completed_bytes: 0,
             commit_batch_bytes: commit_batch_bytes(),
-        }
+        })
     }
 
     /// Writes the files that describe the whole array (a Zarr array's
@@ -266,11 +290,16 @@ impl DirectorySink {
     fn write_array_metadata(&mut self, input: &InputArray, plan: &Plan) -> Result<()> {
         let spec = &self.spec;
         let shape = self.tree.grid().array_shape();
-        let mut files: Vec<(String, Vec<u8>)> =
-            format::array_metadata_files(spec.format, &shape, &self.tree.block_shape(), spec.dtype)
-                .into_iter()
-                .map(|(name, bytes)| (name.to_string(), bytes))
-                .collect();
+        let mut files: Vec<(String, Vec<u8>)> = format::array_metadata_files(
+            spec.format,
+            &shape,
+            &self.tree.block_shape(),
+            spec.dtype,
+            &spec.encoding,
+        )
+        .into_iter()
+        .map(|(name, bytes)| (name.to_string(), bytes))
+        .collect();
         if spec.format == BlockFormat::Raw {
             let metadata = metadata_json(
                 &input.shape,
@@ -404,12 +433,32 @@ impl BlockSink for DirectorySink {
             let region = self.tree.grid().block(&self.tree.grid().unravel(rank));
             let file_shape = self.tree.file_shape(rank);
             let opened = if self.files.was_created(rank) {
-                let data_offset = self.template(&file_shape)?.data_offset;
+                let data_offset = match self.encoder {
+                    Some(_) => 0,
+                    None => self.template(&file_shape)?.data_offset,
+                };
                 let file = reopen(&partial)?;
                 OpenOutput {
                     file,
                     path: partial,
                     data_offset,
+                    file_shape,
+                }
+            } else if self.encoder.is_some() {
+                // Encoded blocks are written whole, into an empty file.
+                self.make_parent(&partial)?;
+                let file = File::options()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&partial)
+                    .map_err(|e| Error::io(&partial, "create", e))?;
+                self.made_blocks.push(rank);
+                OpenOutput {
+                    file,
+                    path: partial,
+                    data_offset: 0,
                     file_shape,
                 }
             } else {
@@ -437,13 +486,23 @@ impl BlockSink for DirectorySink {
         self.files.target(rank)
     }
 
+    fn encoder(&self) -> Option<Arc<dyn BlockEncode>> {
+        self.encoder.clone()
+    }
+
     fn complete(&mut self, rank: u64) -> Result<()> {
+        let (partial, done) = self.paths(rank);
+        let mut encoded_len = None;
         if let Some(open) = self.files.close(rank) {
             pagecache::start_writeback(&open.file);
+            if self.encoder.is_some() {
+                encoded_len = open.file.metadata().map(|m| m.len()).ok();
+            }
         }
-        let (partial, done) = self.paths(rank);
-        let file_shape = self.tree.file_shape(rank);
-        self.completed_bytes += self.template(&file_shape)?.file_len();
+        self.completed_bytes += match encoded_len {
+            Some(len) => len,
+            None => self.template(&self.tree.file_shape(rank))?.file_len(),
+        };
         self.completed.push((partial, done));
         if self.completed_bytes >= self.commit_batch_bytes {
             self.commit()?;
@@ -472,7 +531,7 @@ pub fn rechunk(
     cancel: Option<&AtomicBool>,
     progress: impl FnMut(&RunStats),
 ) -> Result<RunStats> {
-    let mut sink = DirectorySink::new(out, plan.output.clone(), spec);
+    let mut sink = DirectorySink::new(out, plan.output.clone(), spec)?;
     let mut executor = Executor::new(plan, input);
     if let Some(cancel) = cancel {
         executor = executor.with_cancel(cancel);

@@ -77,8 +77,9 @@ pub(super) fn plan_read_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
     read_seeks(dims, &problem.input_spans_exactly(&problem.input()))
 }
 
-/// The peak of [`simulate_peak`], with the decoded input blocks held beside
-/// the steps that read them when inputs are encoded.
+/// The peak of [`simulate_peak`]: while a step is read, plus the decoded
+/// input blocks held beside it (encoded inputs); or once a slab is handed
+/// to the writer, plus the output block being encoded (encoded outputs).
 pub(super) fn plan_peak(
     problem: &Problem,
     dims: &[&DimOption],
@@ -88,13 +89,20 @@ pub(super) fn plan_peak(
     let decoded = problem
         .reads_whole_inputs()
         .then(|| DecodedExtents::of(problem, dims, steps));
-    simulate_peak(
-        dims,
-        steps,
-        problem.elem_size,
-        give_up_above,
-        decoded.as_ref(),
-    )
+    let beside = Beside {
+        decoded: decoded.as_ref(),
+        encoding: problem.encoding_bytes() as u128,
+    };
+    simulate_peak(dims, steps, problem.elem_size, beside, give_up_above)
+}
+
+/// What is held beside the pieces: the decoded input blocks a step reads
+/// (encoded inputs), and an output block being encoded while a slab is in
+/// flight (encoded outputs).
+#[derive(Clone, Copy)]
+struct Beside<'a> {
+    decoded: Option<&'a DecodedExtents>,
+    encoding: u128,
 }
 
 /// The longest decoded input block extent each step reads, per
@@ -145,8 +153,13 @@ impl DecodedExtents {
 
 /// Write seeks: at most one write block completes per read block, each of
 /// its pieces goes to a different output file, and reads separate
-/// successive write blocks, so no write call continues another.
-pub(super) fn write_seeks(dims: &[&DimOption]) -> u128 {
+/// successive write blocks, so no write call continues another. An encoded
+/// output block is written whole, in one call: one seek per output block,
+/// the write intervals being whole numbers of output blocks.
+pub(super) fn write_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
+    if problem.writes_whole_outputs() {
+        return dims.iter().map(|o| o.writes.pieces as u128).product();
+    }
     let overlaps: Vec<Overlap> = dims.iter().map(|o| o.writes).collect();
     segments(&overlaps)
 }
@@ -158,8 +171,12 @@ pub(super) fn write_seeks(dims: &[&DimOption]) -> u128 {
 /// then that slab is freed, and the slab this step completes (the part of
 /// the read block's completed write block, if any, up to the step's end)
 /// goes in flight. Volumes are products of per-dimension lengths, so a step
-/// costs O(dimensions). With `decoded` (encoded inputs), the largest
+/// costs O(dimensions). With encoded inputs (`beside.decoded`), the largest
 /// decoded input block a step reads is held beside it while it is read.
+///
+/// With encoded outputs, the writer also holds `beside.encoding` bytes (an output
+/// block gathered whole, and its encoding) while a slab is in flight: on
+/// top of the step read beside it, and of the slab alone once handed over.
 ///
 /// `steps` is [`step_axis`]`(dims)`. The search only asks whether a plan
 /// fits: once the peak passes `give_up_above` bytes the rest is not
@@ -170,10 +187,12 @@ fn simulate_peak(
     dims: &[&DimOption],
     steps: &Axis,
     elem_size: u64,
+    beside: Beside,
     give_up_above: u128,
-    decoded: Option<&DecodedExtents>,
 ) -> u128 {
     let first = dims[0];
+    let elem = elem_size as u128;
+    let writing = |in_flight: u128| if in_flight > 0 { beside.encoding } else { 0 };
     let grid: Vec<usize> = dims.iter().map(|o| o.read.count()).collect();
     let mut held: u128 = 0;
     let mut peak: u128 = 0;
@@ -185,16 +204,18 @@ fn simulate_peak(
             rest_volume *= dims[d].read.extent(k) as u128;
             rest_completed *= dims[d].completed_len[k] as u128;
         }
-        let decoded_rest = decoded.map_or(0, |d| d.rest_volume(&index));
+        let decoded_rest = beside.decoded.map_or(0, |d| d.rest_volume(&index));
         let k = index[0];
         let written = first.completes[k].map(|w| (first.write.start(w), first.write.end(w)));
         let range = steps.overlapping(first.read.start(k), first.read.end(k));
         for j in range.clone() {
             held += steps.extent(j) as u128 * rest_volume;
-            let decoded_here = decoded.map_or(0, |d| d.first[j] as u128 * decoded_rest);
-            peak = peak.max(held + decoded_here);
-            if peak * elem_size as u128 > give_up_above {
-                return peak * elem_size as u128;
+            let decoded_here = beside
+                .decoded
+                .map_or(0, |d| d.first[j] as u128 * decoded_rest);
+            peak = peak.max((held + decoded_here) * elem + writing(in_flight));
+            if peak > give_up_above {
+                return peak;
             }
             held -= in_flight;
             let from = if j == range.start { 0 } else { steps.start(j) };
@@ -202,11 +223,12 @@ fn simulate_peak(
                 end.min(steps.end(j)).saturating_sub(start.max(from))
             });
             in_flight = slab as u128 * rest_completed;
+            peak = peak.max(held * elem + writing(in_flight));
         }
     }
     held -= in_flight;
     debug_assert_eq!(held, 0, "every byte read is written");
-    peak * elem_size as u128
+    peak
 }
 
 /// A count, as the `u64` a [`Prediction`] holds (saturated).

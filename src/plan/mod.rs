@@ -84,7 +84,8 @@ pub struct Prediction {
     pub read_seeks: u64,
     pub write_seeks: u64,
     /// Most array bytes held at once: the step of a read block being read,
-    /// the slab being written, and every piece waiting for its write block.
+    /// the slab being written, every piece waiting for its write block, and
+    /// with encoded outputs the block being encoded (see `cost`).
     pub peak_bytes: u64,
 }
 
@@ -145,6 +146,13 @@ impl Plan {
 
 /// The plan for `strategy` within `mem` bytes (None: unlimited).
 pub fn plan(problem: &Problem, strategy: Strategy, mem: Option<u64>) -> Result<Plan> {
+    if strategy == Strategy::Baseline && problem.writes_whole_outputs() {
+        return Err(Error::BadArgument(
+            "the baseline writes each input block's pieces of an output block at once, but a \
+             compressed or sharded output block is encoded whole; use --strategy keep"
+                .into(),
+        ));
+    }
     let chosen = match (strategy, mem) {
         (Strategy::Baseline, _) => baseline(problem),
         (Strategy::Keep, None) => keep_rhat(problem),
@@ -250,10 +258,10 @@ pub fn keep_rhat(problem: &Problem) -> Plan {
 /// The plan that `dims` make, one option per dimension, with its costs.
 fn assemble(problem: &Problem, strategy: Strategy, dims: &[&DimOption]) -> Plan {
     let input = problem.input();
-    let steps = step_axis(dims, problem.reads_whole_inputs());
+    let steps = step_axis(dims, problem);
     let prediction = Prediction {
         read_seeks: clamp(plan_read_seeks(problem, dims)),
-        write_seeks: clamp(write_seeks(dims)),
+        write_seeks: clamp(write_seeks(problem, dims)),
         peak_bytes: clamp(plan_peak(problem, dims, &steps, u128::MAX)),
     };
     Plan {
@@ -434,6 +442,46 @@ mod tests {
         assert_eq!(keep_rhat(&exact).steps.axis(0).bounds(), &[0, 10, 15]);
         assert_eq!(keep_rhat(&exact).prediction.peak_bytes, 20);
         assert_eq!(keep_rhat(&padded).prediction.peak_bytes, 25);
+    }
+
+    #[test]
+    fn encoded_outputs_are_written_whole_one_seek_each() {
+        use crate::array::geometry::FileShape;
+        // 55³ u16 in 10³ blocks -> 25³ chunks (edge chunks padded), encoded.
+        let plain = Problem::new(vec![55; 3], vec![10; 3], vec![25; 3], 2).unwrap();
+        let padded = plain
+            .clone()
+            .with_files(FileShape::Exact, FileShape::Padded(vec![25; 3]));
+        let problem = padded.clone().with_encoded_outputs();
+        let encoding = 2 * 25 * 25 * 25 * 2;
+        assert_eq!(problem.encoding_bytes(), encoding);
+        let output_planes = |plan: &Plan| -> bool {
+            let (steps, read) = (plan.steps.axis(0), plan.read.axis(0));
+            steps
+                .bounds()
+                .iter()
+                .all(|&b| b % 25 == 0 || b == 55 || read.bounds().contains(&b))
+        };
+        let rhat = keep_rhat(&problem);
+        assert_eq!(rhat.prediction.write_seeks, 27, "one seek per block");
+        assert_eq!(
+            rhat.prediction.read_seeks,
+            keep_rhat(&padded).prediction.read_seeks
+        );
+        assert!(rhat.prediction.peak_bytes <= keep_rhat(&padded).prediction.peak_bytes + encoding);
+        assert!(rhat.prediction.peak_bytes > keep_rhat(&padded).prediction.peak_bytes);
+        assert!(output_planes(&rhat));
+        for mem in [rhat.prediction.peak_bytes * 9 / 10, 131_750] {
+            let tight = plan(&problem, Strategy::Keep, Some(mem)).unwrap();
+            assert!(tight.prediction.peak_bytes <= mem);
+            assert_eq!(tight.prediction.write_seeks, 27, "within {mem}");
+            assert!(tight.write_modes.iter().all(|&m| m == WriteMode::Keep));
+            assert!(output_planes(&tight));
+        }
+        let refused = plan(&problem, Strategy::Baseline, None).unwrap_err();
+        assert!(refused.to_string().contains("--strategy keep"), "{refused}");
+        // Blocks written in place plan as before.
+        assert_eq!(padded.encoding_bytes(), 0);
     }
 
     #[test]

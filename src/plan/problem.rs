@@ -19,6 +19,10 @@ pub struct Problem {
     pub input_files: FileShape,
     /// How output files are shaped around their blocks.
     pub output_files: FileShape,
+    /// Whether each output block is encoded (compressed, sharded) and so
+    /// written whole, in one call, from a copy gathered in memory.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub encoded_outputs: bool,
 }
 
 impl Problem {
@@ -41,6 +45,7 @@ impl Problem {
             elem_size,
             input_files: FileShape::Exact,
             output_files: FileShape::Exact,
+            encoded_outputs: false,
         })
     }
 
@@ -51,6 +56,36 @@ impl Problem {
         self.input_files = input_files;
         self.output_files = output_files;
         self
+    }
+
+    /// The same problem with every output block encoded whole (compressed
+    /// or sharded): the plan must then hand each output block to the writer
+    /// in one piece of work, and the writer holds the block and its encoding.
+    pub fn with_encoded_outputs(mut self) -> Problem {
+        self.encoded_outputs = true;
+        self
+    }
+
+    /// Whether output blocks are written whole (see [`with_encoded_outputs`](Self::with_encoded_outputs)):
+    /// write intervals then follow read intervals in keep mode only, and
+    /// steps cut read blocks only at output boundaries.
+    pub(super) fn writes_whole_outputs(&self) -> bool {
+        self.encoded_outputs
+    }
+
+    /// Bytes the writer holds while it writes one encoded output block: the
+    /// block gathered whole (as large as its file's array, padding
+    /// included) and its encoding, counted at the same size, which a codec
+    /// exceeds only on incompressible data, by its framing (0 unless
+    /// outputs are encoded).
+    pub fn encoding_bytes(&self) -> u64 {
+        if !self.encoded_outputs {
+            return 0;
+        }
+        let volume: u128 = (0..self.ndim())
+            .map(|d| self.output_files.file_extent(d, self.output_block[d]) as u128)
+            .product();
+        u64::try_from(2 * volume * self.elem_size as u128).unwrap_or(u64::MAX)
     }
 
     /// The options for dimension `d`: read intervals of `read_step`, writes following them in `mode`.

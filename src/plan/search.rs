@@ -38,7 +38,7 @@ pub(super) fn fewest_seeks_within(problem: &Problem, mem: u64) -> Result<Plan> {
             continue;
         }
         let dims = chosen(&options, &candidate.choice);
-        let steps = step_axis(&dims, problem.reads_whole_inputs());
+        let steps = step_axis(&dims, problem);
         if plan_peak(problem, &dims, &steps, mem as u128) <= mem as u128 {
             return Ok(assemble(problem, Strategy::Keep, &dims));
         }
@@ -69,7 +69,9 @@ fn options_per_dim(
             let mut list = Vec::new();
             for step in read_steps(problem, d) {
                 let keep = problem.dim_option(d, input, output, step, WriteMode::Keep);
-                let keeps_differ = keep.write != keep.read;
+                // Immediate mode cuts output blocks, which encoded
+                // outputs cannot be written in.
+                let keeps_differ = keep.write != keep.read && !problem.writes_whole_outputs();
                 list.push(keep);
                 if keeps_differ {
                     list.push(problem.dim_option(d, input, output, step, WriteMode::Immediate));
@@ -98,7 +100,7 @@ fn candidates(problem: &Problem, options: &[Vec<DimOption>]) -> Vec<Candidate> {
         .map(|choice| {
             let dims = chosen(options, &choice);
             Candidate {
-                seeks: plan_read_seeks(problem, &dims) + write_seeks(&dims),
+                seeks: plan_read_seeks(problem, &dims) + write_seeks(problem, &dims),
                 read_blocks: dims.iter().map(|o| o.read.count() as u128).product(),
                 // A lower bound on the peak: the thickest step, and the least
                 // decoded input block beside it.
@@ -141,7 +143,7 @@ fn least_memory_needed(
             continue;
         }
         let dims = chosen(options, &candidate.choice);
-        let steps = step_axis(&dims, problem.reads_whole_inputs());
+        let steps = step_axis(&dims, problem);
         let peak = plan_peak(problem, &dims, &steps, u128::MAX);
         if smallest.is_none_or(|p| peak < p) {
             smallest = Some(peak);

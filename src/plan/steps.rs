@@ -3,6 +3,7 @@
 //! in the plan's order, cannot change (see `docs/keep.md`).
 
 use super::dims::DimOption;
+use super::problem::Problem;
 use crate::array::geometry::Axis;
 
 /// Most steps one read block is cut into.
@@ -20,12 +21,16 @@ const MAX_STEPS_PER_READ: u64 = 16;
 /// boundary, or anywhere when every write interval of the other dimensions
 /// lies inside one output. Cuts closer than 1/16 of the read block are
 /// skipped, so each step moves enough bytes to pay for its hand-over.
-/// With `whole_inputs` (encoded inputs, read whole), only input boundaries
-/// cut, so no step cuts an input block.
-pub(super) fn step_axis(dims: &[&DimOption], whole_inputs: bool) -> Axis {
+/// When `problem` reads input blocks whole (encoded inputs), only input
+/// boundaries cut, so no step cuts an input block; when it writes output
+/// blocks whole (encoded outputs), only output boundaries cut, so each
+/// slab handed to the writer holds whole output blocks.
+pub(super) fn step_axis(dims: &[&DimOption], problem: &Problem) -> Axis {
     let first = dims[0];
-    let reads_in_one_input = !whole_inputs && dims[1..].iter().all(|o| o.reads_within_one_input);
-    let writes_in_one_output = dims[1..].iter().all(|o| o.writes_within_one_output);
+    let reads_in_one_input =
+        !problem.reads_whole_inputs() && dims[1..].iter().all(|o| o.reads_within_one_input);
+    let writes_in_one_output =
+        !problem.writes_whole_outputs() && dims[1..].iter().all(|o| o.writes_within_one_output);
     let mut bounds = Vec::with_capacity(first.read.count() + 1);
     for k in 0..first.read.count() {
         let start = first.read.start(k);

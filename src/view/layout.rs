@@ -7,6 +7,7 @@
 //! (`FIRST_BLOCK_INO + rank`), then one per nested directory.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -15,6 +16,7 @@ use crate::array::dtype::DType;
 use crate::array::geometry::{IndexBox, Partition};
 use crate::array::space::Space;
 use crate::error::Result;
+use crate::format::encode::{BlockEncode, Encoding, ShardLayout};
 use crate::format::{self, BlockFormat, BlockTemplate};
 use crate::output::directory::metadata_json;
 use crate::output::filetree::{Dir, FileTree, Node};
@@ -52,6 +54,20 @@ pub struct ViewLayout {
     pub space: Space,
     /// The order of names and shapes people see (the input's; see [`crate::array::axes`]).
     pub axis_order: AxisOrder,
+    /// Sharded (Zarr v3): each output block is a shard of uncompressed
+    /// chunks of this shape (internal order).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard_chunks: Option<Vec<u64>>,
+}
+
+impl ViewLayout {
+    /// How the view's blocks are encoded: sharded, or not at all.
+    pub fn encoding(&self) -> Encoding {
+        Encoding {
+            compressor: None,
+            shard_chunks: self.shard_chunks.clone(),
+        }
+    }
 }
 
 /// The header bytes and layout of every distinct block file shape a view
@@ -61,10 +77,15 @@ pub struct ViewLayout {
 /// blocks (NIfTI's limits, MINC2 scaling) is refused with nothing made.
 pub struct BlockTemplates {
     by_file_shape: HashMap<Vec<u64>, BlockTemplate>,
+    /// How blocks are encoded whole (shards), if they are.
+    encoder: Option<Arc<dyn BlockEncode>>,
 }
 
 impl BlockTemplates {
     pub fn for_view(layout: &ViewLayout, output: &Partition) -> Result<BlockTemplates> {
+        if let Some(inner) = &layout.shard_chunks {
+            return Self::for_shards(layout, output, inner);
+        }
         let mut by_file_shape = HashMap::new();
         for shape in distinct_file_shapes(layout, output) {
             let template = format::template_in_space(
@@ -77,7 +98,33 @@ impl BlockTemplates {
             )?;
             by_file_shape.insert(shape, template);
         }
-        Ok(BlockTemplates { by_file_shape })
+        Ok(BlockTemplates {
+            by_file_shape,
+            encoder: None,
+        })
+    }
+
+    /// Every shard file is padded to the full shard: one template, whose
+    /// trailer is the fixed index, and the encoder that lays shards out.
+    fn for_shards(
+        layout: &ViewLayout,
+        output: &Partition,
+        inner: &[u64],
+    ) -> Result<BlockTemplates> {
+        layout.encoding().check(layout.format)?;
+        let shard: Vec<u64> = (0..output.ndim())
+            .map(|d| output.axis(d).extent(0))
+            .collect();
+        let shards = ShardLayout::new(&shard, inner, layout.dtype)?;
+        Ok(BlockTemplates {
+            by_file_shape: HashMap::from([(shard, shards.template())]),
+            encoder: Some(Arc::new(shards)),
+        })
+    }
+
+    /// How blocks are encoded whole, if they are (shards).
+    pub(super) fn encoder(&self) -> Option<Arc<dyn BlockEncode>> {
+        self.encoder.clone()
     }
 
     /// The template of files of `file_shape`, one of the view's.
@@ -141,6 +188,7 @@ impl Namespace {
             &layout.array,
             &files.block_shape(),
             layout.dtype,
+            &layout.encoding(),
         );
         for (i, (name, bytes)) in format_files.into_iter().enumerate() {
             statics.push(StaticFile {

@@ -134,19 +134,15 @@ impl StagingSink {
         // Whatever the plan wrote of it so far is rewritten whole.
         self.files.close(rank);
         let path = self.core.staged_path(rank);
+        // An encoded block (a shard) is its whole file, trailer included.
+        let (data, at) = match self.core.encoder() {
+            Some(encoder) => (encoder.encode(&path, &file_shape, data)?, 0),
+            None => (data, template.data_offset),
+        };
         let file = template.create_file(&path)?;
         Staging::make_private(&file, &path)?;
-        seekio::write_all_at(
-            &file,
-            &path,
-            &mut [IoSlice::new(&data)],
-            template.data_offset,
-        )?;
-        counter.write(
-            FileKey::Output(rank),
-            template.data_offset,
-            data.len() as u64,
-        );
+        seekio::write_all_at(&file, &path, &mut [IoSlice::new(&data)], at)?;
+        counter.write(FileKey::Output(rank), at, data.len() as u64);
         pagecache::start_writeback(&file);
         self.unsynced_bytes += template.file_len();
         self.unsynced.push(rank);
@@ -194,6 +190,10 @@ impl StagingSink {
 }
 
 impl BlockSink for StagingSink {
+    fn encoder(&self) -> Option<Arc<dyn crate::format::encode::BlockEncode>> {
+        self.core.encoder()
+    }
+
     fn between_steps(&mut self, stats: &RunStats) -> Result<()> {
         let Some(on_demand) = self.on_demand.take() else {
             return Ok(());
@@ -204,7 +204,9 @@ impl BlockSink for StagingSink {
             if on_demand.plan.completion_step(&region) < stats.read_blocks_done + SOON_STEPS {
                 continue;
             }
-            let bytes = self.core.template(rank).data_len;
+            // An encoded block is held twice: gathered, and encoded.
+            let copies = if self.core.encoder().is_some() { 2 } else { 1 };
+            let bytes = copies * self.core.template(rank).data_len;
             if on_demand
                 .mem
                 .is_some_and(|mem| stats.held_bytes + bytes > mem)

@@ -332,6 +332,12 @@ impl ViewCore {
         self.names.files()
     }
 
+    /// How blocks are encoded whole before they are written (shards), if
+    /// they are.
+    pub fn encoder(&self) -> Option<Arc<dyn crate::format::encode::BlockEncode>> {
+        self.templates.encoder()
+    }
+
     /// The template of output block `rank`'s file (its header bytes and
     /// layout): its file shape's, placed at the block's origin for formats
     /// whose header records it (NIfTI).

@@ -19,6 +19,9 @@ pub struct MountRequest {
     pub input: PathBuf,
     pub view: PathBuf,
     pub output_block: Vec<u64>,
+    /// Zarr v3 shards of this shape (the user's order), each holding
+    /// chunks of `output_block`, uncompressed.
+    pub shard: Option<Vec<u64>>,
     pub mem: Option<u64>,
     pub strategy: Strategy,
     pub staging: Option<PathBuf>,
@@ -54,7 +57,8 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         .format
         .unwrap_or_else(|| input.format.default_output());
     let input = input.with_values(request.values, format)?;
-    let (problem, plan, mem) = plan_view(request, &input, output_block, format)?;
+    let (output_block, shard_chunks) = sharded(request, &input, output_block)?;
+    let (problem, plan, mem) = plan_view(request, &input, output_block, format, &shard_chunks)?;
     laps.mark("plan");
     let format = format.for_output_blocks(&problem.output_block);
     let staging_dir = match &request.staging {
@@ -67,6 +71,15 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
                 format,
                 request.values,
             )?;
+            // Shards of other chunks lay their files out otherwise.
+            let dir = match (&shard_chunks, dir.file_name()) {
+                (Some(inner), Some(leaf)) => dir.with_file_name(format!(
+                    "{}-shards-of-{}",
+                    leaf.to_string_lossy(),
+                    crate::array::geometry::show_shape(inner).replace('×', "x")
+                )),
+                _ => dir,
+            };
             // ~/.cache/rechunkfs lists the areas, named by their inputs.
             if let Some(areas) = dir.parent() {
                 make_private_dir(areas)?;
@@ -74,12 +87,14 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
             dir
         }
     };
-    let layout = layout_of(request, &input, &problem, format)?;
+    let mut layout = layout_of(request, &input, &problem, format)?;
+    layout.shard_chunks = shard_chunks.clone();
     // Before the staging area: what the format cannot hold is refused
     // with nothing made.
     let templates = BlockTemplates::for_view(&layout, &plan.output)?;
     laps.mark("templates");
-    let manifest = Manifest::new(&input, &problem.output_block, format);
+    let mut manifest = Manifest::new(&input, &problem.output_block, format);
+    manifest.shard_chunks = shard_chunks;
     let (staging, done) = Staging::open(&staging_dir, &manifest, request.rebuild)?;
     laps.mark("staging");
     let access = Access::of_inputs(&input.access()?);
@@ -125,14 +140,48 @@ fn scan(request: &MountRequest) -> Result<(InputArray, Vec<u64>)> {
     Ok((input, output_block))
 }
 
+/// The blocks the view serves (internal order) and, sharded, the chunks
+/// inside each shard: `--shard` (uncompressed Zarr v3 shards, whose sizes
+/// are exact before their data exist) holding chunks of `--shape`.
+fn sharded(
+    request: &MountRequest,
+    input: &InputArray,
+    output_block: Vec<u64>,
+) -> Result<(Vec<u64>, Option<Vec<u64>>)> {
+    let Some(shard) = &request.shard else {
+        return Ok((output_block, None));
+    };
+    let order = input.axis_order();
+    let shard = order.to_internal(shard);
+    if shard.len() != input.ndim() || shard.contains(&0) {
+        return Err(Error::BadArgument(format!(
+            "--shard {} must have {} positive sides, one per dimension of the input array",
+            crate::array::geometry::show_shape(&order.to_user(&shard)),
+            input.ndim()
+        )));
+    }
+    let inner = crate::format::encode::shard_chunks(&input.shape, &shard, &output_block, order)?;
+    Ok((shard, Some(inner)))
+}
+
 /// The problem, its plan, and the memory limit the plan was made within.
 fn plan_view(
     request: &MountRequest,
     input: &InputArray,
     output_block: Vec<u64>,
     format: BlockFormat,
+    shard_chunks: &Option<Vec<u64>>,
 ) -> Result<(Problem, Plan, Option<u64>)> {
-    let problem = crate::output::problem_for(input, output_block, format)?;
+    let encoding = crate::format::encode::Encoding {
+        compressor: None,
+        shard_chunks: shard_chunks.clone(),
+    };
+    encoding.check(format)?;
+    let mut problem = crate::output::problem_for(input, output_block, format)?;
+    if encoding.is_encoded() {
+        // A shard is laid out whole, then written in one call.
+        problem = problem.with_encoded_outputs();
+    }
     let cgroup_limit = crate::sys::cgroup::memory_limit();
     let (plan, mem) = plan::plan_within(&problem, request.strategy, request.mem, cgroup_limit)?;
     if mem != request.mem {
@@ -164,6 +213,7 @@ fn layout_of(
         dataset: request.dataset.clone(),
         space: input.space()?,
         axis_order: input.axis_order(),
+        shard_chunks: None,
     })
 }
 

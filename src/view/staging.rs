@@ -73,6 +73,10 @@ pub struct Manifest {
     pub files_in: PathBuf,
     /// Input files, by rank in the input grid, relative to `files_in`.
     pub input_files: Vec<String>,
+    /// Sharded (Zarr v3): each output block is a shard of chunks of this
+    /// shape, which lays out its file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_chunks: Option<Vec<u64>>,
 }
 
 impl Manifest {
@@ -103,6 +107,7 @@ impl Manifest {
                 })
                 .collect(),
             files_in: base,
+            shard_chunks: None,
         }
     }
 
@@ -751,6 +756,7 @@ mod tests {
             format: BlockFormat::Npy,
             files_in: input,
             input_files: vec!["0_0.npy".into(), "0_1.npy".into()],
+            shard_chunks: None,
         };
         (root, manifest)
     }
