@@ -12,7 +12,7 @@ use crate::array::dtype::DType;
 use crate::array::geometry::{show_shape, Partition};
 use crate::array::units::{parse_shape, show_bytes};
 use crate::cli::report::thousands;
-use crate::cli::{mem_of, PlanArgs};
+use crate::cli::{mem_of, pyramid, PlanArgs};
 use crate::format::BlockFormat;
 use crate::input::InputArray;
 use crate::plan::{self, Plan, Problem, Strategy};
@@ -89,12 +89,30 @@ pub(super) fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
         .transpose()?;
     let (problem, dtype, order) = problem_of_args(&args, format)?;
     let plans = make_plans(&args, &problem)?;
+    let format = format.unwrap_or(BlockFormat::Hdf5);
+    let pyramid = pyramid::pyramid_of(
+        &args.pyramid,
+        &problem.array,
+        &problem.output_block,
+        order,
+        format,
+    )?;
+    let cost = pyramid
+        .as_ref()
+        .map(|p| pyramid::cost_of(p, format, dtype.size as u64, plans.budget.used))
+        .transpose()?;
     let elapsed = started.elapsed();
     if args.json {
-        let report = plan_json(&plans, dtype, order, elapsed);
+        let mut report = plan_json(&plans, dtype, order, elapsed);
+        if let (Some(pyramid), Some(cost)) = (&pyramid, &cost) {
+            report["pyramid"] = pyramid::cost_json(pyramid, cost, order);
+        }
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_plan(&plans, dtype, order, elapsed);
+        if let (Some(pyramid), Some(cost)) = (&pyramid, &cost) {
+            pyramid::print_cost(pyramid, cost, order);
+        }
     }
     Ok(())
 }

@@ -10,15 +10,20 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use nix::sys::signal::Signal;
 
+use crate::array::axes::AxisOrder;
 use crate::array::units::show_bytes;
 use crate::cli::plan::{problem_of, Budget};
+use crate::cli::pyramid;
 use crate::cli::report::{progress_bar, report_run};
 use crate::cli::{mem_of, RechunkArgs};
 use crate::engine::RunStats;
 use crate::error::Error;
+use crate::format::ome::WorldAxis;
 use crate::format::BlockFormat;
 use crate::input::{HeaderChecks, InputArray};
-use crate::output::directory::{self, OutputSpec};
+use crate::output::directory::{self, DirectorySink, OutputSpec};
+use crate::output::pyramid::{build_levels, level_dir, BuiltLevels, PyramidOutput};
+use crate::plan::pyramid::{Pyramid, PyramidCost};
 use crate::plan::{self, Plan, Strategy};
 use crate::sys::{disk, signals};
 
@@ -39,7 +44,7 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         Some(text) => text.parse::<BlockFormat>()?,
         None => input.format.default_output(),
     };
-    let plan = plan_rechunk(&args, &input, format)?;
+    let (plan, mem) = plan_rechunk(&args, &input, format)?;
     if same_directory(&args.input, &args.output) {
         bail!(
             "{}: OUT is the input directory; write the new blocks somewhere else",
@@ -53,9 +58,91 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         space: input.space()?,
         axis_order: input.axis_order(),
     };
-    let stats = write_output(&args, &input, &plan, spec)?;
+    let order = input.axis_order();
+    let pyramid = pyramid::pyramid_of(
+        &args.pyramid,
+        &input.shape,
+        &plan.problem.output_block,
+        order,
+        format,
+    )?;
+    let levels = pyramid
+        .as_ref()
+        .map(|pyramid| LevelsRequest::new(pyramid, &input, &spec, mem))
+        .transpose()?;
+    let (stats, built) = write_output(&args, &input, &plan, spec, levels.as_ref())?;
     let elapsed = started.elapsed();
-    report_run(&plan, &stats, input.axis_order(), elapsed, args.json)
+    let extra = match (&levels, built) {
+        (Some(levels), Some(built)) => Some(levels.report(&built, order, args.json)),
+        _ => None,
+    };
+    report_run(&plan, &stats, order, elapsed, args.json, extra)
+}
+
+/// A pyramid to build after level 0, and what its metadata needs.
+struct LevelsRequest<'a> {
+    pyramid: &'a Pyramid,
+    axes: Vec<WorldAxis>,
+    mem: Option<u64>,
+    cost: PyramidCost,
+}
+
+impl<'a> LevelsRequest<'a> {
+    /// Checks the output format can hold the pyramid, and plans it within `mem`.
+    fn new(
+        pyramid: &'a Pyramid,
+        input: &InputArray,
+        spec: &OutputSpec,
+        mem: Option<u64>,
+    ) -> anyhow::Result<LevelsRequest<'a>> {
+        let format = spec.format;
+        let block: Vec<u64> = {
+            let level0 = &pyramid.levels[0];
+            (0..level0.ndim())
+                .map(|d| level0.axis(d).extent(0))
+                .collect()
+        };
+        if format == BlockFormat::Precomputed {
+            crate::format::precomputed::check(&input.shape, &block, spec.dtype)?;
+        }
+        if format.pads_edge_blocks() && input.ndim() < 2 {
+            bail!("an OME-Zarr image has 2 axes or more; this array has 1: drop --levels");
+        }
+        let leading_is_time = matches!(input.format, BlockFormat::Nifti | BlockFormat::Minc2);
+        let (axes, rotated) =
+            crate::format::ome::world_axes(&spec.space, input.ndim(), leading_is_time)?;
+        if rotated && (format.pads_edge_blocks() || format == BlockFormat::Precomputed) {
+            eprintln!(
+                "note: the input's affine rotates its axes, which {} cannot record: the                  pyramid's metadata gives its voxel sizes and origin only",
+                format.name()
+            );
+        }
+        let cost = pyramid::cost_of(pyramid, format, spec.dtype.size as u64, mem)?;
+        Ok(LevelsRequest {
+            pyramid,
+            axes,
+            mem,
+            cost,
+        })
+    }
+
+    /// The report's pyramid part; printed at once unless the report is JSON.
+    fn report(&self, built: &BuiltLevels, order: AxisOrder, json: bool) -> serde_json::Value {
+        let value = serde_json::json!({
+            "planned": pyramid::cost_json(self.pyramid, &self.cost, order),
+            "levels": built.stats,
+        });
+        if !json {
+            let blocks: u64 = built.stats.iter().map(|s| s.blocks).sum();
+            let bytes: u64 = built.stats.iter().map(|s| s.bytes_written).sum();
+            println!(
+                "pyramid: {} levels below level 0, {blocks} blocks ({})",
+                built.stats.len(),
+                show_bytes(bytes)
+            );
+        }
+        value
+    }
 }
 
 /// The plan for rechunking `input` as `args` ask, in the memory allowed
@@ -64,7 +151,7 @@ fn plan_rechunk(
     args: &RechunkArgs,
     input: &InputArray,
     format: BlockFormat,
-) -> anyhow::Result<Plan> {
+) -> anyhow::Result<(Plan, Option<u64>)> {
     let problem = problem_of(input, &args.planning.shape, format)?;
     let strategy: Strategy = args.planning.strategy.parse()?;
     let requested = mem_of(&args.planning)?;
@@ -80,7 +167,7 @@ fn plan_rechunk(
     if budget.used != budget.requested && !args.json {
         eprintln!("planning{}", budget.describe());
     }
-    Ok(plan)
+    Ok((plan, mem))
 }
 
 /// Runs `plan` into OUT, with a progress bar. A run that fails, or that a
@@ -91,7 +178,8 @@ fn write_output(
     input: &InputArray,
     plan: &Plan,
     spec: OutputSpec,
-) -> anyhow::Result<RunStats> {
+    levels: Option<&LevelsRequest>,
+) -> anyhow::Result<(RunStats, Option<BuiltLevels>)> {
     // The first output block is the largest: if the format can hold it
     // (NIfTI's limits, MINC2 scaling), it can hold them all. Refuse before
     // OUT is touched.
@@ -101,20 +189,54 @@ fn write_output(
     let stop = signals::catch_stopping_signals()?;
     let created_output = directory::prepare_output_dir(&args.output, args.overwrite)?;
     let free_at_start = disk::free_bytes(&args.output);
+    let count = levels.map_or(1, |l| l.pyramid.levels.len());
+    let level0_dir = match level_dir(spec.format, count, 0) {
+        Some(dir) => {
+            let dir = args.output.join(dir);
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| Error::io(&dir, "creating level 0's directory", e))?;
+            Some(dir)
+        }
+        None => None,
+    };
+    let level0 = level0_dir.clone().unwrap_or_else(|| args.output.clone());
     let bar = progress_bar(input.nbytes(), args.quiet || args.json);
     let delay = step_delay();
     let mut read_blocks_done = 0;
-    let run = directory::rechunk(input, plan, &args.output, spec, Some(stop), |stats| {
-        bar.set_position(stats.bytes_written);
-        bar.set_message(format!(
-            "blocks {}/{}",
-            stats.output_blocks_done, stats.output_blocks_total
-        ));
-        if let Some(delay) = delay.filter(|_| stats.read_blocks_done > read_blocks_done) {
-            std::thread::sleep(delay);
+    let pyramid_spec = spec.clone();
+    let then = |sink: &mut DirectorySink| match levels {
+        Some(levels) => {
+            let output = PyramidOutput {
+                pyramid: levels.pyramid,
+                spec: &pyramid_spec,
+                axes: &levels.axes,
+                mem: levels.mem,
+                input_block: &input.block_shape,
+                source: &input.source,
+            };
+            build_levels(&args.output, sink, &output, Some(stop)).map(Some)
         }
-        read_blocks_done = stats.read_blocks_done;
-    });
+        None => Ok(None),
+    };
+    let run = directory::rechunk_then(
+        input,
+        plan,
+        &level0,
+        spec,
+        Some(stop),
+        |stats| {
+            bar.set_position(stats.bytes_written);
+            bar.set_message(format!(
+                "blocks {}/{}",
+                stats.output_blocks_done, stats.output_blocks_total
+            ));
+            if let Some(delay) = delay.filter(|_| stats.read_blocks_done > read_blocks_done) {
+                std::thread::sleep(delay);
+            }
+            read_blocks_done = stats.read_blocks_done;
+        },
+        then,
+    );
     bar.finish_and_clear();
     let Err(error) = run else {
         if let Some(signal) = signals::caught() {
@@ -126,6 +248,9 @@ fn write_output(
         return run.map_err(Into::into);
     };
     // Failed: rechunk removed what it wrote, and OUT goes too.
+    if let Some(dir) = level0_dir {
+        let _ = std::fs::remove_dir(dir);
+    }
     if created_output {
         let _ = std::fs::remove_dir(&args.output);
     }

@@ -12,7 +12,7 @@
 use crate::array::axes::AxisOrder;
 use crate::array::geometry::{FileShape, Partition};
 use crate::array::names::{parse_component, ChunkKey};
-use crate::format::BlockFormat;
+use crate::format::{precomputed, BlockFormat};
 
 /// A directory of the tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,10 +35,20 @@ pub enum Node {
     Block(u64),
 }
 
+/// How a block's file name is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Naming {
+    /// From its grid index, by the [`ChunkKey`].
+    GridIndex,
+    /// From the voxels it holds, `x0-x1_y0-y1_z0-z1` (Neuroglancer precomputed).
+    VoxelRanges,
+}
+
 /// The output blocks of a grid as a tree of files.
 #[derive(Clone, Debug)]
 pub struct FileTree {
     key: ChunkKey,
+    naming: Naming,
     grid: Partition,
     files: FileShape,
     dims: Vec<usize>,
@@ -49,6 +59,7 @@ impl FileTree {
         let dims = grid.grid_shape();
         FileTree {
             key,
+            naming: Naming::GridIndex,
             grid,
             files,
             dims,
@@ -65,7 +76,11 @@ impl FileTree {
         } else {
             key.in_order(order)
         };
-        FileTree::new(key, grid, files)
+        let mut tree = FileTree::new(key, grid, files);
+        if format == BlockFormat::Precomputed {
+            tree.naming = Naming::VoxelRanges;
+        }
+        tree
     }
 
     pub fn key(&self) -> &ChunkKey {
@@ -93,7 +108,38 @@ impl FileTree {
 
     /// Path of block `rank` relative to the tree's root.
     pub fn path(&self, rank: u64) -> String {
-        self.key.path(&self.grid.unravel(rank))
+        let index = self.grid.unravel(rank);
+        match self.naming {
+            Naming::GridIndex => self.key.path(&index),
+            Naming::VoxelRanges => precomputed::chunk_name(&self.grid.block(&index)),
+        }
+    }
+
+    /// The block a precomputed chunk name stands for, if it names one.
+    fn parse_voxel_ranges(&self, name: &str) -> Option<Vec<usize>> {
+        let ranges = precomputed::parse_chunk_name(name)?;
+        let ndim = self.grid.ndim();
+        let mut index = vec![0; ndim];
+        for (i, &(start, end)) in ranges.iter().enumerate() {
+            if i >= ndim {
+                // An axis the array lacks: precomputed gives it length 1.
+                if (start, end) != (0, 1) {
+                    return None;
+                }
+                continue;
+            }
+            let d = ndim - 1 - i;
+            let axis = self.grid.axis(d);
+            if start >= axis.len() || !axis.is_boundary(start) {
+                return None;
+            }
+            index[d] = axis.locate(start);
+            if axis.end(index[d]) != end {
+                return None;
+            }
+        }
+        // A channel axis (the fourth) is whole in every chunk.
+        Some(index)
     }
 
     /// Shape of the array block `rank`'s file holds.
@@ -230,7 +276,10 @@ impl FileTree {
             None if self.key.is_nested() => (self.key.prefix.as_deref() == Some(name))
                 .then_some(Node::Dir(Dir::Nested { depth: 0, rank: 0 })),
             None => {
-                let index = self.key.parse_flat(name, &self.dims)?;
+                let index = match self.naming {
+                    Naming::GridIndex => self.key.parse_flat(name, &self.dims)?,
+                    Naming::VoxelRanges => self.parse_voxel_ranges(name)?,
+                };
                 Some(Node::Block(self.grid.linear(&index)))
             }
         }
