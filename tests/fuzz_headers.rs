@@ -1363,7 +1363,7 @@ fn fuzzed_of(format: BlockFormat) -> Fuzzed {
         BlockFormat::Minc2 => Fuzzed::Minc2,
         BlockFormat::Zarr => Fuzzed::Zarr2,
         BlockFormat::Zarr3 => Fuzzed::Zarr3,
-        BlockFormat::Raw => panic!("raw blocks are never input"),
+        BlockFormat::Raw | BlockFormat::Precomputed => panic!("{format:?} is never input"),
     }
 }
 

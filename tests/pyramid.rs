@@ -1,0 +1,352 @@
+//! Multiscale pyramids, checked by readers rechunkfs did not write: inputs
+//! made by zarr-python and nibabel; every level of `rechunk`'s OME-Zarr
+//! (v2 and v3), Neuroglancer precomputed and npy outputs opened with
+//! TensorStore (numpy for npy) and compared voxel by voxel with TensorStore's
+//! downsample of the source chained level by level (mean, mode, stride for
+//! nearest), on shapes that do not divide; the multiscales metadata read
+//! by zarr-python and ome-zarr, its scales and translations checked
+//! against nibabel's affine; the planned reads, writes and peak memory of
+//! the levels equal to the counted ones.
+
+#[macro_use]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{json_u64, python, stderr};
+
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pyramid.py");
+
+fn rechunkfs(args: &[&str]) -> Output {
+    common::run_rechunkfs(args, 0)
+}
+
+fn fixture(args: &[&str]) -> String {
+    let output = Command::new(python())
+        .arg(FIXTURE)
+        .args(args)
+        .output()
+        .expect("run python");
+    assert!(
+        output.status.success(),
+        "pyramid.py {args:?}: {}",
+        stderr(&output)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn make_zarr(dir: &Path, shape: &str, chunks: &str, dtype: &str, labels: bool) -> PathBuf {
+    let input = dir.join("in.zarr");
+    let mut args = vec!["zarr", input.to_str().unwrap(), "--shape", shape];
+    args.extend(["--chunks", chunks, "--dtype", dtype]);
+    if labels {
+        args.push("--labels");
+    }
+    fixture(&args);
+    input
+}
+
+/// Rechunks `input` into `out` with `extra` flags, returning the JSON report.
+fn rechunk(input: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "rechunk",
+        input.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend(extra);
+    let output = rechunkfs(&args);
+    assert!(
+        output.status.success(),
+        "rechunk {extra:?}: {}",
+        stderr(&output)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON report")
+}
+
+/// Runs the fixture's check of `out` against `source`.
+fn check(
+    out: &Path,
+    layout: &str,
+    source: &Path,
+    method: &str,
+    factors: &str,
+) -> serde_json::Value {
+    let summary = fixture(&[
+        "check",
+        out.to_str().unwrap(),
+        "--layout",
+        layout,
+        "--source",
+        source.to_str().unwrap(),
+        "--method",
+        method,
+        "--factors",
+        factors,
+    ]);
+    serde_json::from_str(&summary).expect("summary JSON")
+}
+
+/// The pyramid part of a report: counted equals planned, level by level.
+fn assert_as_planned(report: &serde_json::Value) {
+    let pyramid = &report["pyramid"];
+    let counted = pyramid["levels"].as_array().expect("levels counted");
+    let planned = pyramid["planned"]["levels"]
+        .as_array()
+        .expect("levels planned");
+    assert_eq!(counted.len() + 1, planned.len(), "{pyramid}");
+    for (k, level) in counted.iter().enumerate() {
+        let cost = &planned[k + 1]["cost"];
+        for (count, plan) in [
+            ("blocks", "blocks"),
+            ("reads", "reads"),
+            ("bytes_read", "bytes_read"),
+            ("writes", "writes"),
+            ("bytes_written", "bytes_written"),
+            ("peak_bytes", "peak_bytes"),
+        ] {
+            assert_eq!(
+                json_u64(level, count),
+                json_u64(cost, plan),
+                "level {}: {count}",
+                k + 1
+            );
+        }
+    }
+    assert_eq!(
+        counted.iter().map(|l| json_u64(l, "peak_bytes")).max(),
+        Some(json_u64(pyramid, "planned.peak_memory_bytes"))
+    );
+}
+
+#[test]
+fn ome_zarr_levels_equal_tensorstore_downsampling_for_every_rule() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "37,29,23", "10,8,7", "<u2", false);
+    for (format, method) in [("zarr", "mean"), ("zarr3", "mean"), ("zarr", "nearest")] {
+        let out = dir.path().join(format!("{format}-{method}"));
+        let report = rechunk(
+            &input,
+            &out,
+            &[
+                "--shape",
+                "8,8,8",
+                "--format",
+                format,
+                "--levels",
+                "auto",
+                "--downsample",
+                method,
+            ],
+        );
+        assert_as_planned(&report);
+        let summary = check(&out, format, &input, method, "2,2,2");
+        // auto: 37×29×23 → 19×15×12 → 10×8×6 → 5×4×3, the first to fit one 8³ block.
+        assert_eq!(summary["levels"], 4, "{summary}");
+        assert_eq!(summary["shapes"][3], serde_json::json!([5, 4, 3]));
+    }
+}
+
+#[test]
+fn labels_by_mode_with_anisotropic_factors_and_a_tight_memory_limit() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "30,21,17", "7,7,7", "<i2", true);
+    let out = dir.path().join("labels");
+    // 20 KiB: level 1's 8³ block (1 KiB) and its 16×16×8 source (4 KiB)
+    // fit whole; the limit still holds the passes to what it allows.
+    let report = rechunk(
+        &input,
+        &out,
+        &[
+            "--shape",
+            "8,8,8",
+            "--format",
+            "zarr3",
+            "--levels",
+            "3",
+            "--downsample",
+            "mode",
+            "--factors",
+            "2,2,1",
+            "--mem",
+            "3K",
+        ],
+    );
+    assert_as_planned(&report);
+    let planned = &report["pyramid"]["planned"];
+    assert!(
+        json_u64(planned, "peak_memory_bytes") <= 3 * 1024,
+        "{planned}"
+    );
+    let rows = json_u64(&planned["levels"][1]["cost"], "rows_per_pass");
+    assert!(
+        rows < 8,
+        "passes of fewer rows than a block under the limit: {planned}"
+    );
+    let summary = check(&out, "zarr3", &input, "mode", "2,2,1");
+    assert_eq!(summary["shapes"][2], serde_json::json!([8, 6, 17]));
+}
+
+#[test]
+fn precomputed_scales_open_in_tensorstore() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    for (dtype, method) in [("<f4", "mean"), ("|u1", "nearest"), ("<u4", "mode")] {
+        let labels = method == "mode";
+        let case = dir.path().join(dtype.trim_start_matches(['<', '|']));
+        std::fs::create_dir(&case).unwrap();
+        let input = make_zarr(&case, "33,26,19", "9,9,9", dtype, labels);
+        let out = case.join("precomputed");
+        let report = rechunk(
+            &input,
+            &out,
+            &[
+                "--shape",
+                "16,8,12",
+                "--format",
+                "precomputed",
+                "--levels",
+                "3",
+                "--downsample",
+                method,
+            ],
+        );
+        assert_as_planned(&report);
+        let summary = check(&out, "precomputed", &input, method, "2,2,2");
+        let info = &summary["info"];
+        assert_eq!(
+            info["scales"][0]["chunk_sizes"],
+            serde_json::json!([[12, 8, 16]])
+        );
+        assert_eq!(
+            info["scales"][2]["resolution"],
+            serde_json::json!([4.0, 4.0, 4.0])
+        );
+        assert_eq!(info["type"], if labels { "segmentation" } else { "image" });
+    }
+    // A chunk's file is named by the voxels it holds, x first.
+    let edge = dir.path().join("f4/precomputed/0/12-19_24-26_32-33");
+    assert_eq!(std::fs::metadata(&edge).unwrap().len(), 7 * 2 * 4);
+}
+
+#[test]
+fn a_nifti_input_keeps_its_world_space_in_every_level() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("image.nii");
+    fixture(&[
+        "nifti",
+        input.to_str().unwrap(),
+        "--shape",
+        "21,18,13",
+        "--dtype",
+        "<i2",
+    ]);
+    let out = dir.path().join("ome");
+    // Shapes in NIfTI's (x, y, z) order.
+    let report = rechunk(
+        &input,
+        &out,
+        &["--shape", "8,8,8", "--format", "zarr3", "--levels", "3"],
+    );
+    assert_as_planned(&report);
+    let summary = check(&out, "zarr3", &input, "mean", "2,2,2");
+    let scale = &summary["multiscale"]["datasets"][1]["coordinateTransformations"][0]["scale"];
+    assert_eq!(scale, &serde_json::json!([4.0, 1.5, 1.0]));
+    let precomputed = dir.path().join("precomputed");
+    rechunk(
+        &input,
+        &precomputed,
+        &[
+            "--shape",
+            "8,8,8",
+            "--format",
+            "precomputed",
+            "--levels",
+            "2",
+        ],
+    );
+    let summary = check(&precomputed, "precomputed", &input, "mean", "2,2,2");
+    // Voxel sizes in nanometres, x first: 0.5, 0.75 and 2 mm, doubled.
+    assert_eq!(
+        summary["info"]["scales"][1]["resolution"],
+        serde_json::json!([1.0e6, 1.5e6, 4.0e6])
+    );
+}
+
+#[test]
+fn block_file_levels_go_in_numbered_folders() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "20,15,11", "6,6,6", "<u2", false);
+    let out = dir.path().join("npy");
+    let report = rechunk(
+        &input,
+        &out,
+        &["--shape", "4,4,4", "--format", "npy", "--levels", "3"],
+    );
+    assert_as_planned(&report);
+    assert!(out.join("0_0_0.npy").is_file() && out.join("2/0_0_0.npy").is_file());
+    check(&out, "npy", &input, "mean", "2,2,2");
+}
+
+#[test]
+fn plan_predicts_what_rechunk_counts() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "37,29,23", "10,8,7", "<u2", false);
+    let args = [
+        "--shape", "8,8,8", "--format", "zarr", "--levels", "auto", "--mem", "64K",
+    ];
+    let mut plan_args = vec!["plan", input.to_str().unwrap(), "--json"];
+    plan_args.extend(args);
+    let output = rechunkfs(&plan_args);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let plan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let report = rechunk(&input, &dir.path().join("out"), &args);
+    assert_eq!(plan["pyramid"], report["pyramid"]["planned"]);
+}
+
+#[test]
+fn what_a_format_cannot_hold_is_refused_before_out_is_touched() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "10,10,10", "5,5,5", ">u2", false);
+    let out = dir.path().join("out");
+    for (extra, says) in [
+        (vec!["--format", "precomputed"], "little-endian"),
+        (
+            vec!["--format", "zarr", "--levels", "2", "--factors", "2,2"],
+            "one per spatial axis",
+        ),
+        (
+            vec!["--format", "zarr", "--levels", "2", "--factors", "1,1,1"],
+            "all 1",
+        ),
+        (vec!["--format", "zarr", "--levels", "0"], "from 1 to"),
+        (
+            vec!["--format", "zarr", "--levels", "2", "--downsample", "max"],
+            "mean",
+        ),
+    ] {
+        let mut args = vec![
+            "rechunk",
+            input.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "--shape",
+            "4,4,4",
+        ];
+        args.extend(&extra);
+        let output = rechunkfs(&args);
+        assert!(!output.status.success(), "{extra:?} was accepted");
+        assert!(
+            stderr(&output).contains(says),
+            "{extra:?}: {}",
+            stderr(&output)
+        );
+        assert!(!out.exists(), "{extra:?} touched OUT");
+    }
+}
