@@ -275,6 +275,28 @@ fn a_nifti_input_keeps_its_world_space_in_every_level() {
         summary["info"]["scales"][1]["resolution"],
         serde_json::json!([1.0e6, 1.5e6, 4.0e6])
     );
+    // NIfTI blocks of level 1 carry the level's affine: each block's voxel
+    // (0, 0, 0) at the centre of the level-0 voxels it averages.
+    let nii = dir.path().join("nii");
+    rechunk(&input, &nii, &["--shape", "8,8,8", "--levels", "2"]);
+    let script = r#"
+import sys, nibabel as nib, numpy as np
+whole = nib.load(sys.argv[1]).affine
+block = nib.load(sys.argv[2]).affine
+origin = np.array([8, 8, 0])  # block 1_1_0 of level 1, (x, y, z)
+level0 = origin * 2 + 0.5
+expected = whole.copy()
+expected[:3, :3] = whole[:3, :3] * 2
+expected[:3, 3] = (whole @ np.append(level0, 1))[:3]
+assert np.allclose(block, expected), (block, expected)
+"#;
+    let output = Command::new(python())
+        .args(["-c", script])
+        .arg(&input)
+        .arg(nii.join("1/1_1_0.nii"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
 }
 
 #[test]

@@ -87,9 +87,8 @@ pub(super) fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(str::parse::<BlockFormat>)
         .transpose()?;
-    let (problem, dtype, order) = problem_of_args(&args, format)?;
+    let (problem, dtype, order, format) = problem_of_args(&args, format)?;
     let plans = make_plans(&args, &problem)?;
-    let format = format.unwrap_or(BlockFormat::Hdf5);
     let pyramid = pyramid::pyramid_of(
         &args.pyramid,
         &problem.array,
@@ -117,18 +116,18 @@ pub(super) fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The problem to plan, its dtype and axis order: from IN's block files,
+/// The problem to plan, its dtype, axis order and output format: from IN's block files,
 /// or from `--array`, `--blocks` and `--dtype` alone.
 fn problem_of_args(
     args: &PlanArgs,
     format: Option<BlockFormat>,
-) -> anyhow::Result<(Problem, DType, AxisOrder)> {
+) -> anyhow::Result<(Problem, DType, AxisOrder, BlockFormat)> {
     Ok(match (&args.input, &args.input_args.array) {
         (Some(input), _) => {
             let input = InputArray::scan(input, Some(&args.input_args.dataset))?;
             let format = format.unwrap_or_else(|| input.format.default_output());
             let problem = problem_of(&input, &args.planning.shape, format)?;
-            (problem, input.dtype, input.axis_order())
+            (problem, input.dtype, input.axis_order(), format)
         }
         (None, Some(array)) => {
             if args.blocks.is_none() || args.dtype.is_none() {
@@ -139,15 +138,15 @@ fn problem_of_args(
             let blocks = parse_shape(args.blocks.as_deref().unwrap_or("")).context("--blocks")?;
             let output = parse_shape(&args.planning.shape).context("--shape")?;
             let problem = Problem::new(array, blocks, output, dtype.size as u64)?;
-            let output_files = crate::output::filetree::output_file_shape(
-                format.unwrap_or(BlockFormat::Hdf5),
-                &problem.output(),
-            );
+            let format = format.unwrap_or(BlockFormat::Hdf5);
+            let output_files =
+                crate::output::filetree::output_file_shape(format, &problem.output());
             let input_files = crate::array::geometry::FileShape::Exact;
             (
                 problem.with_files(input_files, output_files),
                 dtype,
                 AxisOrder::C,
+                format,
             )
         }
         (None, None) => bail!("give IN (block files) or --array, --blocks and --dtype"),

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::array::geometry::{FileShape, Partition};
+use crate::array::space::Space;
 use crate::engine::downsample::{LevelBuilder, LevelFiles, PyramidStats};
 use crate::error::{Error, Result};
 use crate::format::ome::{self, ScaleLevel, WorldAxis};
@@ -105,7 +106,11 @@ pub fn build_levels(
         std::fs::create_dir(&dir)
             .map_err(|e| Error::io(&dir, "creating a level's directory", e))?;
         built.dirs.push(dir.clone());
-        let mut sink = DirectorySink::new(&dir, pyramid.levels[k].clone(), (*spec).clone());
+        let level_spec = OutputSpec {
+            space: level_space(&spec.space, &pyramid.scale(k)),
+            ..(*spec).clone()
+        };
+        let mut sink = DirectorySink::new(&dir, pyramid.levels[k].clone(), level_spec);
         let rows = rows_per_pass(pyramid, &files, k, spec.dtype.size as u64, output.mem)?;
         let mut builder = LevelBuilder::new(pyramid, &files, k, rows, spec.dtype);
         let below = built.sinks.last_mut().unwrap_or(&mut *level0);
@@ -172,6 +177,25 @@ fn write_metadata(out: &Path, output: &PyramidOutput, built: &mut BuiltLevels) -
     File::open(out)
         .and_then(|d| d.sync_all())
         .map_err(|e| Error::io(out, "syncing the directory", e))
+}
+
+/// The world space of a level whose voxels are `scale` level-0 voxels
+/// long (internal order): each axis's step scaled, and voxel 0 moved to
+/// the centre of the level-0 voxels it covers.
+pub fn level_space(space: &Space, scale: &[u64]) -> Space {
+    let mut level = space.clone();
+    let ndim = scale.len();
+    for nifti_axis in 0..ndim.min(3) {
+        let factor = scale[ndim - 1 - nifti_axis] as f64;
+        for row in level.affine.iter_mut() {
+            row[3] += row[nifti_axis] * (factor - 1.0) / 2.0;
+            row[nifti_axis] *= factor;
+        }
+        if let Some(zoom) = level.zooms.get_mut(nifti_axis) {
+            *zoom *= factor;
+        }
+    }
+    level
 }
 
 /// Each level's shape, blocks and voxel size in level-0 voxels.
