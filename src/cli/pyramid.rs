@@ -2,22 +2,17 @@
 //! `plan`, `rechunk` and `mount`, turned into a [`Pyramid`], and how a
 //! pyramid's cost and run are reported.
 
-use anyhow::bail;
 use serde_json::{json, Value};
 
 use crate::array::axes::AxisOrder;
-use crate::array::units::{parse_shape, show_bytes};
+use crate::array::units::show_bytes;
 use crate::cli::PyramidArgs;
 use crate::format::BlockFormat;
 use crate::output::pyramid::files_of;
-use crate::plan::pyramid::{
-    pyramid_cost, spatial_dims, Downsample, LevelCount, Pyramid, PyramidCost,
-};
+use crate::plan::pyramid::{pyramid_cost, Pyramid, PyramidCost, PyramidFlags};
 
 /// The pyramid `args` ask for over an array of `shape` (internal order) in
-/// blocks of `block`, written as `format`; `None` when there is none to make
-/// (no `--levels`, and a format other than precomputed, which always has
-/// at least its level 0 scale).
+/// blocks of `block`, written as `format` (see [`PyramidFlags::pyramid`]).
 pub(super) fn pyramid_of(
     args: &PyramidArgs,
     shape: &[u64],
@@ -25,55 +20,16 @@ pub(super) fn pyramid_of(
     order: AxisOrder,
     format: BlockFormat,
 ) -> anyhow::Result<Option<Pyramid>> {
-    let count = match &args.levels {
-        Some(text) => text.parse::<LevelCount>()?,
-        None if format == BlockFormat::Precomputed => LevelCount::Exactly(1),
-        None => return Ok(None),
-    };
-    let method: Downsample = args.downsample.parse()?;
-    let factors = factors_of(args.factors.as_deref(), shape.len(), order)?;
-    if count == LevelCount::Exactly(1) && format != BlockFormat::Precomputed {
-        return Ok(None);
-    }
-    Ok(Some(Pyramid::new(shape, block, factors, count, method)?))
+    Ok(flags_of(args).pyramid(shape, block, order, format)?)
 }
 
-/// `--factors` (per spatial axis, in the user's order, or per axis) as
-/// factors per internal axis; 2 along each spatial axis by default.
-fn factors_of(text: Option<&str>, ndim: usize, order: AxisOrder) -> anyhow::Result<Vec<u64>> {
-    let spatial = spatial_dims(ndim);
-    let Some(text) = text else {
-        return Ok((0..ndim)
-            .map(|d| if spatial.contains(&d) { 2 } else { 1 })
-            .collect());
-    };
-    let given = parse_shape(text)?;
-    let user: Vec<u64> = if given.len() == ndim {
-        given
-    } else if given.len() == spatial.len() {
-        // The spatial axes are the last internal ones: the user's first
-        // ones when the user's order is reversed (NIfTI).
-        let rest = vec![1; ndim - spatial.len()];
-        match order {
-            AxisOrder::C => [rest, given].concat(),
-            _ => [given, rest].concat(),
-        }
-    } else {
-        bail!(
-            "--factors {text} has {} values; give one per spatial axis ({}) or one per axis ({ndim})",
-            given.len(),
-            spatial.len()
-        );
-    };
-    let internal = order.to_internal(&user);
-    if let Some(d) = (0..ndim).find(|&d| !spatial.contains(&d) && internal[d] != 1) {
-        bail!(
-            "--factors {text}: axis {} is not spatial (the spatial axes are the last three in C \
-             order) and is kept whole: give it a factor of 1",
-            order.user_axis(d, ndim)
-        );
+/// The flags as the library takes them.
+pub(super) fn flags_of(args: &PyramidArgs) -> PyramidFlags {
+    PyramidFlags {
+        levels: args.levels.clone(),
+        factors: args.factors.clone(),
+        downsample: args.downsample.clone(),
     }
-    Ok(internal)
 }
 
 /// The plan's account of a pyramid: levels, their shapes, and what

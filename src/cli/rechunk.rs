@@ -22,7 +22,7 @@ use crate::format::ome::WorldAxis;
 use crate::format::BlockFormat;
 use crate::input::{HeaderChecks, InputArray};
 use crate::output::directory::{self, DirectorySink, OutputSpec};
-use crate::output::pyramid::{build_levels, level_dir, BuiltLevels, PyramidOutput};
+use crate::output::pyramid::{build_levels, level_dir, pyramid_axes, BuiltLevels, PyramidOutput};
 use crate::plan::pyramid::{Pyramid, PyramidCost};
 use crate::plan::{self, Plan, Strategy};
 use crate::sys::{disk, signals};
@@ -96,24 +96,22 @@ impl<'a> LevelsRequest<'a> {
         mem: Option<u64>,
     ) -> anyhow::Result<LevelsRequest<'a>> {
         let format = spec.format;
-        let block: Vec<u64> = {
-            let level0 = &pyramid.levels[0];
-            (0..level0.ndim())
-                .map(|d| level0.axis(d).extent(0))
-                .collect()
-        };
-        if format == BlockFormat::Precomputed {
-            crate::format::precomputed::check(&input.shape, &block, spec.dtype)?;
-        }
-        if format.pads_edge_blocks() && input.ndim() < 2 {
-            bail!("an OME-Zarr image has 2 axes or more; this array has 1: drop --levels");
-        }
-        let leading_is_time = matches!(input.format, BlockFormat::Nifti | BlockFormat::Minc2);
-        let (axes, rotated) =
-            crate::format::ome::world_axes(&spec.space, input.ndim(), leading_is_time)?;
+        let level0 = &pyramid.levels[0];
+        let block: Vec<u64> = (0..level0.ndim())
+            .map(|d| level0.axis(d).extent(0))
+            .collect();
+        let (axes, rotated) = pyramid_axes(
+            format,
+            input.format,
+            &spec.space,
+            &input.shape,
+            &block,
+            spec.dtype,
+        )?;
         if rotated && (format.pads_edge_blocks() || format == BlockFormat::Precomputed) {
             eprintln!(
-                "note: the input's affine rotates its axes, which {} cannot record: the                  pyramid's metadata gives its voxel sizes and origin only",
+                "note: the input's affine rotates its axes, which {} cannot record: the \
+                 pyramid's metadata gives its voxel sizes and origin only",
                 format.name()
             );
         }

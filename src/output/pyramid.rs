@@ -31,6 +31,31 @@ pub fn level_dir(format: BlockFormat, levels: usize, k: usize) -> Option<String>
     (own_dirs || k > 0).then(|| k.to_string())
 }
 
+/// Checks that `format` can hold a pyramid over an array of `shape` and
+/// `dtype` in blocks of `block` (internal order), read from
+/// `input_format` placed in the world by `space`, and gives its axes as
+/// viewers see them, and whether the input's affine had a rotation they
+/// cannot carry.
+pub fn pyramid_axes(
+    format: BlockFormat,
+    input_format: BlockFormat,
+    space: &Space,
+    shape: &[u64],
+    block: &[u64],
+    dtype: crate::DType,
+) -> Result<(Vec<WorldAxis>, bool)> {
+    if format == BlockFormat::Precomputed {
+        precomputed::check(shape, block, dtype)?;
+    }
+    if format.pads_edge_blocks() && shape.len() < 2 {
+        return Err(Error::BadArgument(
+            "an OME-Zarr image has 2 axes or more; this array has 1: drop --levels".into(),
+        ));
+    }
+    let leading_is_time = matches!(input_format, BlockFormat::Nifti | BlockFormat::Minc2);
+    ome::world_axes(space, shape.len(), leading_is_time)
+}
+
 /// How `format`'s files are shaped around a level's blocks.
 pub fn files_of(format: BlockFormat) -> impl Fn(&Partition) -> FileShape {
     move |grid| output_file_shape(format, grid)

@@ -18,8 +18,11 @@
 
 use serde::Serialize;
 
+use crate::array::axes::AxisOrder;
 use crate::array::geometry::{volume, FileShape, Partition};
+use crate::array::units::parse_shape;
 use crate::error::{Error, Result};
+use crate::format::BlockFormat;
 
 /// How a cell of `f0 × f1 × …` voxels becomes one voxel, following
 /// TensorStore's `downsample` methods of the same names.
@@ -86,6 +89,89 @@ impl std::str::FromStr for LevelCount {
 
 /// More levels than any array of 2^64 voxels halved needs.
 pub const MAX_LEVELS: usize = 64;
+
+/// `--levels`, `--factors` and `--downsample` as given.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PyramidFlags {
+    pub levels: Option<String>,
+    pub factors: Option<String>,
+    pub downsample: String,
+}
+
+impl PyramidFlags {
+    /// The pyramid these flags ask for over an array of `shape` (internal
+    /// order) in blocks of `block`, written as `format`; `None` when there
+    /// is none to make (no `--levels`, or one level, and a format other
+    /// than precomputed, which always has at least its level 0 scale).
+    pub fn pyramid(
+        &self,
+        shape: &[u64],
+        block: &[u64],
+        order: AxisOrder,
+        format: BlockFormat,
+    ) -> Result<Option<Pyramid>> {
+        let precomputed = format == BlockFormat::Precomputed;
+        let count = match &self.levels {
+            Some(text) => text.parse::<LevelCount>()?,
+            None if precomputed => LevelCount::Exactly(1),
+            None => return Ok(None),
+        };
+        let method: Downsample = self.downsample.parse()?;
+        let factors = factors_of(self.factors.as_deref(), shape.len(), order)?;
+        if count == LevelCount::Exactly(1) && !precomputed {
+            return Ok(None);
+        }
+        Pyramid::new(shape, block, factors, count, method).map(Some)
+    }
+
+    /// A short description, to tell staging areas of different pyramids apart.
+    pub fn describe(&self) -> String {
+        format!(
+            "levels {} factors {} {}",
+            self.levels.as_deref().unwrap_or("1"),
+            self.factors.as_deref().unwrap_or("2"),
+            self.downsample
+        )
+    }
+}
+
+/// `--factors` (per spatial axis, in the user's order, or per axis) as
+/// factors per internal axis; 2 along each spatial axis by default.
+fn factors_of(text: Option<&str>, ndim: usize, order: AxisOrder) -> Result<Vec<u64>> {
+    let spatial = spatial_dims(ndim);
+    let Some(text) = text else {
+        return Ok((0..ndim)
+            .map(|d| if spatial.contains(&d) { 2 } else { 1 })
+            .collect());
+    };
+    let given = parse_shape(text)?;
+    let user: Vec<u64> = if given.len() == ndim {
+        given
+    } else if given.len() == spatial.len() {
+        // The spatial axes are the last internal ones: the user's first
+        // ones when the user's order is reversed (NIfTI).
+        let rest = vec![1; ndim - spatial.len()];
+        match order {
+            AxisOrder::C => [rest, given].concat(),
+            _ => [given, rest].concat(),
+        }
+    } else {
+        return Err(Error::BadArgument(format!(
+            "--factors {text} has {} values; give one per spatial axis ({}) or one per axis ({ndim})",
+            given.len(),
+            spatial.len()
+        )));
+    };
+    let internal = order.to_internal(&user);
+    if let Some(d) = (0..ndim).find(|&d| !spatial.contains(&d) && internal[d] != 1) {
+        return Err(Error::BadArgument(format!(
+            "--factors {text}: axis {} is not spatial (the spatial axes are the last three in C \
+             order) and is kept whole: give it a factor of 1",
+            order.user_axis(d, ndim)
+        )));
+    }
+    Ok(internal)
+}
 
 /// Spatial axes: the last three in C order (fewer in a smaller array).
 pub fn spatial_dims(ndim: usize) -> std::ops::Range<usize> {

@@ -73,6 +73,10 @@ pub struct Manifest {
     pub files_in: PathBuf,
     /// Input files, by rank in the input grid, relative to `files_in`.
     pub input_files: Vec<String>,
+    /// The pyramid the view serves beside level 0 (empty: none): its
+    /// blocks' ranks follow level 0's in the journal.
+    #[serde(default)]
+    pub pyramid: String,
 }
 
 impl Manifest {
@@ -103,7 +107,14 @@ impl Manifest {
                 })
                 .collect(),
             files_in: base,
+            pyramid: String::new(),
         }
+    }
+
+    /// The manifest of an area that also holds the pyramid `described`.
+    pub fn with_pyramid(mut self, described: String) -> Manifest {
+        self.pyramid = described;
+        self
     }
 
     /// Why the area cannot be resumed if an input it read has changed
@@ -163,6 +174,12 @@ impl Manifest {
                 "it holds {} blocks of {}",
                 self.format.name(),
                 show_shape(&self.output_block)
+            ));
+        }
+        if self.pyramid != wanted.pyramid {
+            return Some(format!(
+                "it holds a view with pyramid '{}', not '{}'",
+                self.pyramid, wanted.pyramid
             ));
         }
         if self.array != wanted.array || self.dtype != wanted.dtype {
@@ -746,6 +763,7 @@ mod tests {
             format: BlockFormat::Npy,
             files_in: input,
             input_files: vec!["0_0.npy".into(), "0_1.npy".into()],
+            pyramid: String::new(),
         };
         (root, manifest)
     }
