@@ -372,3 +372,137 @@ fn what_a_format_cannot_hold_is_refused_before_out_is_touched() {
         assert!(!out.exists(), "{extra:?} touched OUT");
     }
 }
+
+/// A mounted view, unmounted when dropped whatever the test did.
+struct MountedView {
+    view: PathBuf,
+}
+
+impl MountedView {
+    fn new(input: &Path, root: &Path, extra: &[&str], step_delay_ms: u64) -> MountedView {
+        let view = root.join("view");
+        std::fs::create_dir_all(&view).unwrap();
+        let staging = root.join("staging");
+        let mut args = vec![
+            "mount",
+            input.to_str().unwrap(),
+            view.to_str().unwrap(),
+            "--staging",
+            staging.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let output = common::run_rechunkfs(&args, step_delay_ms);
+        assert!(output.status.success(), "mount failed: {}", stderr(&output));
+        MountedView { view }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let output = rechunkfs(&["status", "--json", self.view.to_str().unwrap()]);
+        assert!(output.status.success(), "status: {}", stderr(&output));
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    /// Waits for the view to complete (`status --wait`), returning its status.
+    fn wait_complete(&self) -> serde_json::Value {
+        let output = rechunkfs(&["status", "--wait", "--json", self.view.to_str().unwrap()]);
+        assert!(
+            output.status.success(),
+            "status --wait: {}",
+            stderr(&output)
+        );
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    fn unmount(&self) {
+        let output = rechunkfs(&["umount", self.view.to_str().unwrap()]);
+        assert!(output.status.success(), "umount: {}", stderr(&output));
+    }
+}
+
+impl Drop for MountedView {
+    fn drop(&mut self) {
+        if rechunkfs::fuse::session::is_mounted(&self.view) {
+            let _ = rechunkfs(&["umount", self.view.to_str().unwrap()]);
+        }
+        if rechunkfs::fuse::session::is_mounted(&self.view) {
+            let _ = rechunkfs::fuse::session::detach(&self.view);
+        }
+    }
+}
+
+#[test]
+fn a_view_serves_pending_pyramid_blocks_exactly_while_it_fills() {
+    require!(Fuse, Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "37,29,23", "10,8,7", "<u2", false);
+    // 100 ms after each read block: levels 1 to 3 stay pending for a while.
+    let flags = [
+        "--shape", "8,8,8", "--format", "zarr", "--levels", "4", "--mem", "64K",
+    ];
+    let view = MountedView::new(&input, dir.path(), &flags, 100);
+    let status = view.status();
+    assert_eq!(
+        json_u64(&status, "blocks_total"),
+        60 + 12 + 2 + 1,
+        "{status}"
+    );
+    // Every level's file is listed with its exact size from the start.
+    let edge = view.view.join("3/0.0.0");
+    // Level 3 is 5×4×3: one chunk of that shape.
+    assert_eq!(std::fs::metadata(&edge).unwrap().len(), 5 * 4 * 3 * 2);
+    let reads = fixture(&[
+        "reads",
+        view.view.to_str().unwrap(),
+        "--source",
+        input.to_str().unwrap(),
+        "--levels",
+        "4",
+        "--chunks",
+        "8,8,8",
+        "--count",
+        "15",
+    ]);
+    let reads: serde_json::Value = serde_json::from_str(&reads).unwrap();
+    assert!(
+        json_u64(&reads, "pending") >= 1,
+        "no read found a pending block: {reads}"
+    );
+    let status = view.wait_complete();
+    let levels = status["levels"].as_array().expect("per-level progress");
+    let done: Vec<u64> = levels.iter().map(|l| json_u64(l, "blocks_done")).collect();
+    assert_eq!(done, vec![60, 12, 2, 1], "{status}");
+    check(&view.view, "zarr", &input, "mean", "2,2,2");
+}
+
+#[test]
+fn a_remounted_view_resumes_its_pyramid() {
+    require!(Fuse, Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "30,21,17", "7,7,7", "<i2", true);
+    let flags = [
+        "--shape",
+        "8,8,8",
+        "--format",
+        "precomputed",
+        "--levels",
+        "3",
+        "--downsample",
+        "mode",
+        "--mem",
+        "64K",
+    ];
+    let view = MountedView::new(&input, dir.path(), &flags, 100);
+    // Until some blocks are done; then stopped halfway.
+    while json_u64(&view.status(), "blocks_done") < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    view.unmount();
+    let view = MountedView::new(&input, dir.path(), &flags, 0);
+    let status = view.wait_complete();
+    assert!(json_u64(&status, "blocks_resumed") >= 10, "{status}");
+    assert_eq!(
+        json_u64(&status, "blocks_done"),
+        json_u64(&status, "blocks_total")
+    );
+    check(&view.view, "precomputed", &input, "mode", "2,2,2");
+}
