@@ -4,7 +4,7 @@
 //! interrupted by SIGINT, SIGTERM or SIGHUP, leaves no file it wrote
 //! behind and says so.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -124,6 +124,26 @@ impl<'a> LevelsRequest<'a> {
         })
     }
 
+    /// Builds the levels below level 0 (in `sink`) and the pyramid's metadata.
+    fn build(
+        &self,
+        out: &Path,
+        input: &InputArray,
+        spec: &OutputSpec,
+        sink: &mut DirectorySink,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> crate::error::Result<Option<BuiltLevels>> {
+        let output = PyramidOutput {
+            pyramid: self.pyramid,
+            spec,
+            axes: &self.axes,
+            mem: self.mem,
+            input_block: &input.block_shape,
+            source: &input.source,
+        };
+        build_levels(out, sink, &output, Some(stop)).map(Some)
+    }
+
     /// The report's pyramid part; printed at once unless the report is JSON.
     fn report(&self, built: &BuiltLevels, order: AxisOrder, json: bool) -> serde_json::Value {
         let value = serde_json::json!({
@@ -187,33 +207,14 @@ fn write_output(
     let stop = signals::catch_stopping_signals()?;
     let created_output = directory::prepare_output_dir(&args.output, args.overwrite)?;
     let free_at_start = disk::free_bytes(&args.output);
-    let count = levels.map_or(1, |l| l.pyramid.levels.len());
-    let level0_dir = match level_dir(spec.format, count, 0) {
-        Some(dir) => {
-            let dir = args.output.join(dir);
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| Error::io(&dir, "creating level 0's directory", e))?;
-            Some(dir)
-        }
-        None => None,
-    };
+    let level0_dir = make_level0_dir(&args.output, spec.format, levels)?;
     let level0 = level0_dir.clone().unwrap_or_else(|| args.output.clone());
     let bar = progress_bar(input.nbytes(), args.quiet || args.json);
     let delay = step_delay();
     let mut read_blocks_done = 0;
     let pyramid_spec = spec.clone();
     let then = |sink: &mut DirectorySink| match levels {
-        Some(levels) => {
-            let output = PyramidOutput {
-                pyramid: levels.pyramid,
-                spec: &pyramid_spec,
-                axes: &levels.axes,
-                mem: levels.mem,
-                input_block: &input.block_shape,
-                source: &input.source,
-            };
-            build_levels(&args.output, sink, &output, Some(stop)).map(Some)
-        }
+        Some(levels) => levels.build(&args.output, input, &pyramid_spec, sink, stop),
         None => Ok(None),
     };
     let run = directory::rechunk_then(
@@ -253,6 +254,23 @@ fn write_output(
         let _ = std::fs::remove_dir(&args.output);
     }
     Err(explained(args, created_output, free_at_start, input, error))
+}
+
+/// Makes the directory level 0 goes in when it is not OUT itself (an
+/// OME-Zarr image's `0/`, a precomputed scale's), and says which it is.
+fn make_level0_dir(
+    out: &Path,
+    format: BlockFormat,
+    levels: Option<&LevelsRequest>,
+) -> anyhow::Result<Option<PathBuf>> {
+    let count = levels.map_or(1, |l| l.pyramid.levels.len());
+    let Some(dir) = level_dir(format, count, 0) else {
+        return Ok(None);
+    };
+    let dir = out.join(dir);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::io(&dir, "creating level 0's directory", e))?;
+    Ok(Some(dir))
 }
 
 /// The error of a failed run, said in terms of OUT: what is left there and

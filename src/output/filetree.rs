@@ -689,6 +689,71 @@ mod tests {
     }
 
     #[test]
+    fn a_pyramid_puts_each_level_in_its_directory() {
+        let grids = [
+            Partition::regular(&[10, 7], &[4, 4]),
+            Partition::regular(&[5, 4], &[4, 4]),
+            Partition::regular(&[3, 2], &[3, 2]),
+        ];
+        let dirs = vec![None, Some("1".to_string()), Some("2".to_string())];
+        let t = FileTree::pyramid(BlockFormat::Npy, &grids, AxisOrder::C, dirs);
+        assert_eq!(t.block_count(), 6 + 2 + 1);
+        assert_eq!(t.level_ranks(1), 6..8);
+        assert_eq!(t.level_of(7), (1, 1));
+        assert_eq!(t.path(7), "1/1_0.npy");
+        assert_eq!(t.path(8), "2/0_0.npy");
+        assert_eq!(t.file_shape(7), vec![1, 4]);
+        // The root holds the level directories, then level 0's blocks.
+        assert_eq!(t.child_count(Dir::Root), 2 + 6);
+        assert_eq!(
+            t.child(Dir::Root, 0),
+            ("1".to_string(), Node::Dir(Dir::Level(1)))
+        );
+        assert_eq!(
+            t.child(Dir::Root, 2),
+            ("0_0.npy".to_string(), Node::Block(0))
+        );
+        assert_eq!(t.lookup(Dir::Root, "2"), Some(Node::Dir(Dir::Level(2))));
+        assert_eq!(t.lookup(Dir::Level(1), "1_0.npy"), Some(Node::Block(7)));
+        assert_eq!(t.lookup(Dir::Level(1), "2_0.npy"), None);
+        assert_eq!(t.parent(Dir::Level(2)), Dir::Root);
+        assert_eq!(t.dir_count(), 2);
+        for ordinal in 0..t.dir_count() {
+            let dir = t.dir_of_ordinal(ordinal).unwrap();
+            assert_eq!(t.dir_ordinal(dir), Some(ordinal));
+        }
+        // Zarr v3 levels: nested chunk directories under each level's.
+        let dirs = (0..3).map(|k| Some(k.to_string())).collect();
+        let z = FileTree::pyramid(BlockFormat::Zarr3, &grids, AxisOrder::C, dirs);
+        assert_eq!(z.path(7), "1/c/1/0");
+        let Some(Node::Dir(c)) = z.lookup(Dir::Level(1), "c") else {
+            panic!()
+        };
+        assert_eq!(z.dir_path(c), "1/c");
+        assert_eq!(z.parent(c), Dir::Level(1));
+        assert_eq!(z.child_count(Dir::Root), 3);
+        for ordinal in 0..z.dir_count() {
+            let dir = z.dir_of_ordinal(ordinal).unwrap();
+            assert_eq!(z.dir_ordinal(dir), Some(ordinal));
+        }
+    }
+
+    #[test]
+    fn precomputed_chunks_are_named_by_their_voxels() {
+        let t = FileTree::for_output(
+            BlockFormat::Precomputed,
+            Partition::regular(&[10, 7, 5], &[4, 4, 4]),
+            AxisOrder::C,
+        );
+        assert_eq!(t.path(0), "0-4_0-4_0-4");
+        let last = t.block_count() - 1;
+        assert_eq!(t.path(last), "4-5_4-7_8-10");
+        assert_eq!(t.lookup(Dir::Root, "4-5_4-7_8-10"), Some(Node::Block(last)));
+        assert_eq!(t.lookup(Dir::Root, "4-5_4-7_8-9"), None);
+        assert_eq!(t.lookup(Dir::Root, "1-5_4-7_8-10"), None);
+    }
+
+    #[test]
     fn flat_tree_lists_blocks_in_the_root() {
         let t = FileTree::for_output(
             BlockFormat::Zarr,
