@@ -128,8 +128,15 @@ pub fn build_levels(
     let n = pyramid.levels.len();
     for k in 1..n {
         let dir = out.join(level_dir(format, n, k).unwrap_or_default());
-        std::fs::create_dir(&dir)
-            .map_err(|e| Error::io(&dir, "creating a level's directory", e))?;
+        std::fs::create_dir(&dir).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => Error::BadOutput {
+                path: dir.clone(),
+                problem: "is there already (--overwrite replaces level 0's blocks, not other \
+                          levels' directories): remove it, or choose another OUT"
+                    .into(),
+            },
+            _ => Error::io(&dir, "creating a level's directory", e),
+        })?;
         built.dirs.push(dir.clone());
         let level_spec = OutputSpec {
             space: level_space(&spec.space, &pyramid.scale(k)),

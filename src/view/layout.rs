@@ -327,7 +327,11 @@ fn view_metadata(layout: &ViewLayout, files: &FileTree) -> Vec<u8> {
     if let Some(prefix) = &key.prefix {
         pattern = format!("{prefix}{}{pattern}", key.separator);
     }
-    value["file_name_pattern"] = serde_json::json!(format!("{pattern}{}", key.suffix));
+    value["file_name_pattern"] = if layout.format == BlockFormat::Precomputed {
+        serde_json::json!("{key}/{x0}-{x1}_{y0}-{y1}_{z0}-{z1}")
+    } else {
+        serde_json::json!(format!("{pattern}{}", key.suffix))
+    };
     value["edge_blocks"] = serde_json::json!(if files.files().is_padded() {
         "edge chunks are padded to the full block shape, as Zarr stores them"
     } else {
