@@ -19,7 +19,7 @@ use serde::Serialize;
 use super::seekio::write_all_at;
 use super::sink::BlockSink;
 use crate::array::dtype::{DType, Endian, Kind};
-use crate::array::geometry::{strides, volume, FileShape, IndexBox, Partition, Region};
+use crate::array::geometry::{strides, volume, FileShape, IndexBox, Partition, Region, MAX_DIMS};
 use crate::error::{Error, Result};
 use crate::plan::pyramid::{level_buffers, Downsample, Pyramid};
 
@@ -364,25 +364,29 @@ struct Job<'a> {
 impl Job<'_> {
     fn run<T: Element>(&self, out: &mut [u8], big: bool) {
         let ndim = self.src_shape.len();
-        let cells: Vec<u64> = (0..ndim)
-            .map(|d| self.src_shape[d].div_ceil(self.factors[d]))
-            .collect();
+        let mut cells = [1u64; MAX_DIMS];
+        for (cell, (&len, &f)) in cells
+            .iter_mut()
+            .zip(self.src_shape.iter().zip(self.factors))
+        {
+            *cell = len.div_ceil(f);
+        }
         let src_strides = strides(self.src_shape);
         let out_strides = strides(self.out_shape);
-        let mut values: Vec<T> = Vec::new();
-        let mut cell = vec![0u64; ndim];
-        for _ in 0..volume(&cells) {
-            let lo: Vec<u64> = (0..ndim).map(|d| cell[d] * self.factors[d]).collect();
-            let hi: Vec<u64> = (0..ndim)
-                .map(|d| (lo[d] + self.factors[d]).min(self.src_shape[d]))
-                .collect();
-            values.clear();
-            self.cell_values(&lo, &hi, &src_strides, big, &mut values);
-            let value = reduce(self.method, &mut values);
-            let mut at = 0;
+        let mut values: Vec<T> = Vec::with_capacity(self.factors.iter().product::<u64>() as usize);
+        let mut cell = [0u64; MAX_DIMS];
+        for _ in 0..volume(&cells[..ndim]) {
+            let (mut lo, mut hi) = ([0u64; MAX_DIMS], [0u64; MAX_DIMS]);
             for d in 0..ndim {
-                let i = cell[d] + if d == 0 { self.out_row } else { 0 };
-                at += i * out_strides[d];
+                lo[d] = cell[d] * self.factors[d];
+                hi[d] = (lo[d] + self.factors[d]).min(self.src_shape[d]);
+            }
+            values.clear();
+            self.cell_values(&lo[..ndim], &hi[..ndim], &src_strides, big, &mut values);
+            let value = reduce(self.method, &mut values);
+            let mut at = self.out_row * out_strides[0];
+            for d in 0..ndim {
+                at += cell[d] * out_strides[d];
             }
             let at = at as usize * T::SIZE;
             value.store(&mut out[at..at + T::SIZE], big);
@@ -396,7 +400,8 @@ impl Job<'_> {
         }
     }
 
-    /// The cell `[lo, hi)`'s values in C order (only its first for nearest).
+    /// The cell `[lo, hi)`'s values in C order (only its first for
+    /// nearest), a run along the last axis at a time.
     fn cell_values<T: Element>(
         &self,
         lo: &[u64],
@@ -405,15 +410,19 @@ impl Job<'_> {
         big: bool,
         values: &mut Vec<T>,
     ) {
-        let ndim = lo.len();
-        let mut at = lo.to_vec();
+        let last = lo.len() - 1;
+        let mut at = [0u64; MAX_DIMS];
+        at[..last].copy_from_slice(&lo[..last]);
         loop {
-            let offset = (0..ndim).map(|d| at[d] * src_strides[d]).sum::<u64>() as usize * T::SIZE;
-            values.push(T::load(&self.src[offset..], big));
+            let line: u64 = (0..last).map(|d| at[d] * src_strides[d]).sum();
+            let (start, end) = ((line + lo[last]) as usize, (line + hi[last]) as usize);
             if self.method == Downsample::Nearest {
+                values.push(T::load(&self.src[start * T::SIZE..], big));
                 return;
             }
-            let mut d = ndim;
+            let run = &self.src[start * T::SIZE..end * T::SIZE];
+            values.extend(run.chunks_exact(T::SIZE).map(|bytes| T::load(bytes, big)));
+            let mut d = last;
             loop {
                 if d == 0 {
                     return;
