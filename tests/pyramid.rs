@@ -300,6 +300,28 @@ assert np.allclose(block, expected), (block, expected)
 }
 
 #[test]
+fn a_time_axis_is_kept_whole_and_described_as_time() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("series.nii");
+    // NIfTI's (x, y, z, t): 3 time points of a 12×10×9 image.
+    fixture(&["nifti", input.to_str().unwrap(), "--shape", "12,10,9,3", "--dtype", "<u2"]);
+    let out = dir.path().join("ome");
+    let report = rechunk(
+        &input,
+        &out,
+        &["--shape", "8,8,8,1", "--format", "zarr", "--levels", "3", "--factors", "2,2,1"],
+    );
+    assert_as_planned(&report);
+    // C order (t, z, y, x): t and z (NIfTI's third axis, factor 1) kept.
+    let summary = check(&out, "zarr", &input, "mean", "1,1,2,2");
+    assert_eq!(summary["shapes"][2], serde_json::json!([3, 9, 3, 3]));
+    let axes = &summary["multiscale"]["axes"];
+    assert_eq!(axes[0], serde_json::json!({"name": "t", "type": "time", "unit": "second"}));
+    assert_eq!(axes[1]["type"], "space");
+}
+
+#[test]
 fn block_file_levels_go_in_numbered_folders() {
     require!(Readers);
     let dir = tempfile::tempdir().unwrap();
