@@ -305,19 +305,38 @@ fn a_time_axis_is_kept_whole_and_described_as_time() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("series.nii");
     // NIfTI's (x, y, z, t): 3 time points of a 12×10×9 image.
-    fixture(&["nifti", input.to_str().unwrap(), "--shape", "12,10,9,3", "--dtype", "<u2"]);
+    fixture(&[
+        "nifti",
+        input.to_str().unwrap(),
+        "--shape",
+        "12,10,9,3",
+        "--dtype",
+        "<u2",
+    ]);
     let out = dir.path().join("ome");
     let report = rechunk(
         &input,
         &out,
-        &["--shape", "8,8,8,1", "--format", "zarr", "--levels", "3", "--factors", "2,2,1"],
+        &[
+            "--shape",
+            "8,8,8,1",
+            "--format",
+            "zarr",
+            "--levels",
+            "3",
+            "--factors",
+            "2,2,1",
+        ],
     );
     assert_as_planned(&report);
     // C order (t, z, y, x): t and z (NIfTI's third axis, factor 1) kept.
     let summary = check(&out, "zarr", &input, "mean", "1,1,2,2");
     assert_eq!(summary["shapes"][2], serde_json::json!([3, 9, 3, 3]));
     let axes = &summary["multiscale"]["axes"];
-    assert_eq!(axes[0], serde_json::json!({"name": "t", "type": "time", "unit": "second"}));
+    assert_eq!(
+        axes[0],
+        serde_json::json!({"name": "t", "type": "time", "unit": "second"})
+    );
     assert_eq!(axes[1]["type"], "space");
 }
 
@@ -472,6 +491,12 @@ fn a_view_serves_pending_pyramid_blocks_exactly_while_it_fills() {
     let edge = view.view.join("3/0.0.0");
     // Level 3 is 5×4×3: one chunk of that shape.
     assert_eq!(std::fs::metadata(&edge).unwrap().len(), 5 * 4 * 3 * 2);
+    // Level 1's last chunk comes from the plan's last level-0 blocks: a
+    // read of it has them extracted on demand, and it is built from them.
+    let last = std::fs::read(view.view.join("1/2.1.1")).unwrap();
+    assert_eq!(last.len(), 8 * 8 * 8 * 2);
+    let status = view.status();
+    assert!(json_u64(&status, "on_demand_blocks") >= 1, "{status}");
     let reads = fixture(&[
         "reads",
         view.view.to_str().unwrap(),

@@ -194,7 +194,9 @@ fn plan_view(
     // Building a pyramid block holds `reserved` bytes beside the plan's.
     let left = request.mem.map(|mem| mem.saturating_sub(reserved));
     let (plan, mem) = plan::plan_within(&problem, request.strategy, left, cgroup_limit)?;
-    if mem != request.mem {
+    if reserved > 0 {
+        log::info!("planning level 0 within {left:?} bytes: {reserved} are for pyramid blocks");
+    } else if mem != request.mem {
         log::info!(
             "planning within {} bytes, half of the memory cgroup's {} bytes (--mem: {:?})",
             mem.unwrap_or(0),
