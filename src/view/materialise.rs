@@ -205,7 +205,11 @@ impl StagingSink {
         };
         let first = core.files().level_ranks(k).start;
         let mut sink = LevelSink { sink: self, first };
-        builder.build(local, &mut below, &mut sink)
+        builder.build(local, &mut below, &mut sink)?;
+        // One level's buffers at a time: the next level's block, if this
+        // one completes its sources, comes after these are freed.
+        drop(builder);
+        self.build_parents(first + local)
     }
 
     /// Builds every pyramid block not done whose sources are (a resumed
@@ -321,6 +325,18 @@ impl BlockSink for StagingSink {
     }
 
     fn complete(&mut self, rank: u64) -> Result<()> {
+        self.finish_block(rank)?;
+        self.build_parents(rank)
+    }
+
+    fn no_space(&mut self, error: Error) -> Result<()> {
+        self.space.pause(&self.core, &error)
+    }
+}
+
+impl StagingSink {
+    /// Block `rank` is written: served at once, made durable in a batch.
+    fn finish_block(&mut self, rank: u64) -> Result<()> {
         // Closed now: the batch's syncfs needs no open file.
         if let Some(open) = self.files.close(rank) {
             pagecache::start_writeback(&open.file);
@@ -328,7 +344,6 @@ impl BlockSink for StagingSink {
         self.unsynced_bytes += self.core.template(rank).file_len();
         self.unsynced.push(rank);
         self.core.mark_done(&[rank]);
-        self.build_parents(rank)?;
         self.space.recovered(&self.core);
         if self.unsynced_bytes >= SYNC_BATCH_BYTES
             || self.unsynced.len() >= SYNC_BATCH_BLOCKS
@@ -343,10 +358,6 @@ impl BlockSink for StagingSink {
             self.space.recovered(&self.core);
         }
         Ok(())
-    }
-
-    fn no_space(&mut self, error: Error) -> Result<()> {
-        self.space.pause(&self.core, &error)
     }
 }
 
@@ -432,7 +443,9 @@ impl BlockSink for LevelSink<'_> {
     }
 
     fn complete(&mut self, rank: u64) -> Result<()> {
-        self.sink.complete(self.first + rank)
+        // The next level's block is built once this level's builder has
+        // let go of its buffers (see `build_pyramid_block`).
+        self.sink.finish_block(self.first + rank)
     }
 
     fn no_space(&mut self, error: Error) -> Result<()> {
