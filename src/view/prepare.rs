@@ -134,7 +134,7 @@ fn pyramid_of(
         .map(|d| level0.axis(d).extent(0))
         .collect();
     let space = input.space()?;
-    let (axes, _) = pyramid_axes(
+    let (axes, rotated) = pyramid_axes(
         format,
         input.format,
         &space,
@@ -142,6 +142,12 @@ fn pyramid_of(
         &block,
         input.dtype,
     )?;
+    if rotated {
+        log::warn!(
+            "the input's affine rotates its axes, which the pyramid's metadata cannot record: \
+             it gives the voxel sizes and origin only"
+        );
+    }
     let files = files_of(format);
     let elem = input.dtype.size as u64;
     let budget = request.mem.map(|mem| mem / 4);
