@@ -374,6 +374,60 @@ fn plan_predicts_what_rechunk_counts() {
 }
 
 #[test]
+fn counted_reads_writes_and_memory_equal_the_plan_for_many_shapes_and_limits() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "41,23,30", "9,11,7", "<u2", false);
+    let cases: [(&str, &str, &str, &str); 6] = [
+        ("zarr", "8,8,8", "auto", "2,2,2"),
+        ("zarr3", "16,5,9", "4", "2,2,2"),
+        ("npy", "7,7,7", "3", "3,2,1"),
+        ("precomputed", "10,6,30", "3", "2,2,2"),
+        ("zarr", "41,23,30", "2", "2,2,2"),
+        ("h5", "5,23,4", "3", "2,1,2"),
+    ];
+    for (i, (format, shape, levels, factors)) in cases.into_iter().enumerate() {
+        for mem in ["6K", "64K", "8M"] {
+            let out = dir.path().join(format!("{i}-{mem}"));
+            let args = [
+                "--shape",
+                shape,
+                "--format",
+                format,
+                "--levels",
+                levels,
+                "--factors",
+                factors,
+                "--mem",
+                mem,
+                "--downsample",
+                "nearest",
+            ];
+            let mut plan_args = vec![
+                "rechunk",
+                input.to_str().unwrap(),
+                out.to_str().unwrap(),
+                "--json",
+            ];
+            plan_args.extend(args);
+            let output = rechunkfs(&plan_args);
+            if !output.status.success() {
+                // A limit too small for one row of a block is refused, saying so.
+                assert!(
+                    stderr(&output).contains("needs at least"),
+                    "{args:?}: {}",
+                    stderr(&output)
+                );
+                assert_eq!(mem, "6K", "{args:?}: {}", stderr(&output));
+                continue;
+            }
+            let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+            assert_as_planned(&report);
+        }
+    }
+}
+
+#[test]
 fn what_a_format_cannot_hold_is_refused_before_out_is_touched() {
     require!(Readers);
     let dir = tempfile::tempdir().unwrap();
