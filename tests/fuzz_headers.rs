@@ -1416,7 +1416,7 @@ fn fuzzed_of(input: &InputArray) -> Fuzzed {
         BlockFormat::Minc2 => Fuzzed::Minc2,
         BlockFormat::Zarr => Fuzzed::Zarr2,
         BlockFormat::Zarr3 => Fuzzed::Zarr3,
-        other @ (BlockFormat::Raw | BlockFormat::Nifti2) => {
+        other @ (BlockFormat::Raw | BlockFormat::Nifti2 | BlockFormat::Precomputed) => {
             panic!("{other:?} is never an input format")
         }
     }

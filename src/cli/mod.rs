@@ -4,6 +4,7 @@
 
 mod mount;
 mod plan;
+mod pyramid;
 mod rechunk;
 mod report;
 pub mod sample;
@@ -84,6 +85,8 @@ pub struct MountArgs {
     pub view: PathBuf,
     #[command(flatten)]
     pub planning: PlanningArgs,
+    #[command(flatten)]
+    pub pyramid: PyramidArgs,
     /// Where to write the blocks (default: under ~/.cache/rechunkfs, keyed by input, shape and format).
     #[arg(long, value_name = "DIR")]
     pub staging: Option<PathBuf>,
@@ -155,6 +158,27 @@ impl InputArgs {
     }
 }
 
+/// A multiscale pyramid below the rechunked array (docs/pyramids.md).
+#[derive(Args, Debug, Clone, Default)]
+pub struct PyramidArgs {
+    /// Make a multiscale pyramid of N levels in all (level 0, the full resolution, included), or
+    /// auto: until a level fits in one block. Each level is the one before downsampled by
+    /// --factors. With zarr or zarr3, OUT is an OME-Zarr image (levels in 0/, 1/, ...); with
+    /// block files, level k is in k/; with precomputed, one scale per level.
+    #[arg(long, value_name = "N|auto")]
+    pub levels: Option<String>,
+    /// Downsampling factors per spatial axis (the last three in C order; NIfTI's x, y, z) in the
+    /// input's axis order, e.g. 2,2,1 (default: 2 along each). Other axes are kept whole.
+    #[arg(long, value_name = "F,F,F")]
+    pub factors: Option<String>,
+    /// How a cell of voxels becomes one, as TensorStore's downsample: mean (intensities;
+    /// integers round to nearest, ties to even), mode (labels: the most frequent, the smallest
+    /// of ties) or nearest (the cell's first voxel). A cell cut short by the array's edge uses
+    /// the voxels it has.
+    #[arg(long, default_value = "mean", value_name = "RULE")]
+    pub downsample: String,
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct PlanningArgs {
     /// Output block shape, comma-separated (e.g. 256,256,256); sides past the array mean "whole".
@@ -188,6 +212,8 @@ pub struct PlanArgs {
     pub input: Option<PathBuf>,
     #[command(flatten)]
     pub planning: PlanningArgs,
+    #[command(flatten)]
+    pub pyramid: PyramidArgs,
     /// Plan without data (with --array SHAPE): the input block shape.
     #[arg(
         long,
@@ -243,7 +269,9 @@ pub struct RechunkArgs {
     pub output: PathBuf,
     #[command(flatten)]
     pub planning: PlanningArgs,
-    /// Output format: h5, npy, nii (NIfTI-1), nii2 (NIfTI-2), raw, zarr (OUT becomes a Zarr v2 array) or zarr3 (Zarr v3) (default: the input's; h5 for MINC2 input).
+    #[command(flatten)]
+    pub pyramid: PyramidArgs,
+    /// Output format: h5, npy, nii (NIfTI-1), nii2 (NIfTI-2), raw, zarr (OUT becomes a Zarr v2 array), zarr3 (Zarr v3) or precomputed (Neuroglancer, raw chunks) (default: the input's; h5 for MINC2 input).
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
     #[command(flatten)]

@@ -80,6 +80,7 @@ fn request_of(args: &MountArgs) -> anyhow::Result<MountRequest> {
         rebuild: args.rebuild,
         allow_other: args.allow_other,
         in_order: args.in_order,
+        pyramid: crate::cli::pyramid::flags_of(&args.pyramid),
     })
 }
 

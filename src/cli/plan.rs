@@ -12,7 +12,7 @@ use crate::array::dtype::DType;
 use crate::array::geometry::{show_shape, Partition};
 use crate::array::units::{parse_shape, show_bytes};
 use crate::cli::report::thousands;
-use crate::cli::{mem_of, PlanArgs, PlanningArgs};
+use crate::cli::{mem_of, pyramid, PlanArgs, PlanningArgs};
 use crate::format::encode::{Compressor, Encoding};
 use crate::format::BlockFormat;
 use crate::input::InputArray;
@@ -164,31 +164,48 @@ pub(super) fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
         .as_deref()
         .map(str::parse::<BlockFormat>)
         .transpose()?;
-    let (problem, dtype, order) = problem_of_args(&args, format)?;
+    let (problem, dtype, order, format) = problem_of_args(&args, format)?;
     let plans = make_plans(&args, &problem)?;
+    let pyramid = pyramid::pyramid_of(
+        &args.pyramid,
+        &problem.array,
+        &problem.output_block,
+        order,
+        format,
+    )?;
+    let cost = pyramid
+        .as_ref()
+        .map(|p| pyramid::cost_of(p, format, dtype.size as u64, plans.budget.used))
+        .transpose()?;
     let elapsed = started.elapsed();
     if args.json {
-        let report = plan_json(&plans, dtype, order, elapsed);
+        let mut report = plan_json(&plans, dtype, order, elapsed);
+        if let (Some(pyramid), Some(cost)) = (&pyramid, &cost) {
+            report["pyramid"] = pyramid::cost_json(pyramid, cost, order);
+        }
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_plan(&plans, dtype, order, elapsed);
+        if let (Some(pyramid), Some(cost)) = (&pyramid, &cost) {
+            pyramid::print_cost(pyramid, cost, order);
+        }
     }
     Ok(())
 }
 
-/// The problem to plan, its dtype and axis order: from IN's block files,
+/// The problem to plan, its dtype, axis order and output format: from IN's block files,
 /// or from `--array`, `--blocks` and `--dtype` alone.
 fn problem_of_args(
     args: &PlanArgs,
     format: Option<BlockFormat>,
-) -> anyhow::Result<(Problem, DType, AxisOrder)> {
+) -> anyhow::Result<(Problem, DType, AxisOrder, BlockFormat)> {
     Ok(match (&args.input, &args.input_args.array) {
         (Some(input), _) => {
             let input = InputArray::scan(input, Some(&args.input_args.dataset))?;
             let format = format.unwrap_or_else(|| input.format.default_output());
             let input = input.with_values(args.input_args.values()?, format)?;
             let (problem, _) = encoded_problem_of(&input, &args.planning, format)?;
-            (problem, input.dtype, input.axis_order())
+            (problem, input.dtype, input.axis_order(), format)
         }
         (None, Some(array)) => {
             if args.input_args.values.is_some() {
@@ -213,7 +230,7 @@ fn problem_of_args(
                 crate::output::filetree::output_file_shape(format, &problem.output());
             let input_files = crate::array::geometry::FileShape::Exact;
             let problem = problem.with_files(input_files, output_files);
-            (encoded(problem, &encoding), dtype, AxisOrder::C)
+            (encoded(problem, &encoding), dtype, AxisOrder::C, format)
         }
         (None, None) => bail!("give IN (block files) or --array, --blocks and --dtype"),
     })

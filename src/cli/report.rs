@@ -46,10 +46,11 @@ pub(super) fn report_run(
     order: AxisOrder,
     elapsed: Duration,
     as_json: bool,
+    pyramid: Option<serde_json::Value>,
 ) -> anyhow::Result<()> {
     let seconds = elapsed.as_secs_f64();
     if as_json {
-        let report = json!({
+        let mut report = json!({
             "strategy": plan.strategy,
             "read_shape": order.to_user(&plan.read_shape),
             "seeks": {
@@ -69,6 +70,9 @@ pub(super) fn report_run(
             "peak_rss_bytes": peak_rss_bytes(),
             "seconds": seconds,
         });
+        if let Some(pyramid) = pyramid {
+            report["pyramid"] = pyramid;
+        }
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_run(plan, stats, seconds);

@@ -104,6 +104,14 @@ fn print_status(view: &Path, status: &Status) {
         percent(status.blocks_done, status.blocks_total),
         thousands(status.blocks_resumed)
     );
+    if !status.levels.is_empty() {
+        let levels: Vec<String> = status
+            .levels
+            .iter()
+            .map(|l| format!("{}: {}/{}", l.level, l.blocks_done, l.blocks_total))
+            .collect();
+        println!("levels    {}", levels.join(", "));
+    }
     println!(
         "bytes     {} / {}",
         show_bytes(status.bytes_done),

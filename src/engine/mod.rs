@@ -23,6 +23,7 @@
 //! writes), so tests can hold the executor to that. Steps are cut only
 //! where that count cannot change.
 
+pub mod downsample;
 mod extract;
 mod inputs;
 mod pieces;

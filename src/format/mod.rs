@@ -26,6 +26,8 @@ pub mod hdf5;
 pub mod minc;
 mod nifti;
 mod npy;
+pub mod ome;
+pub mod precomputed;
 pub mod zarr;
 pub mod zarr_codecs;
 
@@ -64,6 +66,9 @@ pub enum BlockFormat {
     Zarr,
     /// A Zarr v3 array: `zarr.json` and uncompressed chunks named `c/i/j/k`.
     Zarr3,
+    /// Neuroglancer precomputed, unsharded raw: an `info` file and chunks
+    /// named by their voxel ranges, `x0-x1_y0-y1_z0-z1`; written only.
+    Precomputed,
 }
 
 impl BlockFormat {
@@ -96,6 +101,7 @@ impl BlockFormat {
             // these only tell staging copies of its chunks apart.
             BlockFormat::Zarr => "zarr",
             BlockFormat::Zarr3 => "zarr3",
+            BlockFormat::Precomputed => "precomputed",
         }
     }
 
@@ -110,6 +116,7 @@ impl BlockFormat {
             BlockFormat::Nifti2 => "NIfTI-2",
             BlockFormat::Minc2 => "MINC2",
             BlockFormat::Raw => "raw",
+            BlockFormat::Precomputed => "Neuroglancer precomputed",
         }
     }
 
@@ -175,14 +182,15 @@ impl FromStr for BlockFormat {
             "zarr" | "zarr2" => Some(BlockFormat::Zarr),
             "zarr3" => Some(BlockFormat::Zarr3),
             "nii2" | "nifti2" => Some(BlockFormat::Nifti2),
+            "precomputed" => Some(BlockFormat::Precomputed),
             _ => None,
         };
         zarr.or_else(|| BlockFormat::from_extension(text.trim()))
             .ok_or_else(|| {
                 Error::BadArgument(format!(
                     "'{text}' is not a block format rechunkfs knows; use h5 (or hdf5), npy, nii \
-                     (NIfTI-1), nii2 (NIfTI-2), raw, zarr (Zarr v2) or zarr3 (Zarr v3); mnc is \
-                     read, not written"
+                     (NIfTI-1), nii2 (NIfTI-2), raw, zarr (Zarr v2), zarr3 (Zarr v3) or \
+                     precomputed (Neuroglancer); mnc is read, not written"
                 ))
             })
     }
@@ -245,6 +253,10 @@ pub fn probe(path: &Path, format: BlockFormat, dataset: &str) -> Result<BlockInf
             path,
             "a Zarr chunk has no header to probe: open the array's directory instead",
         )),
+        BlockFormat::Precomputed => Err(Error::bad_input(
+            path,
+            "rechunkfs writes Neuroglancer precomputed volumes but does not read them",
+        )),
     }
 }
 
@@ -258,7 +270,8 @@ pub fn probe_space(path: &Path, format: BlockFormat, info: &BlockInfo) -> Result
         | BlockFormat::Npy
         | BlockFormat::Raw
         | BlockFormat::Zarr
-        | BlockFormat::Zarr3 => Ok(None),
+        | BlockFormat::Zarr3
+        | BlockFormat::Precomputed => Ok(None),
     }
 }
 
@@ -469,14 +482,17 @@ pub fn template_in_space(
             data_len,
             alignment,
         ),
-        // Raw blocks and Zarr chunks are pure data; their metadata file
-        // (rechunkfs.json, .zarray or zarr.json) says shape and dtype.
-        BlockFormat::Raw | BlockFormat::Zarr | BlockFormat::Zarr3 => Ok(BlockTemplate {
-            prefix: Vec::new(),
-            data_offset: 0,
-            data_len,
-            suffix: Vec::new(),
-        }),
+        // Raw blocks, Zarr and precomputed chunks are pure data; their
+        // metadata file (rechunkfs.json, .zarray, zarr.json or info) says
+        // shape and dtype.
+        BlockFormat::Raw | BlockFormat::Zarr | BlockFormat::Zarr3 | BlockFormat::Precomputed => {
+            Ok(BlockTemplate {
+                prefix: Vec::new(),
+                data_offset: 0,
+                data_len,
+                suffix: Vec::new(),
+            })
+        }
         BlockFormat::Minc2 => Err(Error::BadArgument(
             "rechunkfs reads MINC2 but does not write it; choose --format nii (NIfTI-1, with \
              the MINC2 affine), h5, npy or raw"

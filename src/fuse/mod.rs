@@ -409,7 +409,7 @@ impl Filesystem for RechunkFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let files = self.core.output().count() + 2;
+        let files = self.core.files().block_count() + 2;
         let bytes = self.core.array_bytes();
         reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
     }

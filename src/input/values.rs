@@ -150,7 +150,7 @@ impl InputArray {
 fn stored_keeps(scaling: &ValueScaling, format: BlockFormat) -> bool {
     match scaling {
         ValueScaling::Float | ValueScaling::Absent | ValueScaling::Identity => true,
-        ValueScaling::Global { .. } => format == BlockFormat::Nifti,
+        ValueScaling::Global { .. } => matches!(format, BlockFormat::Nifti | BlockFormat::Nifti2),
         ValueScaling::PerSlice { .. } => false,
     }
 }
@@ -167,7 +167,7 @@ fn unsaid_refusal(path: &Path, scaling: &ValueScaling, format: BlockFormat) -> S
         }
         _ => "a scaling".into(),
     };
-    let choices = if format == BlockFormat::Nifti {
+    let choices = if matches!(format, BlockFormat::Nifti | BlockFormat::Nifti2) {
         "pass --values scaled to write the physical values as float32 (as nibabel's get_fdata \
          computes them), or --values stored with --format h5 to write the stored values \
          without their scaling"

@@ -287,7 +287,7 @@ impl DirectorySink {
     /// Writes the files that describe the whole array (a Zarr array's
     /// metadata, `rechunkfs.json` for raw blocks; nothing for block files
     /// with headers), each atomically, then syncs the directory.
-    fn write_array_metadata(&mut self, input: &InputArray, plan: &Plan) -> Result<()> {
+    fn write_array_metadata(&mut self, input_block: &[u64], source: &Path) -> Result<()> {
         let spec = &self.spec;
         let shape = self.tree.grid().array_shape();
         let mut files: Vec<(String, Vec<u8>)> = format::array_metadata_files(
@@ -302,14 +302,14 @@ impl DirectorySink {
         .collect();
         if spec.format == BlockFormat::Raw {
             let metadata = metadata_json(
-                &input.shape,
-                input.dtype,
-                &input.block_shape,
-                &plan.output,
+                &shape,
+                spec.dtype,
+                input_block,
+                self.tree.grid(),
                 spec.format,
                 &spec.dataset,
                 spec.axis_order,
-                &input.source,
+                source,
             );
             files.push((METADATA_NAME.to_string(), metadata_bytes(&metadata)?));
         }
@@ -356,8 +356,15 @@ impl DirectorySink {
             .ok_or_else(|| Error::BadArgument("template cache lost an entry".into()))
     }
 
+    /// The final path of block `rank` (committed) and where its data start.
+    pub fn committed_block(&mut self, rank: u64) -> Result<(PathBuf, u64)> {
+        let file_shape = self.tree.file_shape(rank);
+        let data_offset = self.template(&file_shape)?.data_offset;
+        Ok((self.paths(rank).1, data_offset))
+    }
+
     /// Removes every file and directory this run created, finished or not.
-    fn discard(&mut self) {
+    pub fn discard(&mut self) {
         let blocks = std::mem::take(&mut self.made_blocks);
         let mut paths = Vec::with_capacity(2 * blocks.len());
         for rank in blocks {
@@ -531,6 +538,20 @@ pub fn rechunk(
     cancel: Option<&AtomicBool>,
     progress: impl FnMut(&RunStats),
 ) -> Result<RunStats> {
+    rechunk_then(input, plan, out, spec, cancel, progress, |_| Ok(())).map(|(stats, ())| stats)
+}
+
+/// As [`rechunk`], then `then` (given the finished sink, to read its
+/// blocks back), whose failure removes what the run wrote too.
+pub fn rechunk_then<T>(
+    input: &InputArray,
+    plan: &Plan,
+    out: &Path,
+    spec: OutputSpec,
+    cancel: Option<&AtomicBool>,
+    progress: impl FnMut(&RunStats),
+    then: impl FnOnce(&mut DirectorySink) -> Result<T>,
+) -> Result<(RunStats, T)> {
     let mut sink = DirectorySink::new(out, plan.output.clone(), spec)?;
     let mut executor = Executor::new(plan, input);
     if let Some(cancel) = cancel {
@@ -541,14 +562,23 @@ pub fn rechunk(
         log::debug!("ran the plan in {:.3} s", running.elapsed().as_secs_f64());
         let committing = std::time::Instant::now();
         sink.commit()?;
-        sink.write_array_metadata(input, plan)?;
+        sink.write_array_metadata(&input.block_shape, &input.source)?;
         log::debug!("committed in {:.3} s", committing.elapsed().as_secs_f64());
         Ok(stats)
     });
-    if stats.is_err() {
+    let done = stats.and_then(|stats| Ok((stats, then(&mut sink)?)));
+    if done.is_err() {
         sink.discard();
     }
-    stats
+    done
+}
+
+/// Writes the files that describe a whole array (see [`rechunk`]) for a
+/// sink filled by other means than a plan (a pyramid level), from input
+/// blocks of `input_block` in `source`.
+pub fn finish_array(sink: &mut DirectorySink, input_block: &[u64], source: &Path) -> Result<()> {
+    sink.commit()?;
+    sink.write_array_metadata(input_block, source)
 }
 
 /// The name of the metadata file describing raw blocks (the view's has the same name).
@@ -611,7 +641,7 @@ fn partial_name(path: &Path) -> PathBuf {
 
 /// Writes `bytes` to `path` atomically: to its partial name, synced,
 /// renamed into place (the directory is synced by the caller).
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let partial = partial_name(path);
     let mut file = File::create(&partial).map_err(|e| Error::io(&partial, "creating", e))?;
     file.write_all(bytes)

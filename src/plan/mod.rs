@@ -31,6 +31,7 @@
 mod cost;
 mod dims;
 mod problem;
+pub mod pyramid;
 mod search;
 mod steps;
 

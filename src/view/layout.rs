@@ -17,18 +17,23 @@ use crate::array::geometry::{IndexBox, Partition};
 use crate::array::space::Space;
 use crate::error::Result;
 use crate::format::encode::{BlockEncode, Encoding, ShardLayout};
-use crate::format::{self, BlockFormat, BlockTemplate};
+use crate::format::ome::{self, WorldAxis};
+use crate::format::{self, precomputed, BlockFormat, BlockTemplate};
 use crate::output::directory::metadata_json;
 use crate::output::filetree::{Dir, FileTree, Node};
+use crate::output::pyramid::{level_space, scale_levels};
+use crate::plan::pyramid::{Downsample, Pyramid};
 use crate::view::NodeKind;
 
 pub const ROOT_INO: u64 = 1;
 pub const METADATA_INO: u64 = 2;
 pub const STATUS_INO: u64 = 3;
 pub const WAIT_INO: u64 = 4;
-/// Further static files (a Zarr array's metadata) take inodes from here.
+/// Further static files (a Zarr array's metadata, a pyramid's per level)
+/// take inodes from here...
 const FIRST_EXTRA_STATIC_INO: u64 = 5;
-const FIRST_BLOCK_INO: u64 = 16;
+/// ...up to here, where the blocks' begin.
+const FIRST_BLOCK_INO: u64 = 256;
 /// The metadata file: the whole array and its new grid, as JSON.
 pub const METADATA_NAME: &str = crate::output::directory::METADATA_NAME;
 /// Live progress, as JSON (what `rechunkfs status` reads).
@@ -76,27 +81,41 @@ impl ViewLayout {
 /// Made before the staging area, so that a format that cannot hold the
 /// blocks (NIfTI's limits, MINC2 scaling) is refused with nothing made.
 pub struct BlockTemplates {
-    by_file_shape: HashMap<Vec<u64>, BlockTemplate>,
+    /// By pyramid level (0 without one) and file shape.
+    by_file_shape: HashMap<(usize, Vec<u64>), BlockTemplate>,
     /// How blocks are encoded whole (shards), if they are.
     encoder: Option<Arc<dyn BlockEncode>>,
 }
 
 impl BlockTemplates {
     pub fn for_view(layout: &ViewLayout, output: &Partition) -> Result<BlockTemplates> {
+        BlockTemplates::for_levels(layout, std::slice::from_ref(output), None)
+    }
+
+    /// The templates of every level of a pyramid (`None`: of `grids[0]` alone).
+    pub fn for_levels(
+        layout: &ViewLayout,
+        grids: &[Partition],
+        pyramid: Option<&Pyramid>,
+    ) -> Result<BlockTemplates> {
         if let Some(inner) = &layout.shard_chunks {
-            return Self::for_shards(layout, output, inner);
+            // A sharded view has one level: `--levels` with `--shard` is refused earlier.
+            return Self::for_shards(layout, &grids[0], inner);
         }
         let mut by_file_shape = HashMap::new();
-        for shape in distinct_file_shapes(layout, output) {
-            let template = format::template_in_space(
-                layout.format,
-                &shape,
-                layout.dtype,
-                &layout.dataset,
-                format::VIEW_DATA_ALIGNMENT,
-                &layout.space,
-            )?;
-            by_file_shape.insert(shape, template);
+        for (k, grid) in grids.iter().enumerate() {
+            let space = level_space_of(layout, pyramid, k);
+            for shape in distinct_file_shapes(layout, grid) {
+                let template = format::template_in_space(
+                    layout.format,
+                    &shape,
+                    layout.dtype,
+                    &layout.dataset,
+                    format::VIEW_DATA_ALIGNMENT,
+                    &space,
+                )?;
+                by_file_shape.insert((k, shape), template);
+            }
         }
         Ok(BlockTemplates {
             by_file_shape,
@@ -117,7 +136,7 @@ impl BlockTemplates {
             .collect();
         let shards = ShardLayout::new(&shard, inner, layout.dtype)?;
         Ok(BlockTemplates {
-            by_file_shape: HashMap::from([(shard, shards.template())]),
+            by_file_shape: HashMap::from([((0, shard), shards.template())]),
             encoder: Some(Arc::new(shards)),
         })
     }
@@ -127,10 +146,19 @@ impl BlockTemplates {
         self.encoder.clone()
     }
 
-    /// The template of files of `file_shape`, one of the view's.
-    pub(super) fn of_shape(&self, file_shape: &[u64]) -> &BlockTemplate {
+    /// The template of level `level`'s files of `file_shape`, one of the view's.
+    pub(super) fn of_shape(&self, level: usize, file_shape: &[u64]) -> &BlockTemplate {
         // Every file shape was templated at construction.
-        &self.by_file_shape[file_shape]
+        &self.by_file_shape[&(level, file_shape.to_vec())]
+    }
+}
+
+/// Where level `k` lies in the world: the layout's space, scaled for a
+/// downsampled level.
+pub(super) fn level_space_of(layout: &ViewLayout, pyramid: Option<&Pyramid>, k: usize) -> Space {
+    match pyramid {
+        Some(pyramid) if k > 0 => level_space(&layout.space, &pyramid.scale(k)),
+        _ => layout.space.clone(),
     }
 }
 
@@ -163,6 +191,8 @@ fn distinct_file_shapes(layout: &ViewLayout, output: &Partition) -> Vec<Vec<u64>
 
 /// A file whose bytes are fixed at mount (metadata).
 pub(super) struct StaticFile {
+    /// The directory holding it.
+    pub(super) dir: Dir,
     pub(super) ino: u64,
     pub(super) name: String,
     pub(super) bytes: Vec<u8>,
@@ -177,23 +207,36 @@ pub(super) struct Namespace {
 }
 
 impl Namespace {
-    pub(super) fn new(layout: &ViewLayout, files: FileTree) -> Namespace {
+    /// The names of a view of `files`; `pyramid` for a view of levels.
+    pub(super) fn new(
+        layout: &ViewLayout,
+        files: FileTree,
+        pyramid: Option<&ViewPyramid>,
+    ) -> Namespace {
         let mut statics = vec![StaticFile {
+            dir: Dir::Root,
             ino: METADATA_INO,
             name: METADATA_NAME.into(),
             bytes: view_metadata(layout, &files),
         }];
-        let format_files = format::array_metadata_files(
-            layout.format,
-            &layout.array,
-            &files.block_shape(),
-            layout.dtype,
-            &layout.encoding(),
-        );
-        for (i, (name, bytes)) in format_files.into_iter().enumerate() {
+        let extra: Vec<(Dir, String, Vec<u8>)> = match pyramid {
+            Some(pyramid) => pyramid_files(layout, &files, pyramid),
+            None => format::array_metadata_files(
+                layout.format,
+                &layout.array,
+                &files.block_shape(),
+                layout.dtype,
+                &layout.encoding(),
+            )
+            .into_iter()
+            .map(|(name, bytes)| (Dir::Root, name.to_string(), bytes))
+            .collect(),
+        };
+        for (i, (dir, name, bytes)) in extra.into_iter().enumerate() {
             statics.push(StaticFile {
+                dir,
                 ino: FIRST_EXTRA_STATIC_INO + i as u64,
-                name: name.into(),
+                name,
                 bytes,
             });
         }
@@ -217,8 +260,10 @@ impl Namespace {
         self.statics.iter().find(|file| file.ino == ino)
     }
 
-    pub(super) fn static_named(&self, name: &str) -> Option<&StaticFile> {
-        self.statics.iter().find(|file| file.name == name)
+    pub(super) fn static_named(&self, dir: Dir, name: &str) -> Option<&StaticFile> {
+        self.statics
+            .iter()
+            .find(|file| file.dir == dir && file.name == name)
     }
 
     /// The directory an inode is, if it is one.
@@ -250,6 +295,67 @@ impl Namespace {
     }
 }
 
+/// A view's pyramid: its levels, and its axes as viewers see them.
+#[derive(Clone, Debug)]
+pub struct ViewPyramid {
+    pub pyramid: Pyramid,
+    pub axes: Vec<WorldAxis>,
+    /// Per level (from 1; 0 unused): output rows per pass building a block.
+    pub rows: Vec<u64>,
+    /// The most bytes building one block holds.
+    pub peak_bytes: u64,
+}
+
+/// The files describing a pyramid, by directory: each Zarr level's array
+/// metadata and the OME-Zarr group's, or the precomputed `info`.
+fn pyramid_files(
+    layout: &ViewLayout,
+    files: &FileTree,
+    view: &ViewPyramid,
+) -> Vec<(Dir, String, Vec<u8>)> {
+    let levels = scale_levels(&view.pyramid);
+    let mut out = Vec::new();
+    match layout.format {
+        BlockFormat::Precomputed => {
+            let labels = view.pyramid.method != Downsample::Mean;
+            let segmentation = precomputed::is_segmentation(layout.dtype, labels);
+            let info = precomputed::info(&view.axes, &levels, layout.dtype, segmentation);
+            out.push((Dir::Root, "info".to_string(), info));
+        }
+        BlockFormat::Zarr | BlockFormat::Zarr3 => {
+            let zarr3 = layout.format == BlockFormat::Zarr3;
+            for (k, level) in levels.iter().enumerate() {
+                let dir = match files.lookup(Dir::Root, &k.to_string()) {
+                    Some(Node::Dir(dir)) => dir,
+                    _ => continue,
+                };
+                let metadata = format::array_metadata_files(
+                    layout.format,
+                    &level.shape,
+                    &level.block,
+                    layout.dtype,
+                    &layout.encoding(),
+                );
+                for (name, bytes) in metadata {
+                    let bytes = if zarr3 {
+                        ome::with_dimension_names(bytes, &view.axes)
+                    } else {
+                        bytes
+                    };
+                    out.push((dir, name.to_string(), bytes));
+                }
+            }
+            for (name, bytes) in
+                ome::group_files(&view.axes, &levels, view.pyramid.method.name(), zarr3)
+            {
+                out.push((Dir::Root, name.to_string(), bytes));
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
 /// The metadata file's bytes: the array and its new grid as
 /// [`metadata_json`] describes them, with the view's own naming (Zarr
 /// chunk keys, nested or not) and edges.
@@ -271,7 +377,11 @@ fn view_metadata(layout: &ViewLayout, files: &FileTree) -> Vec<u8> {
     if let Some(prefix) = &key.prefix {
         pattern = format!("{prefix}{}{pattern}", key.separator);
     }
-    value["file_name_pattern"] = serde_json::json!(format!("{pattern}{}", key.suffix));
+    value["file_name_pattern"] = if layout.format == BlockFormat::Precomputed {
+        serde_json::json!("{key}/{x0}-{x1}_{y0}-{y1}_{z0}-{z1}")
+    } else {
+        serde_json::json!(format!("{pattern}{}", key.suffix))
+    };
     value["edge_blocks"] = serde_json::json!(if files.files().is_padded() {
         "edge chunks are padded to the full block shape, as Zarr stores them"
     } else {

@@ -16,13 +16,16 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::array::geometry::IndexBox;
 use crate::array::names::parse_grid_index;
+use crate::engine::downsample::{LevelBuilder, LevelFiles};
 use crate::engine::seekio::{self, FileKey, SeekCounter};
 use crate::engine::{
     read_region, reopen, BlockSink, Executor, OpenOutput, OutputFiles, OutputTarget, RunStats,
 };
 use crate::error::{Error, Result};
 use crate::input::InputArray;
+use crate::output::pyramid::files_of;
 use crate::plan::Plan;
 use crate::sys::pagecache;
 use crate::view::space::SpaceWait;
@@ -151,7 +154,75 @@ impl StagingSink {
         self.core
             .record_on_demand(counter.seeks(), started.elapsed().as_secs_f64());
         self.core.mark_done(&[rank]);
+        self.build_parents(rank)?;
         Ok(counter.seeks())
+    }
+
+    /// After block `rank` is done: builds the block of the next pyramid
+    /// level whose sources it completes, if it does (which goes on up
+    /// the levels as each completes).
+    fn build_parents(&mut self, rank: u64) -> Result<()> {
+        let core = self.core.clone();
+        let Some(view) = core.pyramid() else {
+            return Ok(());
+        };
+        let files = core.files();
+        let (k, local) = files.level_of(rank);
+        if k + 1 >= files.level_count() {
+            return Ok(());
+        }
+        let below = files.level_grid(k);
+        let origin = below.block(&below.unravel(local)).origin;
+        let above = files.level_grid(k + 1);
+        let parent: Vec<usize> = (0..origin.len())
+            .map(|d| above.axis(d).locate(origin[d] / view.pyramid.factors[d]))
+            .collect();
+        let parent_local = above.linear(&parent);
+        let parent_rank = files.level_ranks(k + 1).start + parent_local;
+        if core.is_done(parent_rank) || !sources_done(&core, k + 1, &parent) {
+            return Ok(());
+        }
+        self.build_pyramid_block(k + 1, parent_local)
+    }
+
+    /// Computes block `local` of pyramid level `k` from level `k - 1`'s
+    /// staged blocks, and completes it like any other.
+    fn build_pyramid_block(&mut self, k: usize, local: u64) -> Result<()> {
+        let core = self.core.clone();
+        let view = core
+            .pyramid()
+            .ok_or_else(|| Error::BadArgument("a pyramid block of a view without one".into()))?;
+        let files = files_of(core.layout().format);
+        let mut builder =
+            LevelBuilder::new(&view.pyramid, &files, k, view.rows[k], core.layout().dtype);
+        let mut below = StagedLevel {
+            core: &core,
+            first: core.files().level_ranks(k - 1).start,
+        };
+        let first = core.files().level_ranks(k).start;
+        let mut sink = LevelSink { sink: self, first };
+        builder.build(local, &mut below, &mut sink)?;
+        // One level's buffers at a time: the next level's block, if this
+        // one completes its sources, comes after these are freed.
+        drop(builder);
+        self.build_parents(first + local)
+    }
+
+    /// Builds every pyramid block not done whose sources are (a resumed
+    /// view's, left when it stopped between a source and its block).
+    fn catch_up_levels(&mut self) -> Result<()> {
+        let core = self.core.clone();
+        let files = core.files();
+        for k in 1..files.level_count() {
+            let grid = files.level_grid(k);
+            for local in 0..grid.count() {
+                let rank = files.level_ranks(k).start + local;
+                if !core.is_done(rank) && sources_done(&core, k, &grid.unravel(local)) {
+                    self.build_pyramid_block(k, local)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// [`StagingSink::extract`], tried again while the staging filesystem
@@ -199,7 +270,8 @@ impl BlockSink for StagingSink {
             return Ok(());
         };
         let mut result = Ok(());
-        for rank in self.core.take_urgent() {
+        let urgent = self.core.take_urgent();
+        for rank in level0_sources(&self.core, &urgent) {
             let region = self.core.output().block(&self.core.output().unravel(rank));
             if on_demand.plan.completion_step(&region) < stats.read_blocks_done + SOON_STEPS {
                 continue;
@@ -255,6 +327,18 @@ impl BlockSink for StagingSink {
     }
 
     fn complete(&mut self, rank: u64) -> Result<()> {
+        self.finish_block(rank)?;
+        self.build_parents(rank)
+    }
+
+    fn no_space(&mut self, error: Error) -> Result<()> {
+        self.space.pause(&self.core, &error)
+    }
+}
+
+impl StagingSink {
+    /// Block `rank` is written: served at once, made durable in a batch.
+    fn finish_block(&mut self, rank: u64) -> Result<()> {
         // Closed now: the batch's syncfs needs no open file.
         if let Some(open) = self.files.close(rank) {
             pagecache::start_writeback(&open.file);
@@ -277,10 +361,6 @@ impl BlockSink for StagingSink {
         }
         Ok(())
     }
-
-    fn no_space(&mut self, error: Error) -> Result<()> {
-        self.space.pause(&self.core, &error)
-    }
 }
 
 /// Removes the staged files of blocks not recorded done, which an earlier
@@ -297,14 +377,120 @@ fn reclaim_partials(core: &ViewCore) {
     }
 }
 
-/// The output block whose staged file is named `name`, if one is.
+/// Whether every block of level `k - 1` that block `index` of level `k`
+/// is computed from is done.
+fn sources_done(core: &ViewCore, k: usize, index: &[usize]) -> bool {
+    let Some(view) = core.pyramid() else {
+        return false;
+    };
+    let files = core.files();
+    let source = view.pyramid.source_box(k, index);
+    let below = files.level_grid(k - 1);
+    let first = files.level_ranks(k - 1).start;
+    IndexBox::new(below.overlapping(&source)).all(|i| core.is_done(first + below.linear(&i)))
+}
+
+/// Pending pyramid blocks a reader waits for fetch no more level-0 blocks
+/// ahead of the plan than this: a coarse level's block needs much of the
+/// array, which the plan reads in order anyway.
+const MOST_SOURCES_ON_DEMAND: usize = 64;
+
+/// The level-0 blocks to extract for the waited-for blocks `ranks`: a
+/// level-0 block itself, or the pending level-0 blocks a pyramid block
+/// is computed from (when there are few enough).
+fn level0_sources(core: &ViewCore, ranks: &[u64]) -> Vec<u64> {
+    let files = core.files();
+    let mut out = Vec::new();
+    for &rank in ranks {
+        let (k, _) = files.level_of(rank);
+        let Some(view) = core.pyramid().filter(|_| k > 0) else {
+            out.push(rank);
+            continue;
+        };
+        let region = files.block_region(rank);
+        let scale = view.pyramid.scale(k);
+        let level0 = files.level_grid(0);
+        let full = level0.array_shape();
+        let origin: Vec<u64> = (0..region.ndim())
+            .map(|d| region.origin[d] * scale[d])
+            .collect();
+        let shape = (0..region.ndim())
+            .map(|d| (region.end(d) * scale[d]).min(full[d]) - origin[d])
+            .collect();
+        let pending: Vec<u64> =
+            IndexBox::new(level0.overlapping(&crate::array::geometry::Region::new(origin, shape)))
+                .map(|i| level0.linear(&i))
+                .filter(|&r| !core.is_done(r))
+                .collect();
+        if pending.len() <= MOST_SOURCES_ON_DEMAND {
+            out.extend(pending);
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|&rank| !core.is_done(rank) && seen.insert(rank));
+    out
+}
+
+/// A pyramid level's blocks as a [`BlockSink`] of their own ranks
+/// (within the level), written into the staging area.
+struct LevelSink<'a> {
+    sink: &'a mut StagingSink,
+    /// The view's rank of the level's first block.
+    first: u64,
+}
+
+impl BlockSink for LevelSink<'_> {
+    fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
+        self.sink.target(self.first + rank)
+    }
+
+    fn complete(&mut self, rank: u64) -> Result<()> {
+        // The next level's block is built once this level's builder has
+        // let go of its buffers (see `build_pyramid_block`).
+        self.sink.finish_block(self.first + rank)
+    }
+
+    fn no_space(&mut self, error: Error) -> Result<()> {
+        self.sink.no_space(error)
+    }
+}
+
+/// A done level's staged blocks, read back to build the level below it.
+struct StagedLevel<'a> {
+    core: &'a ViewCore,
+    first: u64,
+}
+
+impl LevelFiles for StagedLevel<'_> {
+    fn read_data(&mut self, rank: u64, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let rank = self.first + rank;
+        let path = self.core.staged_path(rank);
+        let data_offset = self.core.template(rank).data_offset;
+        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, "opening", e))?;
+        std::os::unix::fs::FileExt::read_exact_at(&file, buf, data_offset + offset)
+            .map_err(|e| Error::io(&path, "reading back", e))
+    }
+}
+
+/// The output block whose staged file is named `name`, if one is
+/// (`{i}_{j}_{k}.ext` for level 0, `{level}-{i}_{j}_{k}.ext` for others).
 fn staged_rank(core: &ViewCore, name: &str) -> Option<u64> {
-    let index = parse_grid_index(name.split('.').next()?)?;
-    let grid = core.output().grid_shape();
+    let stem = name.split('.').next()?;
+    let (level, stem) = match stem.split_once('-') {
+        Some((level, rest)) => (level.parse::<usize>().ok()?, rest),
+        None => (0, stem),
+    };
+    let files = core.files();
+    if level >= files.level_count() {
+        return None;
+    }
+    let index = parse_grid_index(stem)?;
+    let level_grid = files.level_grid(level);
+    let grid = level_grid.grid_shape();
     if index.len() != grid.len() || index.iter().zip(&grid).any(|(i, n)| i >= n) {
         return None;
     }
-    let rank = core.output().linear(&index);
+    let rank = files.level_ranks(level).start + level_grid.linear(&index);
     let staged = core.staged_path(rank);
     (staged.file_name()?.to_str()? == name).then_some(rank)
 }
@@ -374,6 +560,7 @@ fn run(
     let step_delay = step_delay();
     let mut read_blocks_done = 0;
     let running = Instant::now();
+    sink.catch_up_levels()?;
     let result = Executor::new(plan, input)
         .with_cancel(stop)
         .with_witness(core.staging().as_ref())
@@ -389,6 +576,7 @@ fn run(
             }
         });
     log::debug!("ran the plan in {:.3} s", running.elapsed().as_secs_f64());
+    let result = result.and_then(|stats| sink.catch_up_levels().map(|()| stats));
     // Whatever completed is made durable, also when stopping.
     let flushing = Instant::now();
     let flushed = sink.flush();

@@ -23,8 +23,8 @@ mod status;
 mod sweep;
 
 pub use layout::{
-    BlockTemplates, ViewLayout, METADATA_INO, METADATA_NAME, ROOT_INO, STATE_XATTR, STATUS_INO,
-    STATUS_NAME, WAIT_INO, WAIT_NAME,
+    BlockTemplates, ViewLayout, ViewPyramid, METADATA_INO, METADATA_NAME, ROOT_INO, STATE_XATTR,
+    STATUS_INO, STATUS_NAME, WAIT_INO, WAIT_NAME,
 };
 pub use opens::BlockOpen;
 pub use prepare::{prepare, MountRequest, PreparedView};
@@ -218,6 +218,8 @@ impl ViewState {
 pub struct ViewCore {
     layout: ViewLayout,
     output: Partition,
+    /// The pyramid of levels the view serves beside level 0, if any.
+    pyramid: Option<ViewPyramid>,
     names: Namespace,
     templates: BlockTemplates,
     staging: Arc<Staging>,
@@ -253,18 +255,42 @@ impl ViewCore {
         staging: Arc<Staging>,
         done: &[u64],
     ) -> ViewCore {
+        ViewCore::with_levels(layout, plan, templates, staging, done, None)
+    }
+
+    /// As [`ViewCore::new`], serving the levels of `pyramid` too (its
+    /// templates in `templates`), each in its directory.
+    pub fn with_levels(
+        layout: ViewLayout,
+        plan: &Plan,
+        templates: BlockTemplates,
+        staging: Arc<Staging>,
+        done: &[u64],
+        pyramid: Option<ViewPyramid>,
+    ) -> ViewCore {
         let output = plan.output.clone();
-        let files = FileTree::for_output(layout.format, output.clone(), layout.axis_order);
+        let files = match &pyramid {
+            Some(view) => {
+                let levels = &view.pyramid.levels;
+                let dirs = (0..levels.len())
+                    .map(|k| crate::output::pyramid::level_dir(layout.format, levels.len(), k))
+                    .collect();
+                FileTree::pyramid(layout.format, levels, layout.axis_order, dirs)
+            }
+            None => FileTree::for_output(layout.format, output.clone(), layout.axis_order),
+        };
         let block_bytes = output.block(&output.unravel(0)).volume() * layout.dtype.size as u64;
         let sweeps = Sweeps::new(
-            output.count(),
+            files.block_count(),
             |rank| files.path(rank),
             (SWEEP_AHEAD_BYTES / block_bytes.max(1)).clamp(1, SWEEP_AHEAD_BLOCKS),
         );
+        let blocks = files.block_count();
         let core = ViewCore {
-            names: Namespace::new(&layout, files),
+            names: Namespace::new(&layout, files, pyramid.as_ref()),
+            pyramid,
             planned_seeks: plan.prediction.seeks(),
-            state: Mutex::new(ViewState::new(output.count())),
+            state: Mutex::new(ViewState::new(blocks)),
             staged_files: Mutex::new(LruCache::new(
                 NonZeroUsize::new(OPEN_STAGED_FILES).unwrap_or(NonZeroUsize::MIN),
             )),
@@ -304,7 +330,7 @@ impl ViewCore {
                 state.done_bytes += self.data_len(rank);
             }
         }
-        if state.done_count == self.output.count() {
+        if state.done_count == self.files().block_count() {
             state.phase = Phase::Complete;
         }
     }
@@ -321,6 +347,11 @@ impl ViewCore {
 
     pub fn output(&self) -> &Partition {
         &self.output
+    }
+
+    /// The view's pyramid, if it serves one.
+    pub fn pyramid(&self) -> Option<&ViewPyramid> {
+        self.pyramid.as_ref()
     }
 
     pub fn staging(&self) -> &Arc<Staging> {
@@ -342,26 +373,42 @@ impl ViewCore {
     /// layout): its file shape's, placed at the block's origin for formats
     /// whose header records it (NIfTI).
     pub fn template(&self, rank: u64) -> Cow<'_, BlockTemplate> {
-        let region = self.output.block(&self.output.unravel(rank));
+        let region = self.files().block_region(rank);
+        let (level, _) = self.files().level_of(rank);
         let file_shape = self.files().file_shape(rank);
-        format::place(
-            self.templates.of_shape(&file_shape),
+        let template = self.templates.of_shape(level, &file_shape);
+        if !matches!(
             self.layout.format,
-            &file_shape,
-            self.layout.dtype,
-            &self.layout.space,
-            &region.origin,
+            format::BlockFormat::Nifti | format::BlockFormat::Nifti2
+        ) {
+            return Cow::Borrowed(template);
+        }
+        let pyramid = self.pyramid.as_ref().map(|p| &p.pyramid);
+        let space = layout::level_space_of(&self.layout, pyramid, level);
+        Cow::Owned(
+            format::place(
+                template,
+                self.layout.format,
+                &file_shape,
+                self.layout.dtype,
+                &space,
+                &region.origin,
+            )
+            .into_owned(),
         )
     }
 
     /// Bytes of the array in output block `rank` (not its file's padding).
     fn data_len(&self, rank: u64) -> u64 {
-        self.output.block(&self.output.unravel(rank)).volume() * self.layout.dtype.size as u64
+        self.files().block_region(rank).volume() * self.layout.dtype.size as u64
     }
 
-    /// Bytes of the whole array.
+    /// Bytes of the whole array, with every pyramid level.
     pub fn array_bytes(&self) -> u64 {
-        geometry_bytes(&self.layout.array, self.layout.dtype)
+        let files = self.files();
+        (0..files.level_count())
+            .map(|k| geometry_bytes(&files.level_grid(k).array_shape(), self.layout.dtype))
+            .sum()
     }
 
     /// The path of output block `rank`'s file in the view (`2_0_1.h5`,
@@ -373,10 +420,14 @@ impl ViewCore {
     /// Where the staging area keeps output block `rank`'s file: flat
     /// names by grid index, whatever the view's naming.
     pub fn staged_path(&self, rank: u64) -> std::path::PathBuf {
-        self.staging.block_path(&block_file_name(
-            &self.output.unravel(rank),
-            self.layout.format.extension(),
-        ))
+        let (level, local) = self.files().level_of(rank);
+        let grid = self.files().level_grid(level);
+        let name = block_file_name(&grid.unravel(local), self.layout.format.extension());
+        self.staging.block_path(&if level == 0 {
+            name
+        } else {
+            format!("{level}-{name}")
+        })
     }
 
     /// Whether `ino`'s size and contents change while the view is mounted
@@ -428,9 +479,9 @@ impl ViewCore {
             if name == WAIT_NAME {
                 return self.node_attr(WAIT_INO);
             }
-            if let Some(file) = self.names.static_named(name) {
-                return self.node_attr(file.ino);
-            }
+        }
+        if let Some(file) = self.names.static_named(dir, name) {
+            return self.node_attr(file.ino);
         }
         let node = self.files().lookup(dir, name).ok_or(libc::ENOENT)?;
         self.node_attr(self.names.node_ino(node))
@@ -456,13 +507,14 @@ impl ViewCore {
             (ino, NodeKind::Directory, ".".to_string()),
             (parent, NodeKind::Directory, "..".to_string()),
         ];
+        fixed.extend(
+            self.names
+                .statics()
+                .iter()
+                .filter(|file| file.dir == dir)
+                .map(|file| (file.ino, NodeKind::File, file.name.clone())),
+        );
         if dir == Dir::Root {
-            fixed.extend(
-                self.names
-                    .statics()
-                    .iter()
-                    .map(|file| (file.ino, NodeKind::File, file.name.clone())),
-            );
             fixed.push((STATUS_INO, NodeKind::File, STATUS_NAME.to_string()));
         }
         let fixed_len = fixed.len() as u64;

@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::format::BlockFormat;
 use crate::input::{HeaderChecks, InputArray, Values};
+use crate::output::pyramid::{files_of, pyramid_axes};
+use crate::plan::pyramid::{pyramid_cost, rows_per_pass, PyramidFlags};
 use crate::plan::{self, Plan, Problem, Strategy};
 use crate::view::staging::{make_private_dir, Manifest, Staging};
-use crate::view::{Access, BlockTemplates, ViewCore, ViewLayout};
+use crate::view::{Access, BlockTemplates, ViewCore, ViewLayout, ViewPyramid};
 
 /// What `rechunkfs mount` was asked for.
 #[derive(Clone, Debug)]
@@ -33,6 +35,8 @@ pub struct MountRequest {
     pub allow_other: bool,
     /// Never extract blocks ahead of the plan for waiting readers.
     pub in_order: bool,
+    /// A pyramid of levels to serve beside level 0 (docs/pyramids.md).
+    pub pyramid: PyramidFlags,
 }
 
 /// A view ready to mount: everything checked, nothing running yet.
@@ -58,15 +62,37 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         .unwrap_or_else(|| input.format.default_output());
     let input = input.with_values(request.values, format)?;
     let (output_block, shard_chunks) = sharded(request, &input, output_block)?;
-    let (problem, plan, mem) = plan_view(request, &input, output_block, format, &shard_chunks)?;
+    let pyramid = pyramid_of(request, &input, &output_block, format)?;
+    if pyramid.is_some() && shard_chunks.is_some() {
+        return Err(Error::BadArgument(
+            "--levels and --shard together are not served: a pyramid's levels are chunks of \
+             --shape; leave out --shard for a pyramid, or --levels for shards"
+                .into(),
+        ));
+    }
+    let reserved = pyramid.as_ref().map_or(0, |p| p.peak_bytes);
+    let (problem, plan, mem) = plan_view(
+        request,
+        &input,
+        output_block,
+        format,
+        &shard_chunks,
+        reserved,
+    )?;
     laps.mark("plan");
     let format = format.for_output_blocks(&problem.output_block);
     let staging_dir = match &request.staging {
         Some(dir) => dir.clone(),
         None => {
+            // A pyramid's description goes into the key: another pyramid
+            // of the same blocks has an area of its own.
+            let key = match &pyramid {
+                Some(_) => format!("{}|{}", input.dataset, request.pyramid.describe()),
+                None => input.dataset.clone(),
+            };
             let dir = Staging::default_dir(
                 &input.source,
-                &input.dataset,
+                &key,
                 &problem.output_block,
                 format,
                 request.values,
@@ -91,15 +117,24 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
     layout.shard_chunks = shard_chunks.clone();
     // Before the staging area: what the format cannot hold is refused
     // with nothing made.
-    let templates = BlockTemplates::for_view(&layout, &plan.output)?;
+    let templates = match &pyramid {
+        Some(view) => {
+            BlockTemplates::for_levels(&layout, &view.pyramid.levels, Some(&view.pyramid))?
+        }
+        None => BlockTemplates::for_view(&layout, &plan.output)?,
+    };
     laps.mark("templates");
     let mut manifest = Manifest::new(&input, &problem.output_block, format);
     manifest.shard_chunks = shard_chunks;
+    if pyramid.is_some() {
+        manifest = manifest.with_pyramid(request.pyramid.describe());
+    }
     let (staging, done) = Staging::open(&staging_dir, &manifest, request.rebuild)?;
     laps.mark("staging");
     let access = Access::of_inputs(&input.access()?);
     let core = Arc::new(
-        ViewCore::new(layout, &plan, templates, Arc::new(staging), &done).with_access(access),
+        ViewCore::with_levels(layout, &plan, templates, Arc::new(staging), &done, pyramid)
+            .with_access(access),
     );
     laps.mark("view");
     log::debug!(
@@ -115,6 +150,57 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         mem,
         on_demand: !request.in_order,
     })
+}
+
+/// The pyramid `request` asks for, if any: its levels, axes, and passes
+/// building a block in a quarter of `--mem` (whole blocks when that holds
+/// them), which the plan of level 0 then leaves free.
+fn pyramid_of(
+    request: &MountRequest,
+    input: &InputArray,
+    output_block: &[u64],
+    format: BlockFormat,
+) -> Result<Option<ViewPyramid>> {
+    let Some(pyramid) =
+        request
+            .pyramid
+            .pyramid(&input.shape, output_block, input.axis_order(), format)?
+    else {
+        return Ok(None);
+    };
+    let level0 = &pyramid.levels[0];
+    let block: Vec<u64> = (0..level0.ndim())
+        .map(|d| level0.axis(d).extent(0))
+        .collect();
+    let space = input.space()?;
+    let (axes, rotated) = pyramid_axes(
+        format,
+        input.format,
+        &space,
+        &input.shape,
+        &block,
+        input.dtype,
+    )?;
+    if rotated {
+        log::warn!(
+            "the input's affine rotates its axes, which the pyramid's metadata cannot record: \
+             it gives the voxel sizes and origin only"
+        );
+    }
+    let files = files_of(format);
+    let elem = input.dtype.size as u64;
+    let budget = request.mem.map(|mem| mem / 4);
+    let mut rows = vec![0];
+    for k in 1..pyramid.levels.len() {
+        rows.push(rows_per_pass(&pyramid, &files, k, elem, budget)?);
+    }
+    let cost = pyramid_cost(&pyramid, &files, elem, budget)?;
+    Ok(Some(ViewPyramid {
+        peak_bytes: cost.peak_bytes,
+        pyramid,
+        axes,
+        rows,
+    }))
 }
 
 /// The input, and the output block shape in its internal order.
@@ -171,6 +257,7 @@ fn plan_view(
     output_block: Vec<u64>,
     format: BlockFormat,
     shard_chunks: &Option<Vec<u64>>,
+    reserved: u64,
 ) -> Result<(Problem, Plan, Option<u64>)> {
     let encoding = crate::format::encode::Encoding {
         compressor: None,
@@ -183,8 +270,12 @@ fn plan_view(
         problem = problem.with_encoded_outputs();
     }
     let cgroup_limit = crate::sys::cgroup::memory_limit();
-    let (plan, mem) = plan::plan_within(&problem, request.strategy, request.mem, cgroup_limit)?;
-    if mem != request.mem {
+    // Building a pyramid block holds `reserved` bytes beside the plan's.
+    let left = request.mem.map(|mem| mem.saturating_sub(reserved));
+    let (plan, mem) = plan::plan_within(&problem, request.strategy, left, cgroup_limit)?;
+    if reserved > 0 {
+        log::info!("planning level 0 within {left:?} bytes: {reserved} are for pyramid blocks");
+    } else if mem != request.mem {
         log::info!(
             "planning within {} bytes, half of the memory cgroup's {} bytes (--mem: {:?})",
             mem.unwrap_or(0),

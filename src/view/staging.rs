@@ -77,6 +77,10 @@ pub struct Manifest {
     /// shape, which lays out its file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard_chunks: Option<Vec<u64>>,
+    /// The pyramid the view serves beside level 0 (empty: none): its
+    /// blocks' ranks follow level 0's in the journal.
+    #[serde(default)]
+    pub pyramid: String,
 }
 
 impl Manifest {
@@ -108,7 +112,14 @@ impl Manifest {
                 .collect(),
             files_in: base,
             shard_chunks: None,
+            pyramid: String::new(),
         }
+    }
+
+    /// The manifest of an area that also holds the pyramid `described`.
+    pub fn with_pyramid(mut self, described: String) -> Manifest {
+        self.pyramid = described;
+        self
     }
 
     /// Why the area cannot be resumed if an input it read has changed
@@ -168,6 +179,12 @@ impl Manifest {
                 "it holds {} blocks of {}",
                 self.format.name(),
                 show_shape(&self.output_block)
+            ));
+        }
+        if self.pyramid != wanted.pyramid {
+            return Some(format!(
+                "it holds a view with pyramid '{}', not '{}'",
+                self.pyramid, wanted.pyramid
             ));
         }
         if self.array != wanted.array || self.dtype != wanted.dtype {
@@ -757,6 +774,7 @@ mod tests {
             files_in: input,
             input_files: vec!["0_0.npy".into(), "0_1.npy".into()],
             shard_chunks: None,
+            pyramid: String::new(),
         };
         (root, manifest)
     }

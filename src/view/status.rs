@@ -45,6 +45,17 @@ pub struct Status {
     pub error: Option<String>,
     pub staging: std::path::PathBuf,
     pub pid: u32,
+    /// Per pyramid level (a view with `--levels`): blocks done of its total.
+    #[serde(default)]
+    pub levels: Vec<LevelProgress>,
+}
+
+/// One pyramid level's progress.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct LevelProgress {
+    pub level: usize,
+    pub blocks_done: u64,
+    pub blocks_total: u64,
 }
 
 impl Phase {
@@ -73,7 +84,7 @@ impl ViewCore {
         Status {
             state: state.phase.name().to_string(),
             blocks_done: state.done_count,
-            blocks_total: self.output.count(),
+            blocks_total: self.files().block_count(),
             blocks_resumed: state.resumed,
             bytes_done: state.done_bytes,
             bytes_total,
@@ -92,7 +103,31 @@ impl ViewCore {
             error: state.failure.clone(),
             staging: self.staging.dir().to_path_buf(),
             pid: std::process::id(),
+            levels: self.level_progress(&state.done),
         }
+    }
+
+    /// Blocks done per pyramid level (none without a pyramid).
+    fn level_progress(&self, done: &[bool]) -> Vec<LevelProgress> {
+        if self.pyramid().is_none() {
+            return Vec::new();
+        }
+        let files = self.files();
+        (0..files.level_count())
+            .map(|level| {
+                let ranks = files.level_ranks(level);
+                let blocks_total = ranks.end - ranks.start;
+                let blocks_done = done[ranks.start as usize..ranks.end as usize]
+                    .iter()
+                    .filter(|&&d| d)
+                    .count() as u64;
+                LevelProgress {
+                    level,
+                    blocks_done,
+                    blocks_total,
+                }
+            })
+            .collect()
     }
 
     /// The status file's bytes: the status as pretty JSON, one line feed.

@@ -1,0 +1,227 @@
+//! Where a multiscale pyramid's levels lie in the world, and the metadata
+//! viewers read it from: OME-Zarr's `multiscales` (0.4 for Zarr v2, in the
+//! group's `.zattrs`; 0.5 for Zarr v3, under `ome` in the group's
+//! `zarr.json` attributes).
+//!
+//! Each axis gets a name, a type (space, time or channel), a unit, and a
+//! scale and translation, from the input's world space ([`Space`], NIfTI
+//! and MINC2 headers) or voxel size 1 at the origin. OME-Zarr has no
+//! rotation: an affine with one is described by its voxel sizes and its
+//! origin, and said so on stderr by the caller. A level whose voxels are
+//! `s_k` long has its first voxel's centre at `t_0 + (s_k - s_0) / 2`:
+//! voxel centres, as OME-Zarr viewers place them.
+
+use serde_json::{json, Value};
+
+use crate::array::space::Space;
+use crate::error::{Error, Result};
+
+/// One level of a pyramid, in internal C order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScaleLevel {
+    pub shape: Vec<u64>,
+    pub block: Vec<u64>,
+    /// Its voxel's length in level-0 voxels, per axis.
+    pub factor: Vec<u64>,
+}
+
+/// One axis of the array as a viewer sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorldAxis {
+    pub name: &'static str,
+    /// `space`, `time` or `channel`.
+    pub kind: &'static str,
+    pub unit: Option<&'static str>,
+    /// Level 0's voxel step along the axis, in `unit`.
+    pub scale: f64,
+    /// Level 0's first voxel centre along the axis.
+    pub translation: f64,
+}
+
+/// The axes of an array of `ndim` dimensions in `space` (internal order).
+/// `leading_is_time`: the first non-spatial axis is time (NIfTI's fourth
+/// axis), not channels. Also whether the affine had a rotation that the
+/// axes cannot carry.
+pub fn world_axes(
+    space: &Space,
+    ndim: usize,
+    leading_is_time: bool,
+) -> Result<(Vec<WorldAxis>, bool)> {
+    let spatial = ndim.min(3);
+    let leading = ndim - spatial;
+    if leading > 2 {
+        return Err(Error::BadArgument(format!(
+            "a {ndim}-dimensional array has more axes than OME-Zarr and Neuroglancer \
+             describe (time, channel and three spatial axes at most)"
+        )));
+    }
+    let names = ["x", "y", "z"];
+    let space_unit = match space.xyzt_units & 0x07 {
+        1 => Some("meter"),
+        2 => Some("millimeter"),
+        3 => Some("micrometer"),
+        _ => None,
+    };
+    let time_unit = match space.xyzt_units & 0x38 {
+        8 => Some("second"),
+        16 => Some("millisecond"),
+        24 => Some("microsecond"),
+        _ => None,
+    };
+    let mut rotated = false;
+    let mut axes = Vec::with_capacity(ndim);
+    for d in 0..ndim {
+        let nifti_axis = ndim - 1 - d;
+        if d < leading {
+            let time = leading_is_time && d == 0;
+            axes.push(WorldAxis {
+                name: if time { "t" } else { "c" },
+                kind: if time { "time" } else { "channel" },
+                unit: if time { time_unit } else { None },
+                scale: if time {
+                    space.zooms.get(nifti_axis).copied().unwrap_or(1.0)
+                } else {
+                    1.0
+                },
+                translation: 0.0,
+            });
+            continue;
+        }
+        let row = &space.affine[nifti_axis];
+        let off_diagonal = (0..spatial).any(|c| c != nifti_axis && row[c] != 0.0);
+        rotated |= off_diagonal;
+        let scale = if off_diagonal {
+            space.zooms.get(nifti_axis).copied().unwrap_or(1.0)
+        } else {
+            row[nifti_axis]
+        };
+        axes.push(WorldAxis {
+            name: names[nifti_axis],
+            kind: "space",
+            unit: space_unit,
+            scale,
+            translation: row[3],
+        });
+    }
+    Ok((axes, rotated))
+}
+
+/// Scale and translation of `level` along each axis.
+fn transforms(axes: &[WorldAxis], level: &ScaleLevel) -> (Vec<f64>, Vec<f64>) {
+    axes.iter()
+        .zip(&level.factor)
+        .map(|(axis, &f)| {
+            let scale = axis.scale * f as f64;
+            (scale, axis.translation + (scale - axis.scale) / 2.0)
+        })
+        .unzip()
+}
+
+/// The `multiscales` entry for levels stored in directories `0`, `1`, …
+fn multiscale(axes: &[WorldAxis], levels: &[ScaleLevel], method: &str, v04: bool) -> Value {
+    let axes_json: Vec<Value> = axes
+        .iter()
+        .map(|axis| {
+            let mut value = json!({ "name": axis.name, "type": axis.kind });
+            if let Some(unit) = axis.unit {
+                value["unit"] = json!(unit);
+            }
+            value
+        })
+        .collect();
+    let datasets: Vec<Value> = levels
+        .iter()
+        .enumerate()
+        .map(|(k, level)| {
+            let (scale, translation) = transforms(axes, level);
+            json!({
+                "path": k.to_string(),
+                "coordinateTransformations": [
+                    { "type": "scale", "scale": scale },
+                    { "type": "translation", "translation": translation },
+                ],
+            })
+        })
+        .collect();
+    let mut entry = json!({
+        "name": "rechunkfs",
+        "axes": axes_json,
+        "datasets": datasets,
+        "type": method,
+        "metadata": { "description": format!("downsampled by {method}, as TensorStore's downsample") },
+    });
+    if v04 {
+        entry["version"] = json!("0.4");
+    }
+    entry
+}
+
+/// The OME-Zarr group files at the root of a pyramid whose level `k` is
+/// the Zarr array in directory `k`: `.zgroup` and `.zattrs` (OME-Zarr 0.4)
+/// for Zarr v2, or `zarr.json` (0.5) for Zarr v3.
+pub fn group_files(
+    axes: &[WorldAxis],
+    levels: &[ScaleLevel],
+    method: &str,
+    zarr3: bool,
+) -> Vec<(&'static str, Vec<u8>)> {
+    let pretty = |value: Value| {
+        let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or_default();
+        bytes.push(b'\n');
+        bytes
+    };
+    if zarr3 {
+        let attributes = json!({
+            "ome": { "version": "0.5", "multiscales": [multiscale(axes, levels, method, false)] }
+        });
+        vec![(
+            "zarr.json",
+            pretty(json!({ "zarr_format": 3, "node_type": "group", "attributes": attributes })),
+        )]
+    } else {
+        vec![
+            (".zgroup", pretty(json!({ "zarr_format": 2 }))),
+            (
+                ".zattrs",
+                pretty(json!({ "multiscales": [multiscale(axes, levels, method, true)] })),
+            ),
+        ]
+    }
+}
+
+/// A Zarr v3 array's `zarr.json` with `dimension_names`, which OME-Zarr 0.5
+/// asks to match the axes' names (unchanged if it does not parse).
+pub fn with_dimension_names(zarr_json: Vec<u8>, axes: &[WorldAxis]) -> Vec<u8> {
+    let Ok(mut value) = serde_json::from_slice::<Value>(&zarr_json) else {
+        return zarr_json;
+    };
+    value["dimension_names"] = json!(axes.iter().map(|a| a.name).collect::<Vec<_>>());
+    let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or(zarr_json);
+    bytes.push(b'\n');
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_downsampled_level_is_shifted_by_half_its_new_voxel() {
+        let mut space = Space::identity(3);
+        space.affine[0] = [2.0, 0.0, 0.0, 10.0]; // x: 2 mm voxels from 10
+        space.xyzt_units = 2;
+        let (axes, rotated) = world_axes(&space, 3, false).unwrap();
+        assert!(!rotated);
+        assert_eq!(axes[2].name, "x");
+        assert_eq!(axes[2].unit, Some("millimeter"));
+        let level = ScaleLevel {
+            shape: vec![5, 5, 5],
+            block: vec![5, 5, 5],
+            factor: vec![2, 2, 4],
+        };
+        let (scale, translation) = transforms(&axes, &level);
+        assert_eq!(scale, vec![2.0, 2.0, 8.0]);
+        // x: centres of voxels 0..4 of level 0 are at 10, 12, 14, 16: their mean is 13.
+        assert_eq!(translation, vec![0.5, 0.5, 13.0]);
+    }
+}

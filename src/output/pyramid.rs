@@ -1,0 +1,259 @@
+//! `rechunk`'s pyramid levels: each level below level 0 built from the one
+//! before, read back from the files just written (never from the input),
+//! into a directory of its own, then the files that describe the whole
+//! pyramid: an OME-Zarr group's metadata, or a precomputed volume's `info`.
+//!
+//! Layout (relative to OUT): block-file formats keep level 0 where a run
+//! without levels puts it, and level `k` in `k/`; Zarr pyramids are an
+//! OME-Zarr image, level `k` the array `k/`; precomputed scales are in
+//! `k/` (their `key`). A level's blocks are written like level 0's: under
+//! a hidden name, renamed once on disk; the pyramid's metadata comes last.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::array::geometry::{FileShape, Partition};
+use crate::array::space::Space;
+use crate::engine::downsample::{LevelBuilder, LevelFiles, PyramidStats};
+use crate::error::{Error, Result};
+use crate::format::ome::{self, ScaleLevel, WorldAxis};
+use crate::format::{precomputed, BlockFormat};
+use crate::output::directory::{finish_array, write_atomically, DirectorySink, OutputSpec};
+use crate::output::filetree::output_file_shape;
+use crate::plan::pyramid::{rows_per_pass, Downsample, Pyramid};
+
+/// Where level `k` of a pyramid of `levels` levels goes, relative to OUT
+/// (`None`: OUT itself).
+pub fn level_dir(format: BlockFormat, levels: usize, k: usize) -> Option<String> {
+    let own_dirs = format == BlockFormat::Precomputed || (format.pads_edge_blocks() && levels > 1);
+    (own_dirs || k > 0).then(|| k.to_string())
+}
+
+/// Checks that `format` can hold a pyramid over an array of `shape` and
+/// `dtype` in blocks of `block` (internal order), read from
+/// `input_format` placed in the world by `space`, and gives its axes as
+/// viewers see them, and whether the input's affine had a rotation they
+/// cannot carry.
+pub fn pyramid_axes(
+    format: BlockFormat,
+    input_format: BlockFormat,
+    space: &Space,
+    shape: &[u64],
+    block: &[u64],
+    dtype: crate::DType,
+) -> Result<(Vec<WorldAxis>, bool)> {
+    if format == BlockFormat::Precomputed {
+        precomputed::check(shape, block, dtype)?;
+    }
+    if format.pads_edge_blocks() && shape.len() < 2 {
+        return Err(Error::BadArgument(
+            "an OME-Zarr image has 2 axes or more; this array has 1: drop --levels".into(),
+        ));
+    }
+    let leading_is_time = matches!(input_format, BlockFormat::Nifti | BlockFormat::Minc2);
+    ome::world_axes(space, shape.len(), leading_is_time)
+}
+
+/// How `format`'s files are shaped around a level's blocks.
+pub fn files_of(format: BlockFormat) -> impl Fn(&Partition) -> FileShape {
+    move |grid| output_file_shape(format, grid)
+}
+
+/// What the pyramid's metadata needs beyond its levels.
+pub struct PyramidOutput<'a> {
+    pub pyramid: &'a Pyramid,
+    pub spec: &'a OutputSpec,
+    /// The axes as viewers see them (OME-Zarr, precomputed).
+    pub axes: &'a [WorldAxis],
+    pub mem: Option<u64>,
+    /// For the levels' `rechunkfs.json` (raw blocks).
+    pub input_block: &'a [u64],
+    pub source: &'a Path,
+}
+
+/// The levels built so far: removed when dropped, unless kept.
+pub struct BuiltLevels {
+    sinks: Vec<DirectorySink>,
+    dirs: Vec<PathBuf>,
+    metadata: Vec<PathBuf>,
+    kept: bool,
+    pub stats: Vec<PyramidStats>,
+}
+
+impl BuiltLevels {
+    fn keep(mut self) -> BuiltLevels {
+        self.kept = true;
+        self
+    }
+}
+
+impl Drop for BuiltLevels {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        for sink in &mut self.sinks {
+            sink.discard();
+        }
+        for path in &self.metadata {
+            let _ = std::fs::remove_file(path);
+        }
+        for dir in self.dirs.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Builds levels 1.. of `output.pyramid` under `out`, level 0 being in
+/// `level0`, then writes the pyramid's metadata. A failure (or `cancel`)
+/// removes every level it wrote.
+pub fn build_levels(
+    out: &Path,
+    level0: &mut DirectorySink,
+    output: &PyramidOutput,
+    cancel: Option<&AtomicBool>,
+) -> Result<BuiltLevels> {
+    let PyramidOutput { pyramid, spec, .. } = output;
+    let format = spec.format;
+    let files = files_of(format);
+    let mut built = BuiltLevels {
+        sinks: Vec::new(),
+        dirs: Vec::new(),
+        metadata: Vec::new(),
+        kept: false,
+        stats: Vec::new(),
+    };
+    let n = pyramid.levels.len();
+    for k in 1..n {
+        let dir = out.join(level_dir(format, n, k).unwrap_or_default());
+        std::fs::create_dir(&dir).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => Error::BadOutput {
+                path: dir.clone(),
+                problem: "is there already (--overwrite replaces level 0's blocks, not other \
+                          levels' directories): remove it, or choose another OUT"
+                    .into(),
+            },
+            _ => Error::io(&dir, "creating a level's directory", e),
+        })?;
+        built.dirs.push(dir.clone());
+        let level_spec = OutputSpec {
+            space: level_space(&spec.space, &pyramid.scale(k)),
+            ..(*spec).clone()
+        };
+        let mut sink = DirectorySink::new(&dir, pyramid.levels[k].clone(), level_spec)?;
+        let rows = rows_per_pass(pyramid, &files, k, spec.dtype.size as u64, output.mem)?;
+        let mut builder = LevelBuilder::new(pyramid, &files, k, rows, spec.dtype);
+        let below = built.sinks.last_mut().unwrap_or(&mut *level0);
+        let mut source = SinkFiles { sink: below };
+        for rank in 0..pyramid.levels[k].count() {
+            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                built.sinks.push(sink);
+                return Err(Error::Cancelled);
+            }
+            let result = builder.build(rank, &mut source, &mut sink);
+            if let Err(error) = result {
+                built.sinks.push(sink);
+                return Err(error);
+            }
+        }
+        let finished = finish_array(&mut sink, output.input_block, output.source);
+        built.stats.push(builder.stats);
+        built.sinks.push(sink);
+        finished?;
+    }
+    write_metadata(out, output, &mut built)?;
+    Ok(built.keep())
+}
+
+/// The OME-Zarr group's files, or the precomputed `info`, and each Zarr v3
+/// level's `dimension_names`.
+fn write_metadata(out: &Path, output: &PyramidOutput, built: &mut BuiltLevels) -> Result<()> {
+    let PyramidOutput {
+        pyramid,
+        spec,
+        axes,
+        ..
+    } = output;
+    let levels: Vec<ScaleLevel> = scale_levels(pyramid);
+    let labels = pyramid.method != Downsample::Mean;
+    let files: Vec<(&str, Vec<u8>)> = match spec.format {
+        BlockFormat::Precomputed => vec![(
+            "info",
+            precomputed::info(
+                axes,
+                &levels,
+                spec.dtype,
+                precomputed::is_segmentation(spec.dtype, labels),
+            ),
+        )],
+        BlockFormat::Zarr | BlockFormat::Zarr3 if levels.len() > 1 => {
+            let zarr3 = spec.format == BlockFormat::Zarr3;
+            if zarr3 {
+                for k in 0..levels.len() {
+                    let path = out.join(k.to_string()).join("zarr.json");
+                    let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, "reading", e))?;
+                    write_atomically(&path, &ome::with_dimension_names(bytes, axes))?;
+                }
+            }
+            ome::group_files(axes, &levels, pyramid.method.name(), zarr3)
+        }
+        _ => Vec::new(),
+    };
+    for (name, bytes) in files {
+        let path = out.join(name);
+        built.metadata.push(path.clone());
+        write_atomically(&path, &bytes)?;
+    }
+    File::open(out)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(out, "syncing the directory", e))
+}
+
+/// The world space of a level whose voxels are `scale` level-0 voxels
+/// long (internal order): each axis's step scaled, and voxel 0 moved to
+/// the centre of the level-0 voxels it covers.
+pub fn level_space(space: &Space, scale: &[u64]) -> Space {
+    let mut level = space.clone();
+    let ndim = scale.len();
+    for nifti_axis in 0..ndim.min(3) {
+        let factor = scale[ndim - 1 - nifti_axis] as f64;
+        for row in level.affine.iter_mut() {
+            row[3] += row[nifti_axis] * (factor - 1.0) / 2.0;
+            row[nifti_axis] *= factor;
+        }
+        if let Some(zoom) = level.zooms.get_mut(nifti_axis) {
+            *zoom *= factor;
+        }
+    }
+    level
+}
+
+/// Each level's shape, blocks and voxel size in level-0 voxels.
+pub fn scale_levels(pyramid: &Pyramid) -> Vec<ScaleLevel> {
+    pyramid
+        .levels
+        .iter()
+        .enumerate()
+        .map(|(k, grid)| ScaleLevel {
+            shape: grid.array_shape(),
+            block: (0..grid.ndim()).map(|d| grid.axis(d).extent(0)).collect(),
+            factor: pyramid.scale(k),
+        })
+        .collect()
+}
+
+/// A finished level's blocks, read back from their committed files.
+struct SinkFiles<'a> {
+    sink: &'a mut DirectorySink,
+}
+
+impl LevelFiles for SinkFiles<'_> {
+    fn read_data(&mut self, rank: u64, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let (path, data_offset) = self.sink.committed_block(rank)?;
+        let file = File::open(&path).map_err(|e| Error::io(&path, "opening", e))?;
+        file.read_exact_at(buf, data_offset + offset)
+            .map_err(|e| Error::io(&path, "reading back", e))
+    }
+}

@@ -1,0 +1,609 @@
+//! Multiscale pyramids, checked by readers rechunkfs did not write: inputs
+//! made by zarr-python and nibabel; every level of `rechunk`'s OME-Zarr
+//! (v2 and v3), Neuroglancer precomputed and npy outputs opened with
+//! TensorStore (numpy for npy) and compared voxel by voxel with TensorStore's
+//! downsample of the source chained level by level (mean, mode, stride for
+//! nearest), on shapes that do not divide; the multiscales metadata read
+//! by zarr-python and ome-zarr, its scales and translations checked
+//! against nibabel's affine; the planned reads, writes and peak memory of
+//! the levels equal to the counted ones.
+
+#[macro_use]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{json_u64, python, stderr};
+
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pyramid.py");
+
+fn rechunkfs(args: &[&str]) -> Output {
+    common::run_rechunkfs(args, 0)
+}
+
+fn fixture(args: &[&str]) -> String {
+    let output = Command::new(python())
+        .arg(FIXTURE)
+        .args(args)
+        .output()
+        .expect("run python");
+    assert!(
+        output.status.success(),
+        "pyramid.py {args:?}: {}",
+        stderr(&output)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn make_zarr(dir: &Path, shape: &str, chunks: &str, dtype: &str, labels: bool) -> PathBuf {
+    let input = dir.join("in.zarr");
+    let mut args = vec!["zarr", input.to_str().unwrap(), "--shape", shape];
+    args.extend(["--chunks", chunks, "--dtype", dtype]);
+    if labels {
+        args.push("--labels");
+    }
+    fixture(&args);
+    input
+}
+
+/// Rechunks `input` into `out` with `extra` flags, returning the JSON report.
+fn rechunk(input: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "rechunk",
+        input.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend(extra);
+    let output = rechunkfs(&args);
+    assert!(
+        output.status.success(),
+        "rechunk {extra:?}: {}",
+        stderr(&output)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON report")
+}
+
+/// Runs the fixture's check of `out` against `source`.
+fn check(
+    out: &Path,
+    layout: &str,
+    source: &Path,
+    method: &str,
+    factors: &str,
+) -> serde_json::Value {
+    let summary = fixture(&[
+        "check",
+        out.to_str().unwrap(),
+        "--layout",
+        layout,
+        "--source",
+        source.to_str().unwrap(),
+        "--method",
+        method,
+        "--factors",
+        factors,
+    ]);
+    serde_json::from_str(&summary).expect("summary JSON")
+}
+
+/// The pyramid part of a report: counted equals planned, level by level.
+fn assert_as_planned(report: &serde_json::Value) {
+    let pyramid = &report["pyramid"];
+    let counted = pyramid["levels"].as_array().expect("levels counted");
+    let planned = pyramid["planned"]["levels"]
+        .as_array()
+        .expect("levels planned");
+    assert_eq!(counted.len() + 1, planned.len(), "{pyramid}");
+    for (k, level) in counted.iter().enumerate() {
+        let cost = &planned[k + 1]["cost"];
+        for (count, plan) in [
+            ("blocks", "blocks"),
+            ("reads", "reads"),
+            ("bytes_read", "bytes_read"),
+            ("writes", "writes"),
+            ("bytes_written", "bytes_written"),
+            ("peak_bytes", "peak_bytes"),
+        ] {
+            assert_eq!(
+                json_u64(level, count),
+                json_u64(cost, plan),
+                "level {}: {count}",
+                k + 1
+            );
+        }
+    }
+    assert_eq!(
+        counted.iter().map(|l| json_u64(l, "peak_bytes")).max(),
+        Some(json_u64(pyramid, "planned.peak_memory_bytes"))
+    );
+}
+
+#[test]
+fn ome_zarr_levels_equal_tensorstore_downsampling_for_every_rule() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "37,29,23", "10,8,7", "<u2", false);
+    for (format, method) in [("zarr", "mean"), ("zarr3", "mean"), ("zarr", "nearest")] {
+        let out = dir.path().join(format!("{format}-{method}"));
+        let report = rechunk(
+            &input,
+            &out,
+            &[
+                "--shape",
+                "8,8,8",
+                "--format",
+                format,
+                "--levels",
+                "auto",
+                "--downsample",
+                method,
+            ],
+        );
+        assert_as_planned(&report);
+        let summary = check(&out, format, &input, method, "2,2,2");
+        // auto: 37×29×23 → 19×15×12 → 10×8×6 → 5×4×3, the first to fit one 8³ block.
+        assert_eq!(summary["levels"], 4, "{summary}");
+        assert_eq!(summary["shapes"][3], serde_json::json!([5, 4, 3]));
+    }
+}
+
+#[test]
+fn labels_by_mode_with_anisotropic_factors_and_a_tight_memory_limit() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "30,21,17", "7,7,7", "<i2", true);
+    let out = dir.path().join("labels");
+    // 20 KiB: level 1's 8³ block (1 KiB) and its 16×16×8 source (4 KiB)
+    // fit whole; the limit still holds the passes to what it allows.
+    let report = rechunk(
+        &input,
+        &out,
+        &[
+            "--shape",
+            "8,8,8",
+            "--format",
+            "zarr3",
+            "--levels",
+            "3",
+            "--downsample",
+            "mode",
+            "--factors",
+            "2,2,1",
+            "--mem",
+            "3K",
+        ],
+    );
+    assert_as_planned(&report);
+    let planned = &report["pyramid"]["planned"];
+    assert!(
+        json_u64(planned, "peak_memory_bytes") <= 3 * 1024,
+        "{planned}"
+    );
+    let rows = json_u64(&planned["levels"][1]["cost"], "rows_per_pass");
+    assert!(
+        rows < 8,
+        "passes of fewer rows than a block under the limit: {planned}"
+    );
+    let summary = check(&out, "zarr3", &input, "mode", "2,2,1");
+    assert_eq!(summary["shapes"][2], serde_json::json!([8, 6, 17]));
+}
+
+#[test]
+fn precomputed_scales_open_in_tensorstore() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    for (dtype, method) in [("<f4", "mean"), ("|u1", "nearest"), ("<u4", "mode")] {
+        let labels = method == "mode";
+        let case = dir.path().join(dtype.trim_start_matches(['<', '|']));
+        std::fs::create_dir(&case).unwrap();
+        let input = make_zarr(&case, "33,26,19", "9,9,9", dtype, labels);
+        let out = case.join("precomputed");
+        let report = rechunk(
+            &input,
+            &out,
+            &[
+                "--shape",
+                "16,8,12",
+                "--format",
+                "precomputed",
+                "--levels",
+                "3",
+                "--downsample",
+                method,
+            ],
+        );
+        assert_as_planned(&report);
+        let summary = check(&out, "precomputed", &input, method, "2,2,2");
+        let info = &summary["info"];
+        assert_eq!(
+            info["scales"][0]["chunk_sizes"],
+            serde_json::json!([[12, 8, 16]])
+        );
+        assert_eq!(
+            info["scales"][2]["resolution"],
+            serde_json::json!([4.0, 4.0, 4.0])
+        );
+        assert_eq!(info["type"], if labels { "segmentation" } else { "image" });
+    }
+    // A chunk's file is named by the voxels it holds, x first.
+    let edge = dir.path().join("f4/precomputed/0/12-19_24-26_32-33");
+    assert_eq!(std::fs::metadata(&edge).unwrap().len(), 7 * 2 * 4);
+}
+
+#[test]
+fn a_nifti_input_keeps_its_world_space_in_every_level() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("image.nii");
+    fixture(&[
+        "nifti",
+        input.to_str().unwrap(),
+        "--shape",
+        "21,18,13",
+        "--dtype",
+        "<i2",
+    ]);
+    let out = dir.path().join("ome");
+    // Shapes in NIfTI's (x, y, z) order.
+    let report = rechunk(
+        &input,
+        &out,
+        &["--shape", "8,8,8", "--format", "zarr3", "--levels", "3"],
+    );
+    assert_as_planned(&report);
+    let summary = check(&out, "zarr3", &input, "mean", "2,2,2");
+    let scale = &summary["multiscale"]["datasets"][1]["coordinateTransformations"][0]["scale"];
+    assert_eq!(scale, &serde_json::json!([4.0, 1.5, 1.0]));
+    let precomputed = dir.path().join("precomputed");
+    rechunk(
+        &input,
+        &precomputed,
+        &[
+            "--shape",
+            "8,8,8",
+            "--format",
+            "precomputed",
+            "--levels",
+            "2",
+        ],
+    );
+    let summary = check(&precomputed, "precomputed", &input, "mean", "2,2,2");
+    // Voxel sizes in nanometres, x first: 0.5, 0.75 and 2 mm, doubled.
+    assert_eq!(
+        summary["info"]["scales"][1]["resolution"],
+        serde_json::json!([1.0e6, 1.5e6, 4.0e6])
+    );
+    // NIfTI blocks of level 1 carry the level's affine: each block's voxel
+    // (0, 0, 0) at the centre of the level-0 voxels it averages.
+    let nii = dir.path().join("nii");
+    rechunk(&input, &nii, &["--shape", "8,8,8", "--levels", "2"]);
+    let script = r#"
+import sys, nibabel as nib, numpy as np
+whole = nib.load(sys.argv[1]).affine
+block = nib.load(sys.argv[2]).affine
+origin = np.array([8, 8, 0])  # block 1_1_0 of level 1, (x, y, z)
+level0 = origin * 2 + 0.5
+expected = whole.copy()
+expected[:3, :3] = whole[:3, :3] * 2
+expected[:3, 3] = (whole @ np.append(level0, 1))[:3]
+assert np.allclose(block, expected), (block, expected)
+"#;
+    let output = Command::new(python())
+        .args(["-c", script])
+        .arg(&input)
+        .arg(nii.join("1/1_1_0.nii"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+}
+
+#[test]
+fn a_time_axis_is_kept_whole_and_described_as_time() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("series.nii");
+    // NIfTI's (x, y, z, t): 3 time points of a 12×10×9 image.
+    fixture(&[
+        "nifti",
+        input.to_str().unwrap(),
+        "--shape",
+        "12,10,9,3",
+        "--dtype",
+        "<u2",
+    ]);
+    let out = dir.path().join("ome");
+    let report = rechunk(
+        &input,
+        &out,
+        &[
+            "--shape",
+            "8,8,8,1",
+            "--format",
+            "zarr",
+            "--levels",
+            "3",
+            "--factors",
+            "2,2,1",
+        ],
+    );
+    assert_as_planned(&report);
+    // C order (t, z, y, x): t and z (NIfTI's third axis, factor 1) kept.
+    let summary = check(&out, "zarr", &input, "mean", "1,1,2,2");
+    assert_eq!(summary["shapes"][2], serde_json::json!([3, 9, 3, 3]));
+    let axes = &summary["multiscale"]["axes"];
+    assert_eq!(
+        axes[0],
+        serde_json::json!({"name": "t", "type": "time", "unit": "second"})
+    );
+    assert_eq!(axes[1]["type"], "space");
+}
+
+#[test]
+fn block_file_levels_go_in_numbered_folders() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "20,15,11", "6,6,6", "<u2", false);
+    let out = dir.path().join("npy");
+    let report = rechunk(
+        &input,
+        &out,
+        &["--shape", "4,4,4", "--format", "npy", "--levels", "3"],
+    );
+    assert_as_planned(&report);
+    assert!(out.join("0_0_0.npy").is_file() && out.join("2/0_0_0.npy").is_file());
+    check(&out, "npy", &input, "mean", "2,2,2");
+}
+
+#[test]
+fn plan_predicts_what_rechunk_counts() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "37,29,23", "10,8,7", "<u2", false);
+    let args = [
+        "--shape", "8,8,8", "--format", "zarr", "--levels", "auto", "--mem", "64K",
+    ];
+    let mut plan_args = vec!["plan", input.to_str().unwrap(), "--json"];
+    plan_args.extend(args);
+    let output = rechunkfs(&plan_args);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let plan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let report = rechunk(&input, &dir.path().join("out"), &args);
+    assert_eq!(plan["pyramid"], report["pyramid"]["planned"]);
+}
+
+#[test]
+fn counted_reads_writes_and_memory_equal_the_plan_for_many_shapes_and_limits() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "41,23,30", "9,11,7", "<u2", false);
+    let cases: [(&str, &str, &str, &str); 6] = [
+        ("zarr", "8,8,8", "auto", "2,2,2"),
+        ("zarr3", "16,5,9", "4", "2,2,2"),
+        ("npy", "7,7,7", "3", "3,2,1"),
+        ("precomputed", "10,6,30", "3", "2,2,2"),
+        ("zarr", "41,23,30", "2", "2,2,2"),
+        ("h5", "5,23,4", "3", "2,1,2"),
+    ];
+    for (i, (format, shape, levels, factors)) in cases.into_iter().enumerate() {
+        for mem in ["6K", "64K", "8M"] {
+            let out = dir.path().join(format!("{i}-{mem}"));
+            let args = [
+                "--shape",
+                shape,
+                "--format",
+                format,
+                "--levels",
+                levels,
+                "--factors",
+                factors,
+                "--mem",
+                mem,
+                "--downsample",
+                "nearest",
+            ];
+            let mut plan_args = vec![
+                "rechunk",
+                input.to_str().unwrap(),
+                out.to_str().unwrap(),
+                "--json",
+            ];
+            plan_args.extend(args);
+            let output = rechunkfs(&plan_args);
+            if !output.status.success() {
+                // A limit too small for one row of a block is refused, saying so.
+                assert!(
+                    stderr(&output).contains("needs at least"),
+                    "{args:?}: {}",
+                    stderr(&output)
+                );
+                assert_eq!(mem, "6K", "{args:?}: {}", stderr(&output));
+                continue;
+            }
+            let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+            assert_as_planned(&report);
+        }
+    }
+}
+
+#[test]
+fn what_a_format_cannot_hold_is_refused_before_out_is_touched() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "10,10,10", "5,5,5", ">u2", false);
+    let out = dir.path().join("out");
+    for (extra, says) in [
+        (vec!["--format", "precomputed"], "little-endian"),
+        (
+            vec!["--format", "zarr", "--levels", "2", "--factors", "2,2"],
+            "one per spatial axis",
+        ),
+        (
+            vec!["--format", "zarr", "--levels", "2", "--factors", "1,1,1"],
+            "all 1",
+        ),
+        (vec!["--format", "zarr", "--levels", "0"], "from 1 to"),
+        (
+            vec!["--format", "zarr", "--levels", "2", "--downsample", "max"],
+            "mean",
+        ),
+    ] {
+        let mut args = vec![
+            "rechunk",
+            input.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "--shape",
+            "4,4,4",
+        ];
+        args.extend(&extra);
+        let output = rechunkfs(&args);
+        assert!(!output.status.success(), "{extra:?} was accepted");
+        assert!(
+            stderr(&output).contains(says),
+            "{extra:?}: {}",
+            stderr(&output)
+        );
+        assert!(!out.exists(), "{extra:?} touched OUT");
+    }
+}
+
+/// A mounted view, unmounted when dropped whatever the test did.
+struct MountedView {
+    view: PathBuf,
+}
+
+impl MountedView {
+    fn new(input: &Path, root: &Path, extra: &[&str], step_delay_ms: u64) -> MountedView {
+        let view = root.join("view");
+        std::fs::create_dir_all(&view).unwrap();
+        let staging = root.join("staging");
+        let mut args = vec![
+            "mount",
+            input.to_str().unwrap(),
+            view.to_str().unwrap(),
+            "--staging",
+            staging.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let output = common::run_rechunkfs(&args, step_delay_ms);
+        assert!(output.status.success(), "mount failed: {}", stderr(&output));
+        MountedView { view }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let output = rechunkfs(&["status", "--json", self.view.to_str().unwrap()]);
+        assert!(output.status.success(), "status: {}", stderr(&output));
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    /// Waits for the view to complete (`status --wait`), returning its status.
+    fn wait_complete(&self) -> serde_json::Value {
+        let output = rechunkfs(&["status", "--wait", "--json", self.view.to_str().unwrap()]);
+        assert!(
+            output.status.success(),
+            "status --wait: {}",
+            stderr(&output)
+        );
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    fn unmount(&self) {
+        let output = rechunkfs(&["umount", self.view.to_str().unwrap()]);
+        assert!(output.status.success(), "umount: {}", stderr(&output));
+    }
+}
+
+impl Drop for MountedView {
+    fn drop(&mut self) {
+        if rechunkfs::fuse::session::is_mounted(&self.view) {
+            let _ = rechunkfs(&["umount", self.view.to_str().unwrap()]);
+        }
+        if rechunkfs::fuse::session::is_mounted(&self.view) {
+            let _ = rechunkfs::fuse::session::detach(&self.view);
+        }
+    }
+}
+
+#[test]
+fn a_view_serves_pending_pyramid_blocks_exactly_while_it_fills() {
+    require!(Fuse, Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "37,29,23", "10,8,7", "<u2", false);
+    // 100 ms after each read block: levels 1 to 3 stay pending for a while.
+    let flags = [
+        "--shape", "8,8,8", "--format", "zarr", "--levels", "4", "--mem", "64K",
+    ];
+    let view = MountedView::new(&input, dir.path(), &flags, 100);
+    let status = view.status();
+    assert_eq!(
+        json_u64(&status, "blocks_total"),
+        60 + 12 + 2 + 1,
+        "{status}"
+    );
+    // Every level's file is listed with its exact size from the start.
+    let edge = view.view.join("3/0.0.0");
+    // Level 3 is 5×4×3: one chunk of that shape.
+    assert_eq!(std::fs::metadata(&edge).unwrap().len(), 5 * 4 * 3 * 2);
+    // Level 1's last chunk comes from the plan's last level-0 blocks: a
+    // read of it has them extracted on demand, and it is built from them.
+    let last = std::fs::read(view.view.join("1/2.1.1")).unwrap();
+    assert_eq!(last.len(), 8 * 8 * 8 * 2);
+    let status = view.status();
+    assert!(json_u64(&status, "on_demand_blocks") >= 1, "{status}");
+    let reads = fixture(&[
+        "reads",
+        view.view.to_str().unwrap(),
+        "--source",
+        input.to_str().unwrap(),
+        "--levels",
+        "4",
+        "--chunks",
+        "8,8,8",
+        "--count",
+        "15",
+    ]);
+    let reads: serde_json::Value = serde_json::from_str(&reads).unwrap();
+    assert!(
+        json_u64(&reads, "pending") >= 1,
+        "no read found a pending block: {reads}"
+    );
+    let status = view.wait_complete();
+    let levels = status["levels"].as_array().expect("per-level progress");
+    let done: Vec<u64> = levels.iter().map(|l| json_u64(l, "blocks_done")).collect();
+    assert_eq!(done, vec![60, 12, 2, 1], "{status}");
+    check(&view.view, "zarr", &input, "mean", "2,2,2");
+}
+
+#[test]
+fn a_remounted_view_resumes_its_pyramid() {
+    require!(Fuse, Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "30,21,17", "7,7,7", "<i2", true);
+    let flags = [
+        "--shape",
+        "8,8,8",
+        "--format",
+        "precomputed",
+        "--levels",
+        "3",
+        "--downsample",
+        "mode",
+        "--mem",
+        "64K",
+    ];
+    let view = MountedView::new(&input, dir.path(), &flags, 100);
+    // Until some blocks are done; then stopped halfway.
+    while json_u64(&view.status(), "blocks_done") < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    view.unmount();
+    let view = MountedView::new(&input, dir.path(), &flags, 0);
+    let status = view.wait_complete();
+    assert!(json_u64(&status, "blocks_resumed") >= 10, "{status}");
+    assert_eq!(
+        json_u64(&status, "blocks_done"),
+        json_u64(&status, "blocks_total")
+    );
+    check(&view.view, "precomputed", &input, "mode", "2,2,2");
+}
