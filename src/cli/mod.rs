@@ -187,6 +187,11 @@ pub struct PlanArgs {
     /// Print one JSON object instead of the human report.
     #[arg(long)]
     pub json: bool,
+    /// Cut the job into N parts (boxes of whole output blocks, each run by `rechunk --part K/N`)
+    /// and show each part's blocks, bytes read, seeks and peak memory, and the overhead against
+    /// one machine. See docs/cluster.md.
+    #[arg(long, value_name = "N")]
+    pub parts: Option<u64>,
 }
 
 #[derive(Args, Debug)]

@@ -9,12 +9,13 @@ use serde_json::json;
 
 use crate::array::axes::AxisOrder;
 use crate::array::dtype::DType;
-use crate::array::geometry::{show_shape, Partition};
+use crate::array::geometry::{show_shape, Partition, Region};
 use crate::array::units::{parse_shape, show_bytes};
 use crate::cli::report::thousands;
 use crate::cli::{mem_of, PlanArgs};
 use crate::format::BlockFormat;
 use crate::input::InputArray;
+use crate::plan::parts::Parts;
 use crate::plan::{self, Plan, Problem, Strategy};
 
 /// The problem of rechunking `input` into blocks of `shape` (in the
@@ -89,14 +90,176 @@ pub(super) fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
         .transpose()?;
     let (problem, dtype, order) = problem_of_args(&args, format)?;
     let plans = make_plans(&args, &problem)?;
+    let job = match args.parts {
+        Some(count) => Some(plan_job(&problem, count, &plans)?),
+        None => None,
+    };
     let elapsed = started.elapsed();
     if args.json {
-        let report = plan_json(&plans, dtype, order, elapsed);
+        let mut report = plan_json(&plans, dtype, order, elapsed);
+        if let Some(job) = &job {
+            report["parts"] = job.json(order);
+        }
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_plan(&plans, dtype, order, elapsed);
+        if let Some(job) = &job {
+            job.print(order);
+        }
     }
     Ok(())
+}
+
+/// A part of a job, planned: its box, its plan and the bytes it reads.
+pub(super) struct PartPlan {
+    pub(super) region: Region,
+    pub(super) plan: Plan,
+    pub(super) bytes_read: u64,
+}
+
+/// A job cut into parts, each planned as its own rechunk would plan it,
+/// beside the plan of one machine doing it all.
+pub(super) struct JobPlan {
+    pub(super) parts: Parts,
+    pub(super) plans: Vec<PartPlan>,
+    single_seeks: u64,
+    single_bytes: u64,
+}
+
+/// `problem` cut into `count` parts, each planned in the memory `plans`
+/// (one machine's) was planned in.
+fn plan_job(problem: &Problem, count: u64, plans: &Plans) -> anyhow::Result<JobPlan> {
+    let parts = plan::parts::cut(problem, count)?;
+    let strategy = plans.chosen.strategy;
+    let plans_of_parts = (0..parts.count())
+        .map(|k| {
+            let part = parts.problem(k);
+            let (chosen, _) = plan::plan_within(
+                &part,
+                strategy,
+                plans.budget.requested,
+                plans.budget.cgroup_limit,
+            )
+            .with_context(|| format!("planning part {k} of {count}"))?;
+            Ok(PartPlan {
+                region: parts.region(k),
+                bytes_read: plan::parts::bytes_read(&part),
+                plan: chosen,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(JobPlan {
+        parts,
+        plans: plans_of_parts,
+        single_seeks: plans.chosen.prediction.seeks(),
+        single_bytes: plan::parts::bytes_read(problem),
+    })
+}
+
+impl JobPlan {
+    fn total_seeks(&self) -> u64 {
+        self.plans.iter().map(|p| p.plan.prediction.seeks()).sum()
+    }
+
+    fn total_bytes(&self) -> u64 {
+        self.plans.iter().map(|p| p.bytes_read).sum()
+    }
+
+    /// The largest part's bytes read over the mean.
+    fn balance(&self) -> f64 {
+        let largest = self.plans.iter().map(|p| p.bytes_read).max().unwrap_or(0);
+        let mean = self.total_bytes() as f64 / self.plans.len().max(1) as f64;
+        largest as f64 / mean.max(1.0)
+    }
+
+    /// The most memory any part plans to hold.
+    pub(super) fn peak_bytes(&self) -> u64 {
+        self.plans
+            .iter()
+            .map(|p| p.plan.prediction.peak_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn json(&self, order: AxisOrder) -> serde_json::Value {
+        let list: Vec<serde_json::Value> = self
+            .plans
+            .iter()
+            .enumerate()
+            .map(|(k, part)| {
+                json!({
+                    "part": k,
+                    "origin": order.to_user(&part.region.origin),
+                    "shape": order.to_user(&part.region.shape),
+                    "output_blocks": part.plan.output.count(),
+                    "bytes_read": part.bytes_read,
+                    "seeks": part.plan.prediction.seeks(),
+                    "read_seeks": part.plan.prediction.read_seeks,
+                    "write_seeks": part.plan.prediction.write_seeks,
+                    "peak_memory_bytes": part.plan.prediction.peak_bytes,
+                })
+            })
+            .collect();
+        let cuts: Vec<&[u64]> = self.parts.grid.axes().iter().map(|a| a.bounds()).collect();
+        json!({
+            "count": self.plans.len(),
+            "grid": grid_of(&self.parts.grid, order),
+            "cuts": order.to_user(&cuts),
+            "seeks": self.total_seeks(),
+            "extra_seeks": self.total_seeks() as i64 - self.single_seeks as i64,
+            "bytes_read": self.total_bytes(),
+            "extra_bytes_read": self.total_bytes() as i64 - self.single_bytes as i64,
+            "balance": self.balance(),
+            "peak_memory_bytes": self.peak_bytes(),
+            "list": list,
+        })
+    }
+
+    fn print(&self, order: AxisOrder) {
+        println!(
+            "parts         {} (grid {}), cut at {}",
+            self.plans.len(),
+            show_grid(&self.parts.grid, order),
+            order
+                .to_user(self.parts.grid.axes())
+                .iter()
+                .map(|axis| {
+                    let inner = &axis.bounds()[1..axis.count()];
+                    if inner.is_empty() {
+                        "-".to_string()
+                    } else {
+                        inner
+                            .iter()
+                            .map(u64::to_string)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" × ")
+        );
+        println!("  part  origin           shape            blocks  bytes read   seeks      peak");
+        for (k, part) in self.plans.iter().enumerate() {
+            println!(
+                "  {k:<5} {:<16} {:<16} {:>6}  {:>10}  {:>9}  {:>9}",
+                show_shape(&order.to_user(&part.region.origin)),
+                show_shape(&order.to_user(&part.region.shape)),
+                thousands(part.plan.output.count()),
+                show_bytes(part.bytes_read),
+                thousands(part.plan.prediction.seeks()),
+                show_bytes(part.plan.prediction.peak_bytes),
+            );
+        }
+        let percent = |more: u64, of: u64| 100.0 * (more as f64 - of as f64) / of.max(1) as f64;
+        println!(
+            "  overhead    {} extra seeks ({:+.1}%), {} extra bytes read ({:+.1}%), against one machine",
+            self.total_seeks() as i64 - self.single_seeks as i64,
+            percent(self.total_seeks(), self.single_seeks),
+            self.total_bytes() as i64 - self.single_bytes as i64,
+            percent(self.total_bytes(), self.single_bytes),
+        );
+        println!("  balance     {:.2} (largest part / mean)", self.balance());
+    }
 }
 
 /// The problem to plan, its dtype and axis order: from IN's block files,

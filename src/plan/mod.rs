@@ -30,6 +30,7 @@
 
 mod cost;
 mod dims;
+pub mod parts;
 mod problem;
 mod search;
 mod steps;
