@@ -64,14 +64,14 @@ pub fn cut(problem: &Problem, parts: u64) -> Result<Parts> {
             "--parts {parts}: a job has 1 to {most} parts here (one output block each at most)"
         )));
     }
-    let base = Cost::of(problem, &[problem.clone()]);
+    let base = Cost::of(std::slice::from_ref(problem));
     let mut best: Option<(f64, Partition)> = None;
     for counts in factorizations(parts, problem.ndim()) {
         for grid in grids(problem, &counts) {
             let pieces: Vec<Problem> = IndexBox::grid(&grid.grid_shape())
                 .map(|index| problem.part(&grid.block(&index)))
                 .collect();
-            let score = Cost::of(problem, &pieces).score(&base);
+            let score = Cost::of(&pieces).score(&base);
             if best.as_ref().is_none_or(|(least, _)| score < *least - 1e-9) {
                 best = Some((score, grid));
             }
@@ -99,7 +99,7 @@ struct Cost {
 }
 
 impl Cost {
-    fn of(_whole: &Problem, parts: &[Problem]) -> Cost {
+    fn of(parts: &[Problem]) -> Cost {
         let bytes: Vec<u128> = parts.iter().map(|p| bytes_read(p) as u128).collect();
         Cost {
             seeks: parts
