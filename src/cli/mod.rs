@@ -228,6 +228,10 @@ pub struct RechunkArgs {
     /// Replace block files (and rechunkfs.json) already in OUT; other files there are left alone.
     #[arg(long)]
     pub overwrite: bool,
+    /// Run part K of N (0 <= K < N) of the job `plan --parts N` shows: every part is given the
+    /// same arguments; `rechunkfs finish OUT` ends the job once all are done. See docs/cluster.md.
+    #[arg(long, value_name = "K/N")]
+    pub part: Option<String>,
     /// Print the final report as one JSON object.
     #[arg(long)]
     pub json: bool,

@@ -1,8 +1,10 @@
 //! `rechunk`: the plan run into real block files in a directory, with a
-//! progress bar. What the output format cannot hold, or an OUT that is
-//! the input, is refused before OUT is touched; a failed run, or one
-//! interrupted by SIGINT, SIGTERM or SIGHUP, leaves no file it wrote
-//! behind and says so.
+//! progress bar; the whole job, or one part of it (`--part K/N`, see
+//! `plan::parts`). What the output format cannot hold, or an OUT that is
+//! the input, is refused before OUT is touched. OUT records the job
+//! (`output::job`); a run that fails, is interrupted by SIGINT, SIGTERM or
+//! SIGHUP, or is killed keeps every block it finished, and the same
+//! command run again writes only the rest.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -18,7 +20,11 @@ use crate::engine::RunStats;
 use crate::error::Error;
 use crate::format::BlockFormat;
 use crate::input::{HeaderChecks, InputArray};
-use crate::output::directory::{self, OutputSpec};
+use crate::output::directory::{self, OutputSpec, PartOutput};
+use crate::output::filetree::FileTree;
+use crate::output::job::{self, JobRecord, JobSpec};
+use crate::plan::parts::Parts;
+use crate::plan::Problem;
 use crate::plan::{self, Plan, Strategy};
 use crate::sys::{disk, signals};
 
@@ -39,7 +45,10 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         Some(text) => text.parse::<BlockFormat>()?,
         None => input.format.default_output(),
     };
-    let plan = plan_rechunk(&args, &input, format)?;
+    let part = PartArg::of(&args)?;
+    let problem = problem_of(&input, &args.planning.shape, format)?;
+    let parts = plan::parts::cut(&problem, part.count)?;
+    let plan = plan_rechunk(&args, &parts.problem(part.index))?;
     if same_directory(&args.input, &args.output) {
         bail!(
             "{}: OUT is the input directory; write the new blocks somewhere else",
@@ -53,24 +62,95 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         space: input.space()?,
         axis_order: input.axis_order(),
     };
-    let stats = write_output(&args, &input, &plan, spec)?;
+    let record = job_record(&args, &input, &parts, &spec)?;
+    let stats = write_output(&args, &input, &plan, spec, (&parts, part), &record)?;
     let elapsed = started.elapsed();
     report_run(&plan, &stats, input.axis_order(), elapsed, args.json)
 }
 
-/// The plan for rechunking `input` as `args` ask, in the memory allowed
-/// (said on stderr when that is not `--mem`).
-fn plan_rechunk(
+/// `--part K/N`: which part of how many this run is (0/1: the whole job).
+#[derive(Clone, Copy, Debug)]
+struct PartArg {
+    index: u64,
+    count: u64,
+}
+
+impl PartArg {
+    fn of(args: &RechunkArgs) -> anyhow::Result<PartArg> {
+        let Some(text) = &args.part else {
+            return Ok(PartArg { index: 0, count: 1 });
+        };
+        let parsed = text.split_once('/').and_then(|(k, n)| {
+            Some((k.trim().parse::<u64>().ok()?, n.trim().parse::<u64>().ok()?))
+        });
+        let Some((index, count)) = parsed.filter(|&(k, n)| n > 0 && k < n) else {
+            bail!(
+                "--part {text}: give K/N with 0 <= K < N (part K of N, counted from 0, as \
+                 SLURM_ARRAY_TASK_ID counts)"
+            );
+        };
+        if args.overwrite && count > 1 {
+            bail!(
+                "--overwrite cannot go with --part: the parts of a job share OUT; empty OUT \
+                 first, then run every part"
+            );
+        }
+        Ok(PartArg { index, count })
+    }
+}
+
+/// What this job makes, for OUT's record: every part computes the same.
+fn job_record(
     args: &RechunkArgs,
     input: &InputArray,
-    format: BlockFormat,
-) -> anyhow::Result<Plan> {
-    let problem = problem_of(input, &args.planning.shape, format)?;
+    parts: &Parts,
+    spec: &OutputSpec,
+) -> anyhow::Result<JobRecord> {
+    let problem = &parts.problem;
+    let output = problem.output();
+    let tree = FileTree::for_output(spec.format, output.clone(), spec.axis_order);
+    let block_sizes = job::block_sizes(&tree, |shape| Ok(spec.template(shape)?.file_len()))?;
+    let metadata_files =
+        directory::array_metadata(input, &problem.array, &tree.block_shape(), spec, &output)?
+            .into_iter()
+            .map(|(name, bytes)| (name, String::from_utf8_lossy(&bytes).into_owned()))
+            .collect();
+    Ok(JobRecord {
+        spec: JobSpec {
+            input: args
+                .input
+                .canonicalize()
+                .unwrap_or_else(|_| args.input.clone()),
+            dataset: spec.dataset.clone(),
+            format: spec.format,
+            dtype: spec.dtype.numpy_descr(),
+            axis_order: spec.axis_order,
+            array: problem.array.clone(),
+            input_block: problem.input_block.clone(),
+            output_block: problem.output_block.clone(),
+            parts: parts.count(),
+            cuts: parts
+                .grid
+                .axes()
+                .iter()
+                .map(|axis| axis.bounds().to_vec())
+                .collect(),
+        },
+        inputs: job::input_identity(input)?,
+        block_sizes,
+        metadata_files,
+    })
+}
+
+/// The plan for rechunking `problem` (the job, or one part of it) as
+/// `args` ask, in the memory allowed (said on stderr when that is not
+/// `--mem`).
+fn plan_rechunk(args: &RechunkArgs, problem: &Problem) -> anyhow::Result<Plan> {
     let strategy: Strategy = args.planning.strategy.parse()?;
     let requested = mem_of(&args.planning)?;
     let cgroup_limit = crate::sys::cgroup::memory_limit();
     let planning = Instant::now();
-    let (plan, mem) = plan::plan_within(&problem, strategy, requested, cgroup_limit)?;
+    let (plan, mem) = plan::plan_within(problem, strategy, requested, cgroup_limit)?;
     log::debug!("planned in {:.3} s", planning.elapsed().as_secs_f64());
     let budget = Budget {
         used: mem,
@@ -83,14 +163,19 @@ fn plan_rechunk(
     Ok(plan)
 }
 
-/// Runs `plan` into OUT, with a progress bar. A run that fails, or that a
-/// stopping signal (SIGINT, SIGTERM, SIGHUP) interrupts between steps,
-/// removes every file it wrote, and OUT if it made it, and says so.
+/// Runs `plan` (part `part` of `parts`) into OUT, with a progress bar,
+/// after recording the job there or checking it is the one recorded;
+/// blocks already complete in OUT are kept. The whole job (one part) ends
+/// with [`job::finish`]. A run that fails, or that a stopping signal
+/// (SIGINT, SIGTERM, SIGHUP) interrupts between steps, keeps every block
+/// it finished, removes its temporaries, and says so.
 fn write_output(
     args: &RechunkArgs,
     input: &InputArray,
     plan: &Plan,
     spec: OutputSpec,
+    (parts, part): (&Parts, PartArg),
+    record: &JobRecord,
 ) -> anyhow::Result<RunStats> {
     // The first output block is the largest: if the format can hold it
     // (NIfTI's limits, MINC2 scaling), it can hold them all. Refuse before
@@ -99,66 +184,85 @@ fn write_output(
     // Caught from before OUT is touched: a signal until then ends the
     // process at once, with nothing of this run on disk yet.
     let stop = signals::catch_stopping_signals()?;
-    let created_output = directory::prepare_output_dir(&args.output, args.overwrite)?;
+    directory::prepare_output_dir(&args.output, args.overwrite)?;
+    job::record_job(&args.output, record, &job::run_tag(part.index))?;
+    let mut output = PartOutput::of_plan(plan, part.index);
+    let tree = record.spec.tree();
+    output.done = (0..output.blocks.count())
+        .filter(|&rank| {
+            let whole = output.whole_rank(tree.grid(), rank);
+            job::block_is_done(&args.output, record, &tree, whole)
+        })
+        .collect();
+    let kept_before = output.done.len();
     let free_at_start = disk::free_bytes(&args.output);
     let bar = progress_bar(input.nbytes(), args.quiet || args.json);
     let delay = step_delay();
     let mut read_blocks_done = 0;
-    let run = directory::rechunk(input, plan, &args.output, spec, Some(stop), |stats| {
-        bar.set_position(stats.bytes_written);
-        bar.set_message(format!(
-            "blocks {}/{}",
-            stats.output_blocks_done, stats.output_blocks_total
-        ));
-        if let Some(delay) = delay.filter(|_| stats.read_blocks_done > read_blocks_done) {
-            std::thread::sleep(delay);
-        }
-        read_blocks_done = stats.read_blocks_done;
-    });
+    let run = directory::rechunk_part(
+        input,
+        plan,
+        (&args.output, parts.problem.output()),
+        spec,
+        output,
+        Some(stop),
+        |stats| {
+            bar.set_position(stats.bytes_written);
+            bar.set_message(format!(
+                "blocks {}/{}",
+                stats.output_blocks_done, stats.output_blocks_total
+            ));
+            if let Some(delay) = delay.filter(|_| stats.read_blocks_done > read_blocks_done) {
+                std::thread::sleep(delay);
+            }
+            read_blocks_done = stats.read_blocks_done;
+        },
+    );
     bar.finish_and_clear();
-    let Err(error) = run else {
-        if let Some(signal) = signals::caught() {
-            eprintln!(
-                "{signal} came after every block was written: {} is complete",
-                args.output.display()
-            );
-        }
-        return run.map_err(Into::into);
+    let stats = match run {
+        Ok(stats) => stats,
+        Err(error) => return Err(explained(args, free_at_start, input, error)),
     };
-    // Failed: rechunk removed what it wrote, and OUT goes too.
-    if created_output {
-        let _ = std::fs::remove_dir(&args.output);
+    if let Some(signal) = signals::caught() {
+        eprintln!("{signal} came after every block of this run was written: they are complete");
     }
-    Err(explained(args, created_output, free_at_start, input, error))
+    if kept_before > 0 && !args.json {
+        eprintln!(
+            "{kept_before} block(s) were complete in {} already: kept, not written again",
+            args.output.display()
+        );
+    }
+    if part.count == 1 {
+        job::finish(&args.output)?;
+    } else if !args.json {
+        eprintln!(
+            "part {}/{} is complete; once every part is, run `rechunkfs finish {}`",
+            part.index,
+            part.count,
+            args.output.display()
+        );
+    }
+    Ok(stats)
 }
 
-/// The error of a failed run, said in terms of OUT: what is left there and
-/// what to do.
+/// The error of a failed run, said in terms of OUT: what is kept there
+/// and what to do.
 fn explained(
     args: &RechunkArgs,
-    created_output: bool,
     free_at_start: Option<u64>,
     input: &InputArray,
     error: Error,
 ) -> anyhow::Error {
     let out = args.output.display();
-    let left = if created_output {
-        format!("removed every file it wrote, and {out}, which it had made")
-    } else if args.overwrite {
-        format!(
-            "removed every file it wrote in {out} (the old blocks --overwrite replaced are gone too)"
-        )
-    } else {
-        format!("removed every file it wrote in {out}")
-    };
+    let left = format!(
+        "kept every block it finished in {out} and removed its temporary files; run the same \
+         command again to write the rest"
+    );
     match error {
         Error::Cancelled => match signals::caught() {
             Some(signal) => Interrupted {
                 signal,
-                message: format!(
-                    "interrupted by {signal} before {out} was complete: {left}; run the same \
-                     command again to start over"
-                ),
+                message: format!("interrupted by {signal} before {out} was complete: {left}"),
             }
             .into(),
             None => anyhow::anyhow!("cancelled: {left}"),
@@ -169,13 +273,12 @@ fn explained(
             });
             anyhow::anyhow!(
                 "{out}: no space left on the output's filesystem: the array needs about {}{free}; \
-                 {left}. Free some space there, or choose another OUT, and run the same command \
-                 again. ({error})",
+                 {left} once there is space (free some, or move OUT with its hidden \
+                 .rechunkfs-job.json). ({error})",
                 show_bytes(input.nbytes())
             )
         }
-        // The cause says it all; OUT is as the run found it.
-        other => other.into(),
+        other => anyhow::Error::from(other).context(format!("the run stopped: {left}")),
     }
 }
 

@@ -300,6 +300,11 @@ impl<'a> InputReader<'a> {
         Ok(())
     }
 
+    /// Reads nothing before read block `first` (a resumed run): read-ahead starts there.
+    pub(super) fn start_at(&mut self, first: u64) {
+        self.ahead.block = first;
+    }
+
     /// Input block `input_index` of the plan as the input's own block: its
     /// rank among the input's blocks, and where `region` (inside it, in
     /// the plan's coordinates) lies in its file. A part of a job

@@ -4,6 +4,7 @@
 
 pub mod directory;
 pub mod filetree;
+pub mod job;
 
 use crate::error::Result;
 use crate::format::BlockFormat;

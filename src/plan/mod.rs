@@ -129,6 +129,14 @@ impl Plan {
             .collect()
     }
 
+    /// The C-order rank of the first read block that overlaps `region`.
+    pub fn first_read_of(&self, region: &Region) -> u64 {
+        let index: Vec<usize> = (0..region.ndim())
+            .map(|d| self.read.axis(d).locate(region.origin[d]))
+            .collect();
+        self.read.linear(&index)
+    }
+
     /// The C-order rank of the read block after which `region` (an output
     /// block) is completely written: per dimension, the read interval that
     /// completes the last write interval overlapping it.
