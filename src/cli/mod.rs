@@ -2,6 +2,7 @@
 //! runs. Each command has its own file and is a thin layer over the
 //! library; messages say what is wrong and what to do.
 
+mod finish;
 mod mount;
 mod plan;
 mod rechunk;
@@ -51,8 +52,12 @@ pub enum Command {
     Mount(MountArgs),
     /// Unmount a view (also when its daemon has died); parked reads get an error.
     Umount(UmountArgs),
-    /// Show a view's progress: blocks done, bytes, seeks against the plan, rate, ETA, errors.
+    /// Show a view's progress: blocks done, bytes, seeks against the plan, rate, ETA, errors; or a
+    /// directory run's blocks done per part.
     Status(StatusArgs),
+    /// End a job run in parts: check every block is in OUT, complete, then write the array's
+    /// metadata (Zarr .zarray/zarr.json, rechunkfs.json) last.
+    Finish(FinishArgs),
     /// Write a sample array (every voxel checkable) as block files, for trying things out.
     Sample(SampleArgs),
 }
@@ -114,8 +119,18 @@ pub struct UmountArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct FinishArgs {
+    /// The output directory every part wrote into.
+    #[arg(value_name = "OUT")]
+    pub output: PathBuf,
+    /// Print what was found and written as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
 pub struct StatusArgs {
-    /// The mounted view.
+    /// The mounted view, or an output directory of `rechunk` (a job, whole or in parts).
     #[arg(value_name = "VIEW")]
     pub view: PathBuf,
     /// Print the status as one JSON object.
@@ -280,6 +295,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Umount(args) => status::umount_command(args),
         Command::Status(args) => status::status_command(args),
+        Command::Finish(args) => finish::finish_command(args),
         Command::Sample(args) => sample::sample_command(args),
     }
 }
