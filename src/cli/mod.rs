@@ -216,15 +216,17 @@ affine placing each block in the whole image (identity for HDF5 and npy input); 
 (--format raw) are data only, and OUT/rechunkfs.json describes them (shape, dtype, axis \
 order).\n\nInput headers: two HDF5 or npy blocks of each kind (interior, or last along some \
 dimensions) are read before the run; every other block's header is checked when the run first \
-reads the file. A bad block stops the run with the file and the problem named, and every file \
-the run wrote is removed (with OUT, if the run created it). `rechunkfs plan` reads every header \
-first.\n\nStopping: each block is written under a hidden .NAME.partial name and renamed when \
-complete and on disk, so a file with a block's name is always a whole, correct block. Ctrl-C \
-(SIGINT), SIGTERM or SIGHUP stops the run between steps, removes every file it wrote (with \
-OUT, if it created it) and ends non-zero; run the same command again to start over. A second \
-signal, kill -9 or a crash stops it at once and leaves the blocks it finished and its .partial \
-files: OUT is then refused as not empty, and --overwrite removes them and starts over. A full \
-disk stops the run the same way as a bad block.\n\n", axis_order_help!())
+reads the file. A bad block stops the run with the file and the problem named. `rechunkfs plan` reads every header \
+first.\n\nStopping and resuming: each block is written under a hidden .NAME.<part>-<host>-<pid>.partial \
+name and renamed when complete and on disk, so a file with a block's name is always a whole, \
+correct block. OUT/.rechunkfs-job.json records the job (input, shapes, format, parts, each input \
+file's size and mtime). A run that fails (a bad block, a full disk), is stopped by Ctrl-C \
+(SIGINT), SIGTERM or SIGHUP (between steps), or is killed outright keeps every block it \
+finished; a stopped run removes its temporaries. The same command run again keeps those blocks \
+(it does not write them again), removes a killed run's temporaries and writes the rest; it is \
+refused if an input file changed since, or if OUT holds another job. --overwrite starts over. \
+The whole job ends by writing the array's metadata (Zarr, rechunkfs.json) and removing the \
+record; a job in parts (--part K/N) ends with `rechunkfs finish OUT`.\n\n", axis_order_help!())
 )]
 pub struct RechunkArgs {
     /// Input: a directory of block files, or one file (to split it).

@@ -354,13 +354,14 @@ pub struct Finished {
 }
 
 /// Checks that every block of the job in `out` is there, complete, and
-/// writes the files describing the whole array, each atomically, last.
+/// writes the files describing the whole array, each atomically, last;
+/// then removes the job's record: a finished OUT holds the array alone.
 pub fn finish(out: &Path) -> Result<Finished> {
     let record = read_job(out)?.ok_or_else(|| Error::BadOutput {
         path: out.to_path_buf(),
         problem: format!(
-            "holds no {JOB_NAME}: it is no directory `rechunkfs rechunk` wrote (or it was made \
-             before jobs were recorded)"
+            "holds no {JOB_NAME}: its job was finished already, or it is no directory \
+             `rechunkfs rechunk` wrote"
         ),
     })?;
     let unfinished: Vec<PartProgress> = progress(out, &record)
@@ -389,6 +390,8 @@ pub fn finish(out: &Path) -> Result<Finished> {
     File::open(out)
         .and_then(|d| d.sync_all())
         .map_err(|e| Error::io(out, "syncing the directory", e))?;
+    let record_path = out.join(JOB_NAME);
+    fs::remove_file(&record_path).map_err(|e| Error::io(&record_path, "removing", e))?;
     Ok(Finished {
         blocks: record.spec.output().count(),
         metadata_files: written,
