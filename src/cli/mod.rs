@@ -8,6 +8,7 @@ mod plan;
 mod rechunk;
 mod report;
 pub mod sample;
+mod slurm;
 mod status;
 
 use std::path::PathBuf;
@@ -58,6 +59,8 @@ pub enum Command {
     /// End a job run in parts: check every block is in OUT, complete, then write the array's
     /// metadata (Zarr .zarray/zarr.json, rechunkfs.json) last.
     Finish(FinishArgs),
+    /// Print (or --submit) a SLURM script running a job in N parts as a job array, then finish.
+    Slurm(SlurmArgs),
     /// Write a sample array (every voxel checkable) as block files, for trying things out.
     Sample(SampleArgs),
 }
@@ -116,6 +119,44 @@ pub struct UmountArgs {
     /// The mounted view.
     #[arg(value_name = "VIEW")]
     pub view: PathBuf,
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "The script submits a job array of N tasks, task K running `rechunkfs rechunk IN \
+OUT ... --part K/N` (every part with the same arguments), and a job that runs `rechunkfs finish \
+OUT` once every task has succeeded (afterok). Each task asks for --cpus-per-task=2 (one core \
+reads while the other writes) and twice the largest part's planned peak memory plus 64 MiB: \
+inside a memory cgroup rechunkfs plans within half of it, so every part plans as `plan --parts` \
+shows. Run the script again with array indices (`bash job.sh 3,17`) to resubmit failed parts: \
+each keeps the blocks it finished. See docs/cluster.md."
+)]
+pub struct SlurmArgs {
+    /// Input: a directory of block files, or one file.
+    #[arg(value_name = "IN")]
+    pub input: PathBuf,
+    /// Output directory (on a filesystem every node sees).
+    #[arg(value_name = "OUT")]
+    pub output: PathBuf,
+    #[command(flatten)]
+    pub planning: PlanningArgs,
+    /// Output format, as for rechunk.
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
+    #[command(flatten)]
+    pub input_args: InputArgs,
+    /// How many parts (array tasks); `plan --parts N` shows the cost of each choice.
+    #[arg(long, value_name = "N")]
+    pub parts: u64,
+    /// Most tasks running at once (the array's %M).
+    #[arg(long, value_name = "M")]
+    pub max_running: Option<u64>,
+    /// A line `#SBATCH ARG` for every job (e.g. --sbatch-arg=--partition=io --sbatch-arg=--time=2:00:00).
+    #[arg(long = "sbatch-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub sbatch_args: Vec<String>,
+    /// Submit the script (with sbatch) instead of printing it.
+    #[arg(long)]
+    pub submit: bool,
 }
 
 #[derive(Args, Debug)]
@@ -298,6 +339,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Umount(args) => status::umount_command(args),
         Command::Status(args) => status::status_command(args),
         Command::Finish(args) => finish::finish_command(args),
+        Command::Slurm(mut args) => {
+            args.input = chosen_array(&args.input, &args.input_args)?;
+            slurm::slurm_command(args)
+        }
         Command::Sample(args) => sample::sample_command(args),
     }
 }

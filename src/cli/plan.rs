@@ -129,18 +129,39 @@ pub(super) struct JobPlan {
 /// `problem` cut into `count` parts, each planned in the memory `plans`
 /// (one machine's) was planned in.
 fn plan_job(problem: &Problem, count: u64, plans: &Plans) -> anyhow::Result<JobPlan> {
+    let budget = (plans.budget.requested, plans.budget.cgroup_limit);
+    let single_seeks = plans.chosen.prediction.seeks();
+    plan_job_within(problem, count, plans.chosen.strategy, budget, single_seeks)
+}
+
+/// `problem` cut into `count` parts, each planned with `strategy` within
+/// `requested` bytes (`--mem`), whatever cgroup this process is in.
+pub(super) fn plan_job_of(
+    problem: &Problem,
+    count: u64,
+    strategy: Strategy,
+    requested: Option<u64>,
+) -> anyhow::Result<JobPlan> {
+    let single = plan::plan(problem, strategy, requested)?;
+    let single_seeks = single.prediction.seeks();
+    plan_job_within(problem, count, strategy, (requested, None), single_seeks)
+}
+
+/// `problem` cut into `count` parts, each planned within `(requested,
+/// cgroup_limit)` as `rechunk` would; one machine would make `single_seeks`.
+fn plan_job_within(
+    problem: &Problem,
+    count: u64,
+    strategy: Strategy,
+    (requested, cgroup_limit): (Option<u64>, Option<u64>),
+    single_seeks: u64,
+) -> anyhow::Result<JobPlan> {
     let parts = plan::parts::cut(problem, count)?;
-    let strategy = plans.chosen.strategy;
     let plans_of_parts = (0..parts.count())
         .map(|k| {
             let part = parts.problem(k);
-            let (chosen, _) = plan::plan_within(
-                &part,
-                strategy,
-                plans.budget.requested,
-                plans.budget.cgroup_limit,
-            )
-            .with_context(|| format!("planning part {k} of {count}"))?;
+            let (chosen, _) = plan::plan_within(&part, strategy, requested, cgroup_limit)
+                .with_context(|| format!("planning part {k} of {count}"))?;
             Ok(PartPlan {
                 region: parts.region(k),
                 bytes_read: plan::parts::bytes_read(&part),
@@ -151,7 +172,7 @@ fn plan_job(problem: &Problem, count: u64, plans: &Plans) -> anyhow::Result<JobP
     Ok(JobPlan {
         parts,
         plans: plans_of_parts,
-        single_seeks: plans.chosen.prediction.seeks(),
+        single_seeks,
         single_bytes: plan::parts::bytes_read(problem),
     })
 }
