@@ -484,8 +484,9 @@ impl BlockSink for DirectorySink {
     fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
         if !self.files.is_open(rank) {
             let (partial, _) = self.paths(rank);
-            let region = self.tree.grid().block(&self.tree.grid().unravel(rank));
-            let file_shape = self.tree.file_shape(rank);
+            let whole = self.part.whole_rank(self.tree.grid(), rank);
+            let region = self.tree.grid().block(&self.tree.grid().unravel(whole));
+            let file_shape = self.tree.file_shape(whole);
             let opened = if self.files.was_created(rank) {
                 let data_offset = self.template(&file_shape)?.data_offset;
                 let file = reopen(&partial)?;
@@ -529,7 +530,8 @@ impl BlockSink for DirectorySink {
             pagecache::start_writeback(&open.file);
         }
         let (partial, done) = self.paths(rank);
-        let file_shape = self.tree.file_shape(rank);
+        let whole = self.part.whole_rank(self.tree.grid(), rank);
+        let file_shape = self.tree.file_shape(whole);
         self.completed_bytes += self.template(&file_shape)?.file_len();
         self.completed.push((partial, done));
         if self.completed_bytes >= self.commit_batch_bytes {

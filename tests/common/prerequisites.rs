@@ -23,6 +23,9 @@ pub enum Need {
     /// Root and mount(8) able to mount a tmpfs, to make a small
     /// filesystem to fill.
     TmpfsMount,
+    /// Root, and SLURM's daemons and commands with munge
+    /// (`slurmctld slurmd slurm-client munge`), to run a one-node cluster.
+    Slurm,
 }
 
 /// The modules the readers' Python must import.
@@ -72,6 +75,31 @@ fn missing(need: Need) -> Option<String> {
         Need::Fuse => fuse_missing(),
         Need::MemoryCgroup => cgroup_missing(),
         Need::TmpfsMount => tmpfs_missing().clone(),
+        Need::Slurm => slurm_missing(),
+    }
+}
+
+fn slurm_missing() -> Option<String> {
+    let programs = [
+        "/usr/sbin/slurmctld",
+        "/usr/sbin/slurmd",
+        "/usr/sbin/munged",
+        "/usr/bin/sbatch",
+        "/etc/munge/munge.key",
+    ];
+    let absent: Vec<&str> = programs
+        .into_iter()
+        .filter(|path| !Path::new(path).exists())
+        .collect();
+    if !is_root() {
+        Some("root, to run SLURM's daemons".into())
+    } else if !absent.is_empty() {
+        Some(format!(
+            "SLURM and munge (apt-get install slurmctld slurmd slurm-client munge: {} absent)",
+            absent.join(", ")
+        ))
+    } else {
+        None
     }
 }
 
