@@ -135,13 +135,15 @@ impl Cluster {
             .expect("run the script");
         let said = String::from_utf8_lossy(&output.stdout).into_owned();
         assert!(output.status.success(), "submitting: {}", stderr(&output));
-        let jobs: Vec<&str> = said
-            .split_whitespace()
-            .filter(|w| w.chars().all(|c| c.is_ascii_digit()))
+        // "...: array job 12, finish job 13"
+        let words: Vec<&str> = said.split_whitespace().collect();
+        let jobs: Vec<String> = words
+            .windows(2)
+            .filter(|w| w[0] == "job")
+            .map(|w| w[1].trim_end_matches(',').to_string())
             .collect();
-        let n = jobs.len();
-        assert!(n >= 2, "no job ids in: {said}");
-        (jobs[n - 2].to_string(), jobs[n - 1].to_string())
+        assert_eq!(jobs.len(), 2, "no job ids in: {said}");
+        (jobs[0].clone(), jobs[1].clone())
     }
 
     /// Waits until `ready`, failing the test after `limit`.
@@ -418,9 +420,8 @@ fn a_killed_part_resubmitted_finishes_without_rewriting_and_a_changed_input_is_r
     });
     kill_part(&out, 0);
     cluster.wait_for(Duration::from_secs(60), "the killed task to end", |c| {
-        c.states(&format!("{array}_0"))
-            .iter()
-            .all(|s| s != "RUNNING" && s != "PENDING")
+        let states = c.states(&format!("{array}_0"));
+        !states.is_empty() && states.iter().all(|s| s != "RUNNING" && s != "PENDING")
     });
     let (kept, total) = part_done(&cluster);
     assert!(kept >= 1 && kept < total, "kept {kept} of {total}");
@@ -435,9 +436,7 @@ fn a_killed_part_resubmitted_finishes_without_rewriting_and_a_changed_input_is_r
     set_mtime(&chunk, was + Duration::from_secs(7));
     let (refused, finish) = cluster.submit(&script, &["0"], &[]);
     cluster.wait_for(Duration::from_secs(60), "the refused task to end", |c| {
-        c.states(&format!("{refused}_0"))
-            .iter()
-            .all(|s| s == "FAILED")
+        c.states(&format!("{refused}_0")) == ["FAILED"]
     });
     let log = cluster.log(&refused, Some(0));
     assert!(

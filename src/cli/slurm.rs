@@ -127,7 +127,7 @@ finish=$(sbatch --parsable --dependency=afterok:"${{array%%;*}}" <<'TASK'
 {extra}exec {exe} finish {out}
 TASK
 )
-echo "submitted parts $indices (+$offset) of {n} as job ${{array%%;*}}; finish is job ${{finish%%;*}}"
+echo "submitted parts $indices (+$offset) of {n}: array job ${{array%%;*}}, finish job ${{finish%%;*}}"
 "#,
         last = n - 1,
         out = quote(&out),
