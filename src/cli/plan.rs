@@ -280,6 +280,13 @@ impl JobPlan {
             percent(self.total_bytes(), self.single_bytes),
         );
         println!("  balance     {:.2} (largest part / mean)", self.balance());
+        if self.total_seeks() > 2 * self.single_seeks {
+            println!(
+                "  note        cuts across input blocks along inner dimensions read those blocks \
+                 a row at a time; fewer parts, or a count the first dimension's output blocks \
+                 allow, cost far less (docs/cluster.md)"
+            );
+        }
     }
 }
 
