@@ -186,14 +186,7 @@ fn write_output(
     let stop = signals::catch_stopping_signals()?;
     directory::prepare_output_dir(&args.output, args.overwrite)?;
     job::record_job(&args.output, record, &job::run_tag(part.index))?;
-    let mut output = PartOutput::of_plan(plan, part.index);
-    let tree = record.spec.tree();
-    output.done = (0..output.blocks.count())
-        .filter(|&rank| {
-            let whole = output.whole_rank(tree.grid(), rank);
-            job::block_is_done(&args.output, record, &tree, whole)
-        })
-        .collect();
+    let output = part_output(&args.output, plan, part.index, record);
     let kept_before = output.done.len();
     let free_at_start = disk::free_bytes(&args.output);
     let bar = progress_bar(input.nbytes(), args.quiet || args.json);
@@ -223,6 +216,28 @@ fn write_output(
         Ok(stats) => stats,
         Err(error) => return Err(explained(args, free_at_start, input, error)),
     };
+    end_of_run(args, part, kept_before)?;
+    Ok(stats)
+}
+
+/// The blocks part `index` of the job `record` writes with `plan`, those
+/// complete in `out` already marked done.
+fn part_output(out: &Path, plan: &Plan, index: u64, record: &JobRecord) -> PartOutput {
+    let mut output = PartOutput::of_plan(plan, index);
+    let tree = record.spec.tree();
+    output.done = (0..output.blocks.count())
+        .filter(|&rank| {
+            let whole = output.whole_rank(tree.grid(), rank);
+            job::block_is_done(out, record, &tree, whole)
+        })
+        .collect();
+    output
+}
+
+/// After a run that wrote every block of its part (`kept_before` of them
+/// there already): the whole job (one part) is finished; a part says what
+/// is next.
+fn end_of_run(args: &RechunkArgs, part: PartArg, kept_before: usize) -> anyhow::Result<()> {
     if let Some(signal) = signals::caught() {
         eprintln!("{signal} came after every block of this run was written: they are complete");
     }
@@ -242,7 +257,7 @@ fn write_output(
             args.output.display()
         );
     }
-    Ok(stats)
+    Ok(())
 }
 
 /// The error of a failed run, said in terms of OUT: what is kept there
