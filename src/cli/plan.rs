@@ -110,6 +110,9 @@ pub(super) fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Parts listed one per line in the human report; `--json` lists all.
+const PARTS_SHOWN: usize = 64;
+
 /// A part of a job, planned: its box, its plan and the bytes it reads.
 pub(super) struct PartPlan {
     pub(super) region: Region,
@@ -260,7 +263,7 @@ impl JobPlan {
                 .join(" × ")
         );
         println!("  part  origin           shape            blocks  bytes read   seeks      peak");
-        for (k, part) in self.plans.iter().enumerate() {
+        for (k, part) in self.plans.iter().enumerate().take(PARTS_SHOWN) {
             println!(
                 "  {k:<5} {:<16} {:<16} {:>6}  {:>10}  {:>9}  {:>9}",
                 show_shape(&order.to_user(&part.region.origin)),
@@ -269,6 +272,12 @@ impl JobPlan {
                 show_bytes(part.bytes_read),
                 thousands(part.plan.prediction.seeks()),
                 show_bytes(part.plan.prediction.peak_bytes),
+            );
+        }
+        if self.plans.len() > PARTS_SHOWN {
+            println!(
+                "  ...   and {} more parts (--json lists every one)",
+                self.plans.len() - PARTS_SHOWN
             );
         }
         let percent = |more: u64, of: u64| 100.0 * (more as f64 - of as f64) / of.max(1) as f64;
