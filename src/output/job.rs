@@ -94,6 +94,8 @@ pub struct JobRecord {
     pub spec: JobSpec,
     pub inputs: Vec<InputIdentity>,
     /// Each kind of block file: its array's shape and its length in bytes.
+    /// Empty when block files have no fixed length (encoded outputs): a
+    /// final name alone then says a block is complete.
     pub block_sizes: Vec<(Vec<u64>, u64)>,
     /// The files describing the whole array (name, text), which `finish`
     /// writes once every block is in place.
@@ -308,12 +310,14 @@ fn expected_len(record: &JobRecord, tree: &FileTree, rank: u64) -> Option<u64> {
 }
 
 /// Whether output block `rank`'s file is in `out`, complete (its final
-/// name, its exact length).
+/// name, and its exact length when block files have one).
 pub fn block_is_done(out: &Path, record: &JobRecord, tree: &FileTree, rank: u64) -> bool {
     let Ok(meta) = fs::metadata(out.join(tree.path(rank))) else {
         return false;
     };
-    meta.is_file() && expected_len(record, tree, rank) == Some(meta.len())
+    let exact =
+        record.block_sizes.is_empty() || expected_len(record, tree, rank) == Some(meta.len());
+    meta.is_file() && exact
 }
 
 /// A part's progress, from the files in OUT.
