@@ -193,6 +193,16 @@ fn rechunk_writes_blocks_and_reports_seeks_as_json() {
 /// Runs `rechunk` on a broken input: it must fail, name what the test
 /// expects, and write nothing.
 fn assert_refused(input: &Path, expected: &[&str]) {
+    let out = refused_run(input, expected);
+    assert!(
+        !out.exists(),
+        "nothing may be written when the input is refused"
+    );
+}
+
+/// Runs `rechunk` of `input`, which must be refused saying `expected`;
+/// returns the OUT it was given.
+fn refused_run(input: &Path, expected: &[&str]) -> std::path::PathBuf {
     let out = input.parent().unwrap().join("refused-out");
     let output = rechunkfs(&[
         "rechunk",
@@ -210,10 +220,24 @@ fn assert_refused(input: &Path, expected: &[&str]) {
     for part in expected {
         assert!(message.contains(part), "message lacks '{part}': {message}");
     }
-    assert!(
-        !out.exists(),
-        "nothing may be written when the input is refused"
-    );
+    out
+}
+
+/// As [`assert_refused`], for a block the run reaches: the blocks it
+/// finished before are kept (complete), none of its temporaries.
+fn assert_refused_mid_run(input: &Path, expected: &[&str]) {
+    let out = refused_run(input, expected);
+    let left: Vec<String> = std::fs::read_dir(&out)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.ends_with(".partial"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "temporaries left: {left:?}");
+    let _ = std::fs::remove_dir_all(&out);
 }
 
 fn fresh_grid(root: &Path, format: BlockFormat) -> std::path::PathBuf {
@@ -335,25 +359,25 @@ fn replace_block(dir: &Path, index: [u64; 3], shape: [u64; 3], dt: &str, format:
 }
 
 #[test]
-fn refuses_a_bad_block_the_run_reaches_and_leaves_no_output() {
+fn refuses_a_bad_block_the_run_reaches_and_leaves_no_temporary() {
     for format in [BlockFormat::Npy, BlockFormat::Hdf5] {
         let root = tempfile::tempdir().unwrap();
         let root = root.path().join(format.extension());
         let dir = larger_grid(&root.join("shape"), format);
         replace_block(&dir, [2, 1, 2], [3, 2, 3], "u16", format);
-        assert_refused(
+        assert_refused_mid_run(
             &dir,
             &["2_1_2.", "does not fit its position 2_1_2", "dimension 1"],
         );
         let dir = larger_grid(&root.join("dtype"), format);
         replace_block(&dir, [1, 3, 2], [3, 3, 3], ">u2", format);
-        assert_refused(
+        assert_refused_mid_run(
             &dir,
             &["1_3_2.", "has dtype u16 (big-endian)", "share one dtype"],
         );
         let dir = larger_grid(&root.join("truncated"), format);
         cut_short(&dir.join(format!("3_2_1.{}", format.extension())));
-        assert_refused(&dir, &["3_2_1", "truncated"]);
+        assert_refused_mid_run(&dir, &["3_2_1", "truncated"]);
     }
 }
 

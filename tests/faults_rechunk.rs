@@ -2,7 +2,9 @@
 //! SIGKILL at random points, and by a full output filesystem (a small
 //! tmpfs made here). Whatever stops it, no visible file in OUT
 //! may be wrong: each is checked byte for byte against the oracle, read by
-//! the format's own reader.
+//! the format's own reader. The blocks it finished are kept, and the same
+//! command run again writes only the rest: the kept blocks' mtimes do not
+//! change.
 //!
 //! `RECHUNKFS_FAULT_ITERATIONS` raises the number of random points tried
 //! (default: a few, to stay quick in CI).
@@ -116,6 +118,51 @@ fn is_hidden(path: &Path) -> bool {
         .is_some_and(|n| n.starts_with('.'))
 }
 
+/// A run's temporary file (a block or metadata file not finished).
+fn is_temporary(path: &Path) -> bool {
+    is_hidden(path) && path.to_string_lossy().ends_with(".partial")
+}
+
+/// The mtime of every visible file under `out`.
+fn mtimes(out: &Path) -> Vec<(PathBuf, std::time::SystemTime)> {
+    files_under(out)
+        .into_iter()
+        .filter(|path| !is_hidden(path))
+        .map(|path| {
+            let modified = std::fs::metadata(out.join(&path))
+                .and_then(|m| m.modified())
+                .expect("mtime");
+            (path, modified)
+        })
+        .collect()
+}
+
+/// Runs the same command again: it must finish the job, leave every block
+/// `before` held untouched (same mtime) and no temporary.
+fn rerun_finishes_without_rewriting(case: &str, input: &Path, out: &Path, format: BlockFormat) {
+    let before = mtimes(out);
+    let rerun = rechunk(input, out, format, &[]);
+    assert!(rerun.status.success(), "{case}: rerun: {}", stderr(&rerun));
+    verify_complete(out, format);
+    let after: std::collections::HashMap<_, _> = mtimes(out).into_iter().collect();
+    for (path, modified) in before {
+        if path == Path::new("zarr.json") {
+            continue;
+        }
+        assert_eq!(
+            after.get(&path),
+            Some(&modified),
+            "{case}: {} was written again",
+            path.display()
+        );
+    }
+    let temporaries: Vec<PathBuf> = files_under(out)
+        .into_iter()
+        .filter(|path| is_temporary(path))
+        .collect();
+    assert!(temporaries.is_empty(), "{case}: left {temporaries:?}");
+}
+
 /// The block of the output grid a visible file of `format` is named for.
 fn block_named(relative: &Path, format: BlockFormat) -> Option<GridBlock> {
     let name = relative.to_str()?;
@@ -183,6 +230,8 @@ struct Outcomes {
     finished: u64,
     /// The longest a stopped run took to end after its signal.
     slowest_stop: Duration,
+    /// Stopped runs that kept blocks they finished.
+    kept_blocks: u64,
 }
 
 fn signal_of(status: ExitStatus) -> Option<i32> {
@@ -191,8 +240,9 @@ fn signal_of(status: ExitStatus) -> Option<i32> {
 
 const FORMATS: [BlockFormat; 3] = [BlockFormat::Npy, BlockFormat::Hdf5, BlockFormat::Zarr3];
 
-/// Checks what a run stopped by `signal` said and left: nothing of it in
-/// `out` (which stays, empty, if it `existed`).
+/// Checks what a run stopped by `signal` said and left: the blocks it
+/// finished, each exact, and none of its temporaries. Returns how many
+/// blocks it kept.
 fn check_stopped(
     case: &str,
     message: &str,
@@ -200,33 +250,38 @@ fn check_stopped(
     out: &Path,
     existed: bool,
     outcomes: &mut Outcomes,
-) {
+) -> usize {
     if message.is_empty() {
         // Killed before the handler was set: nothing written yet.
         assert!(!out.exists() || existed, "{case}: OUT was made");
         outcomes.before_start += 1;
-    } else {
-        assert!(
-            message.contains(&format!("interrupted by {signal}"))
-                && message.contains("removed every file it wrote")
-                && message.contains("run the same command again"),
-            "{case}"
-        );
-        outcomes.interrupted += 1;
+        return 0;
     }
-    if existed {
-        assert_eq!(
-            files_under(out),
-            Vec::<PathBuf>::new(),
-            "{case}: OUT not empty"
-        );
-    } else {
-        assert!(!out.exists(), "{case}: OUT left behind");
-    }
+    assert!(
+        message.contains(&format!("interrupted by {signal}"))
+            && message.contains("kept every block it finished")
+            && message.contains("run the same command again"),
+        "{case}"
+    );
+    outcomes.interrupted += 1;
+    let temporaries: Vec<PathBuf> = files_under(out)
+        .into_iter()
+        .filter(|path| is_temporary(path))
+        .collect();
+    assert!(temporaries.is_empty(), "{case}: left {temporaries:?}");
+    visible_blocks(out)
+}
+
+/// How many visible files `out` holds (each checked by [`check_visible`]).
+fn visible_blocks(out: &Path) -> usize {
+    files_under(out)
+        .iter()
+        .filter(|path| !is_hidden(path) && *path != Path::new("zarr.json"))
+        .count()
 }
 
 #[test]
-fn sigint_and_sigterm_stop_a_run_promptly_and_remove_what_it_wrote() {
+fn sigint_and_sigterm_stop_a_run_promptly_keep_its_blocks_and_a_rerun_writes_the_rest() {
     let root = tempfile::tempdir().unwrap();
     let input = make_blocks(
         root.path(),
@@ -267,18 +322,18 @@ fn sigint_and_sigterm_stop_a_run_promptly_and_remove_what_it_wrote() {
             "{case}: ended {took:?} after"
         );
         outcomes.slowest_stop = outcomes.slowest_stop.max(took);
-        check_stopped(&case, &message, signal, &out, existed, &mut outcomes);
-        // The same command again finishes the job.
-        let rerun = rechunk(&input, &out, format, &[]);
-        assert!(rerun.status.success(), "{case}: rerun: {}", stderr(&rerun));
-        verify_complete(&out, format);
+        if check_stopped(&case, &message, signal, &out, existed, &mut outcomes) > 0 {
+            check_visible(&out, format);
+            outcomes.kept_blocks += 1;
+        }
+        rerun_finishes_without_rewriting(&case, &input, &out, format);
     }
     eprintln!("signals: {outcomes:?}");
     assert!(outcomes.interrupted >= 3, "{outcomes:?}");
 }
 
 #[test]
-fn sigkill_leaves_no_wrong_visible_file_and_overwrite_cleans_up() {
+fn sigkill_leaves_no_wrong_visible_file_and_a_rerun_finishes_without_rewriting() {
     let root = tempfile::tempdir().unwrap();
     let input = make_blocks(
         root.path(),
@@ -303,25 +358,19 @@ fn sigkill_leaves_no_wrong_visible_file_and_overwrite_cleans_up() {
             continue;
         }
         visible_blocks += check_visible(&out, format);
-        let partial = files_under(&out)
+        partial_files += files_under(&out)
             .iter()
-            .filter(|path| is_hidden(path))
+            .filter(|path| is_temporary(path))
             .count();
-        partial_files += partial;
-        if partial > 0 && format != BlockFormat::Zarr3 {
-            // A rerun is refused, naming the leftovers and the way out.
-            let refused = rechunk(&input, &out, format, &[]);
-            let message = stderr(&refused);
-            assert_eq!(refused.status.code(), Some(1), "{case}: {message}");
-            assert!(
-                message.contains(".partial files, left by a run that was killed")
-                    && message.contains("--overwrite"),
-                "{case}: {message}"
-            );
+        // The same command again removes the killed run's temporaries and
+        // writes only the blocks it had not finished.
+        rerun_finishes_without_rewriting(&case, &input, &out, format);
+        if iteration == 0 {
+            // --overwrite starts over instead.
+            let again = rechunk(&input, &out, format, &["--overwrite"]);
+            assert!(again.status.success(), "{case}: {}", stderr(&again));
+            verify_complete(&out, format);
         }
-        let rerun = rechunk(&input, &out, format, &["--overwrite"]);
-        assert!(rerun.status.success(), "{case}: {}", stderr(&rerun));
-        verify_complete(&out, format);
     }
     eprintln!("SIGKILL: {visible_blocks} visible blocks checked, {partial_files} partial files");
     assert!(visible_blocks > 0 && partial_files > 0);
@@ -356,7 +405,7 @@ impl Drop for SmallFilesystem {
 }
 
 #[test]
-fn a_full_output_filesystem_is_said_leaves_nothing_and_a_rerun_after_freeing_space_works() {
+fn a_full_output_filesystem_is_said_keeps_finished_blocks_and_a_rerun_after_freeing_space_works() {
     require!(TmpfsMount);
     let root = tempfile::tempdir().unwrap();
     let input = make_blocks(
@@ -384,8 +433,8 @@ fn a_full_output_filesystem_is_said_leaves_nothing_and_a_rerun_after_freeing_spa
         assert_eq!(output.status.code(), Some(1), "{format:?}: {message}");
         for says in [
             &format!("{}: no space left on the output's filesystem", text(&out)),
-            "removed every file it wrote",
-            "Free some space there, or choose another OUT",
+            "kept every block it finished",
+            "run the same command again to write the rest once there is space",
             "No space left on device",
         ] {
             assert!(
@@ -393,17 +442,14 @@ fn a_full_output_filesystem_is_said_leaves_nothing_and_a_rerun_after_freeing_spa
                 "{format:?} lacks '{says}': {message}"
             );
         }
-        if existed {
-            assert_eq!(files_under(&out), Vec::<PathBuf>::new(), "{format:?}");
-        } else {
-            assert!(!out.exists(), "{format:?}: OUT left behind");
-        }
-        let left = files_under(small.path());
-        assert_eq!(left, [PathBuf::from("filler")], "{format:?}");
+        check_visible(&out, *format);
+        let temporaries: Vec<PathBuf> = files_under(&out)
+            .into_iter()
+            .filter(|path| is_temporary(path))
+            .collect();
+        assert!(temporaries.is_empty(), "{format:?}: left {temporaries:?}");
         std::fs::remove_file(&filler).unwrap();
-        let rerun = rechunk(&input, &out, *format, &[]);
-        assert!(rerun.status.success(), "{format:?}: {}", stderr(&rerun));
-        verify_complete(&out, *format);
+        rerun_finishes_without_rewriting(&format!("{format:?}"), &input, &out, *format);
         std::fs::remove_dir_all(&out).unwrap();
     }
 }

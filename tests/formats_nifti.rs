@@ -892,7 +892,7 @@ fn nifti2_blocks_on_request_and_for_long_sides_read_by_nibabel_and_nifti_tool() 
 }
 
 #[test]
-fn damaged_gzipped_blocks_are_refused_naming_the_file_and_leave_nothing() {
+fn damaged_gzipped_blocks_are_refused_naming_the_file_and_keep_only_exact_blocks() {
     require!(Readers);
     let root = tempfile::tempdir().unwrap();
     let base = root.path().join("img");
@@ -921,17 +921,36 @@ fn damaged_gzipped_blocks_are_refused_naming_the_file_and_leave_nothing() {
     });
     let header_cut = damaged("header-cut", &|bytes| bytes.truncate(30));
     let trailing = damaged("trailing", &|bytes| bytes.extend_from_slice(b"not gzip"));
+    // What a run of the undamaged blocks writes: a refused run may keep
+    // blocks it finished, each byte-identical to these.
+    let exact = root.path().join("exact");
+    rechunk_ok(&good, &exact, "4,4,4", None);
     for (dir, expected) in [
         (&cut, "gzip stream is damaged"),
         (&corrupt, "gzip stream is damaged"),
         (&header_cut, "where its header should be"),
         (&trailing, "gzip stream is damaged"),
     ] {
-        assert_refused(
-            &["rechunk", text(dir), text(&out), "--shape", "4,4,4"],
-            &out,
-            &["1_1_0.nii.gz", expected, "gzipped NIfTI"],
-        );
+        let output = rechunkfs(&["rechunk", text(dir), text(&out), "--shape", "4,4,4"]);
+        assert!(!output.status.success(), "should refuse {}", dir.display());
+        let message = stderr(&output);
+        for part in ["1_1_0.nii.gz", expected, "gzipped NIfTI"] {
+            assert!(message.contains(part), "message lacks '{part}': {message}");
+        }
+        for entry in fs::read_dir(&out).into_iter().flatten() {
+            let entry = entry.unwrap();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name == ".rechunkfs-job.json" {
+                continue;
+            }
+            assert!(!name.starts_with('.'), "a temporary was left: {name}");
+            assert_eq!(
+                fs::read(entry.path()).unwrap(),
+                fs::read(exact.join(&name)).unwrap(),
+                "kept block {name} differs from the undamaged run's"
+            );
+        }
+        let _ = fs::remove_dir_all(&out);
     }
     // One block gzipped, the others not.
     let mixed = root.path().join("mixed");

@@ -2,12 +2,15 @@
 //! runs. Each command has its own file and is a thin layer over the
 //! library; messages say what is wrong and what to do.
 
+mod finish;
+mod levels;
 mod mount;
 mod plan;
 mod pyramid;
 mod rechunk;
 mod report;
 pub mod sample;
+mod slurm;
 mod status;
 
 use std::path::PathBuf;
@@ -53,8 +56,14 @@ pub enum Command {
     Mount(MountArgs),
     /// Unmount a view (also when its daemon has died); parked reads get an error.
     Umount(UmountArgs),
-    /// Show a view's progress: blocks done, bytes, seeks against the plan, rate, ETA, errors.
+    /// Show a view's progress: blocks done, bytes, seeks against the plan, rate, ETA, errors; or a
+    /// directory run's blocks done per part.
     Status(StatusArgs),
+    /// End a job run in parts: check every block is in OUT, complete, then write the array's
+    /// metadata (Zarr .zarray/zarr.json, rechunkfs.json) last.
+    Finish(FinishArgs),
+    /// Print (or --submit) a SLURM script running a job in N parts as a job array, then finish.
+    Slurm(SlurmArgs),
     /// Write a sample array (every voxel checkable) as block files, for trying things out.
     Sample(SampleArgs),
 }
@@ -119,8 +128,56 @@ pub struct UmountArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(
+    after_help = "The script submits a job array of N tasks, task K running `rechunkfs rechunk IN \
+OUT ... --part K/N` (every part with the same arguments), and a job that runs `rechunkfs finish \
+OUT` once every task has succeeded (afterok). Each task asks for --cpus-per-task=2 (one core \
+reads while the other writes) and twice the largest part's planned peak memory plus 64 MiB: \
+inside a memory cgroup rechunkfs plans within half of it, so every part plans as `plan --parts` \
+shows. Run the script again with array indices (`bash job.sh 3,17`) to resubmit failed parts: \
+each keeps the blocks it finished. See docs/cluster.md."
+)]
+pub struct SlurmArgs {
+    /// Input: a directory of block files, or one file.
+    #[arg(value_name = "IN")]
+    pub input: PathBuf,
+    /// Output directory (on a filesystem every node sees).
+    #[arg(value_name = "OUT")]
+    pub output: PathBuf,
+    #[command(flatten)]
+    pub planning: PlanningArgs,
+    /// Output format, as for rechunk.
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
+    #[command(flatten)]
+    pub input_args: InputArgs,
+    /// How many parts (array tasks); `plan --parts N` shows the cost of each choice.
+    #[arg(long, value_name = "N")]
+    pub parts: u64,
+    /// Most tasks running at once (the array's %M).
+    #[arg(long, value_name = "M")]
+    pub max_running: Option<u64>,
+    /// A line `#SBATCH ARG` for every job (e.g. --sbatch-arg=--partition=io --sbatch-arg=--time=2:00:00).
+    #[arg(long = "sbatch-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub sbatch_args: Vec<String>,
+    /// Submit the script (with sbatch) instead of printing it.
+    #[arg(long)]
+    pub submit: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct FinishArgs {
+    /// The output directory every part wrote into.
+    #[arg(value_name = "OUT")]
+    pub output: PathBuf,
+    /// Print what was found and written as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
 pub struct StatusArgs {
-    /// The mounted view.
+    /// The mounted view, or an output directory of `rechunk` (a job, whole or in parts).
     #[arg(value_name = "VIEW")]
     pub view: PathBuf,
     /// Print the status as one JSON object.
@@ -240,6 +297,11 @@ pub struct PlanArgs {
     /// Print one JSON object instead of the human report.
     #[arg(long)]
     pub json: bool,
+    /// Cut the job into N parts (boxes of whole output blocks, each run by `rechunk --part K/N`)
+    /// and show each part's blocks, bytes read, seeks and peak memory, and the overhead against
+    /// one machine. See docs/cluster.md.
+    #[arg(long, value_name = "N")]
+    pub parts: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -250,15 +312,17 @@ affine placing each block in the whole image (identity for HDF5 and npy input); 
 (--format raw) are data only, and OUT/rechunkfs.json describes them (shape, dtype, axis \
 order).\n\nInput headers: two HDF5 or npy blocks of each kind (interior, or last along some \
 dimensions) are read before the run; every other block's header is checked when the run first \
-reads the file. A bad block stops the run with the file and the problem named, and every file \
-the run wrote is removed (with OUT, if the run created it). `rechunkfs plan` reads every header \
-first.\n\nStopping: each block is written under a hidden .NAME.partial name and renamed when \
-complete and on disk, so a file with a block's name is always a whole, correct block. Ctrl-C \
-(SIGINT), SIGTERM or SIGHUP stops the run between steps, removes every file it wrote (with \
-OUT, if it created it) and ends non-zero; run the same command again to start over. A second \
-signal, kill -9 or a crash stops it at once and leaves the blocks it finished and its .partial \
-files: OUT is then refused as not empty, and --overwrite removes them and starts over. A full \
-disk stops the run the same way as a bad block.\n\n", axis_order_help!())
+reads the file. A bad block stops the run with the file and the problem named. `rechunkfs plan` reads every header \
+first.\n\nStopping and resuming: each block is written under a hidden .NAME.<part>-<host>-<pid>.partial \
+name and renamed when complete and on disk, so a file with a block's name is always a whole, \
+correct block. OUT/.rechunkfs-job.json records the job (input, shapes, format, parts, each input \
+file's size and mtime). A run that fails (a bad block, a full disk), is stopped by Ctrl-C \
+(SIGINT), SIGTERM or SIGHUP (between steps), or is killed outright keeps every block it \
+finished; a stopped run removes its temporaries. The same command run again keeps those blocks \
+(it does not write them again), removes a killed run's temporaries and writes the rest; it is \
+refused if an input file changed since, or if OUT holds another job. --overwrite starts over. \
+The whole job ends by writing the array's metadata (Zarr, rechunkfs.json) and removing the \
+record; a job in parts (--part K/N) ends with `rechunkfs finish OUT`.\n\n", axis_order_help!())
 )]
 pub struct RechunkArgs {
     /// Input: a directory of block files, or one file (to split it).
@@ -279,6 +343,10 @@ pub struct RechunkArgs {
     /// Replace block files (and rechunkfs.json) already in OUT; other files there are left alone.
     #[arg(long)]
     pub overwrite: bool,
+    /// Run part K of N (0 <= K < N) of the job `plan --parts N` shows: every part is given the
+    /// same arguments; `rechunkfs finish OUT` ends the job once all are done. See docs/cluster.md.
+    #[arg(long, value_name = "K/N")]
+    pub part: Option<String>,
     /// Print the final report as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -327,6 +395,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Umount(args) => status::umount_command(args),
         Command::Status(args) => status::status_command(args),
+        Command::Finish(args) => finish::finish_command(args),
+        Command::Slurm(mut args) => {
+            args.input = chosen_array(&args.input, &args.input_args)?;
+            slurm::slurm_command(args)
+        }
         Command::Sample(args) => sample::sample_command(args),
     }
 }

@@ -9,13 +9,14 @@ use serde_json::json;
 
 use crate::array::axes::AxisOrder;
 use crate::array::dtype::DType;
-use crate::array::geometry::{show_shape, Partition};
+use crate::array::geometry::{show_shape, Partition, Region};
 use crate::array::units::{parse_shape, show_bytes};
 use crate::cli::report::thousands;
 use crate::cli::{mem_of, pyramid, PlanArgs, PlanningArgs};
 use crate::format::encode::{Compressor, Encoding};
 use crate::format::BlockFormat;
 use crate::input::InputArray;
+use crate::plan::parts::Parts;
 use crate::plan::{self, Plan, Problem, Strategy};
 
 /// The problem of rechunking `input` into blocks of `shape` (in the
@@ -177,11 +178,18 @@ pub(super) fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
         .as_ref()
         .map(|p| pyramid::cost_of(p, format, dtype.size as u64, plans.budget.used))
         .transpose()?;
+    let job = match args.parts {
+        Some(count) => Some(plan_job(&problem, count, &plans)?),
+        None => None,
+    };
     let elapsed = started.elapsed();
     if args.json {
         let mut report = plan_json(&plans, dtype, order, elapsed);
         if let (Some(pyramid), Some(cost)) = (&pyramid, &cost) {
             report["pyramid"] = pyramid::cost_json(pyramid, cost, order);
+        }
+        if let Some(job) = &job {
+            report["parts"] = job.json(order);
         }
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -189,8 +197,200 @@ pub(super) fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
         if let (Some(pyramid), Some(cost)) = (&pyramid, &cost) {
             pyramid::print_cost(pyramid, cost, order);
         }
+        if let Some(job) = &job {
+            job.print(order);
+        }
     }
     Ok(())
+}
+
+/// Parts listed one per line in the human report; `--json` lists all.
+const PARTS_SHOWN: usize = 64;
+
+/// A part of a job, planned: its box, its plan and the bytes it reads.
+pub(super) struct PartPlan {
+    pub(super) region: Region,
+    pub(super) plan: Plan,
+    pub(super) bytes_read: u64,
+}
+
+/// A job cut into parts, each planned as its own rechunk would plan it,
+/// beside the plan of one machine doing it all.
+pub(super) struct JobPlan {
+    pub(super) parts: Parts,
+    pub(super) plans: Vec<PartPlan>,
+    single_seeks: u64,
+    single_bytes: u64,
+}
+
+/// `problem` cut into `count` parts, each planned in the memory `plans`
+/// (one machine's) was planned in.
+fn plan_job(problem: &Problem, count: u64, plans: &Plans) -> anyhow::Result<JobPlan> {
+    let budget = (plans.budget.requested, plans.budget.cgroup_limit);
+    let single_seeks = plans.chosen.prediction.seeks();
+    plan_job_within(problem, count, plans.chosen.strategy, budget, single_seeks)
+}
+
+/// `problem` cut into `count` parts, each planned with `strategy` within
+/// `requested` bytes (`--mem`), whatever cgroup this process is in.
+pub(super) fn plan_job_of(
+    problem: &Problem,
+    count: u64,
+    strategy: Strategy,
+    requested: Option<u64>,
+) -> anyhow::Result<JobPlan> {
+    let single = plan::plan(problem, strategy, requested)?;
+    let single_seeks = single.prediction.seeks();
+    plan_job_within(problem, count, strategy, (requested, None), single_seeks)
+}
+
+/// `problem` cut into `count` parts, each planned within `(requested,
+/// cgroup_limit)` as `rechunk` would; one machine would make `single_seeks`.
+fn plan_job_within(
+    problem: &Problem,
+    count: u64,
+    strategy: Strategy,
+    (requested, cgroup_limit): (Option<u64>, Option<u64>),
+    single_seeks: u64,
+) -> anyhow::Result<JobPlan> {
+    let parts = plan::parts::cut(problem, count)?;
+    let plans_of_parts = (0..parts.count())
+        .map(|k| {
+            let part = parts.problem(k);
+            let (chosen, _) = plan::plan_within(&part, strategy, requested, cgroup_limit)
+                .with_context(|| format!("planning part {k} of {count}"))?;
+            Ok(PartPlan {
+                region: parts.region(k),
+                bytes_read: plan::parts::bytes_read(&part),
+                plan: chosen,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(JobPlan {
+        parts,
+        plans: plans_of_parts,
+        single_seeks,
+        single_bytes: plan::parts::bytes_read(problem),
+    })
+}
+
+impl JobPlan {
+    fn total_seeks(&self) -> u64 {
+        self.plans.iter().map(|p| p.plan.prediction.seeks()).sum()
+    }
+
+    fn total_bytes(&self) -> u64 {
+        self.plans.iter().map(|p| p.bytes_read).sum()
+    }
+
+    /// The largest part's bytes read over the mean.
+    fn balance(&self) -> f64 {
+        let largest = self.plans.iter().map(|p| p.bytes_read).max().unwrap_or(0);
+        let mean = self.total_bytes() as f64 / self.plans.len().max(1) as f64;
+        largest as f64 / mean.max(1.0)
+    }
+
+    /// The most memory any part plans to hold.
+    pub(super) fn peak_bytes(&self) -> u64 {
+        self.plans
+            .iter()
+            .map(|p| p.plan.prediction.peak_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn json(&self, order: AxisOrder) -> serde_json::Value {
+        let list: Vec<serde_json::Value> = self
+            .plans
+            .iter()
+            .enumerate()
+            .map(|(k, part)| {
+                json!({
+                    "part": k,
+                    "origin": order.to_user(&part.region.origin),
+                    "shape": order.to_user(&part.region.shape),
+                    "output_blocks": part.plan.output.count(),
+                    "bytes_read": part.bytes_read,
+                    "seeks": part.plan.prediction.seeks(),
+                    "read_seeks": part.plan.prediction.read_seeks,
+                    "write_seeks": part.plan.prediction.write_seeks,
+                    "peak_memory_bytes": part.plan.prediction.peak_bytes,
+                })
+            })
+            .collect();
+        let cuts: Vec<&[u64]> = self.parts.grid.axes().iter().map(|a| a.bounds()).collect();
+        json!({
+            "count": self.plans.len(),
+            "grid": grid_of(&self.parts.grid, order),
+            "cuts": order.to_user(&cuts),
+            "seeks": self.total_seeks(),
+            "extra_seeks": self.total_seeks() as i64 - self.single_seeks as i64,
+            "bytes_read": self.total_bytes(),
+            "extra_bytes_read": self.total_bytes() as i64 - self.single_bytes as i64,
+            "balance": self.balance(),
+            "peak_memory_bytes": self.peak_bytes(),
+            "list": list,
+        })
+    }
+
+    fn print(&self, order: AxisOrder) {
+        println!(
+            "parts         {} (grid {}), cut at {}",
+            self.plans.len(),
+            show_grid(&self.parts.grid, order),
+            order
+                .to_user(self.parts.grid.axes())
+                .iter()
+                .map(|axis| {
+                    let inner = &axis.bounds()[1..axis.count()];
+                    if inner.is_empty() {
+                        "-".to_string()
+                    } else {
+                        inner
+                            .iter()
+                            .map(u64::to_string)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" × ")
+        );
+        println!("  part  origin           shape            blocks  bytes read   seeks      peak");
+        for (k, part) in self.plans.iter().enumerate().take(PARTS_SHOWN) {
+            println!(
+                "  {k:<5} {:<16} {:<16} {:>6}  {:>10}  {:>9}  {:>9}",
+                show_shape(&order.to_user(&part.region.origin)),
+                show_shape(&order.to_user(&part.region.shape)),
+                thousands(part.plan.output.count()),
+                show_bytes(part.bytes_read),
+                thousands(part.plan.prediction.seeks()),
+                show_bytes(part.plan.prediction.peak_bytes),
+            );
+        }
+        if self.plans.len() > PARTS_SHOWN {
+            println!(
+                "  ...   and {} more parts (--json lists every one)",
+                self.plans.len() - PARTS_SHOWN
+            );
+        }
+        let percent = |more: u64, of: u64| 100.0 * (more as f64 - of as f64) / of.max(1) as f64;
+        println!(
+            "  overhead    {} extra seeks ({:+.1}%), {} extra bytes read ({:+.1}%), against one machine",
+            self.total_seeks() as i64 - self.single_seeks as i64,
+            percent(self.total_seeks(), self.single_seeks),
+            self.total_bytes() as i64 - self.single_bytes as i64,
+            percent(self.total_bytes(), self.single_bytes),
+        );
+        println!("  balance     {:.2} (largest part / mean)", self.balance());
+        if self.total_seeks() > 2 * self.single_seeks {
+            println!(
+                "  note        cuts across input blocks along inner dimensions read those blocks \
+                 a row at a time; fewer parts, or a count the first dimension's output blocks \
+                 allow, cost far less (docs/cluster.md)"
+            );
+        }
+    }
 }
 
 /// The problem to plan, its dtype, axis order and output format: from IN's block files,

@@ -1,29 +1,31 @@
 //! `rechunk`: the plan run into real block files in a directory, with a
-//! progress bar. What the output format cannot hold, or an OUT that is
-//! the input, is refused before OUT is touched; a failed run, or one
-//! interrupted by SIGINT, SIGTERM or SIGHUP, leaves no file it wrote
-//! behind and says so.
+//! progress bar; the whole job, or one part of it (`--part K/N`, see
+//! `plan::parts`). What the output format cannot hold, or an OUT that is
+//! the input, is refused before OUT is touched. OUT records the job
+//! (`output::job`); a run that fails, is interrupted by SIGINT, SIGTERM or
+//! SIGHUP, or is killed keeps every block it finished, and the same
+//! command run again writes only the rest.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use nix::sys::signal::Signal;
 
-use crate::array::axes::AxisOrder;
 use crate::array::units::show_bytes;
+use crate::cli::levels::{write_levels, LevelsRequest};
 use crate::cli::plan::{encoded_problem_of, Budget};
 use crate::cli::pyramid;
 use crate::cli::report::{progress_bar, report_run};
 use crate::cli::{mem_of, RechunkArgs};
 use crate::engine::RunStats;
 use crate::error::Error;
-use crate::format::ome::WorldAxis;
 use crate::format::BlockFormat;
 use crate::input::{HeaderChecks, InputArray};
-use crate::output::directory::{self, DirectorySink, OutputSpec};
-use crate::output::pyramid::{build_levels, level_dir, pyramid_axes, BuiltLevels, PyramidOutput};
-use crate::plan::pyramid::{Pyramid, PyramidCost};
+use crate::output::directory::{self, OutputSpec, PartOutput};
+use crate::output::filetree::FileTree;
+use crate::output::job::{self, JobRecord, JobSpec};
+use crate::plan::parts::Parts;
 use crate::plan::{self, Plan, Problem, Strategy};
 use crate::sys::{disk, signals};
 
@@ -44,9 +46,11 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         Some(text) => text.parse::<BlockFormat>()?,
         None => input.format.default_output(),
     };
+    let part = PartArg::of(&args)?;
     let input = input.with_values(args.input_args.values()?, format)?;
     let (problem, encoding) = encoded_problem_of(&input, &args.planning, format)?;
-    let (plan, mem) = plan_rechunk(&args, problem)?;
+    let parts = plan::parts::cut(&problem, part.count)?;
+    let (plan, mem) = plan_rechunk(&args, &parts.problem(part.index))?;
     let format = output_format(format, &plan);
     if same_directory(&args.input, &args.output) {
         bail!(
@@ -70,107 +74,28 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         order,
         format,
     )?;
-    if pyramid.is_some() && spec.encoding.is_encoded() {
-        bail!(
-            "--levels with --compress or --shard is not written: a pyramid's levels are \
-             uncompressed chunks of --shape; leave out --levels, or --compress and --shard"
-        );
+    if let Some(pyramid) = &pyramid {
+        if spec.encoding.is_encoded() {
+            bail!(
+                "--levels with --compress or --shard is not written: a pyramid's levels are \
+                 uncompressed chunks of --shape; leave out --levels, or --compress and --shard"
+            );
+        }
+        if part.count > 1 {
+            bail!(
+                "--levels with --part is not written: each level is built from the whole \
+                 level above it; run the parts without --levels"
+            );
+        }
+        let levels = LevelsRequest::new(pyramid, &input, &spec, mem)?;
+        let (stats, built) = write_levels(&args, &input, &plan, spec, Some(&levels))?;
+        let extra = built.map(|built| levels.report(&built, order, args.json));
+        return report_run(&plan, &stats, order, started.elapsed(), args.json, extra);
     }
-    let levels = pyramid
-        .as_ref()
-        .map(|pyramid| LevelsRequest::new(pyramid, &input, &spec, mem))
-        .transpose()?;
-    let (stats, built) = write_output(&args, &input, &plan, spec, levels.as_ref())?;
+    let record = job_record(&args, &input, &parts, &spec)?;
+    let stats = write_output(&args, &input, &plan, spec, (&parts, part), &record)?;
     let elapsed = started.elapsed();
-    let extra = match (&levels, built) {
-        (Some(levels), Some(built)) => Some(levels.report(&built, order, args.json)),
-        _ => None,
-    };
-    report_run(&plan, &stats, order, elapsed, args.json, extra)
-}
-
-/// A pyramid to build after level 0, and what its metadata needs.
-struct LevelsRequest<'a> {
-    pyramid: &'a Pyramid,
-    axes: Vec<WorldAxis>,
-    mem: Option<u64>,
-    cost: PyramidCost,
-}
-
-impl<'a> LevelsRequest<'a> {
-    /// Checks the output format can hold the pyramid, and plans it within `mem`.
-    fn new(
-        pyramid: &'a Pyramid,
-        input: &InputArray,
-        spec: &OutputSpec,
-        mem: Option<u64>,
-    ) -> anyhow::Result<LevelsRequest<'a>> {
-        let format = spec.format;
-        let level0 = &pyramid.levels[0];
-        let block: Vec<u64> = (0..level0.ndim())
-            .map(|d| level0.axis(d).extent(0))
-            .collect();
-        let (axes, rotated) = pyramid_axes(
-            format,
-            input.format,
-            &spec.space,
-            &input.shape,
-            &block,
-            spec.dtype,
-        )?;
-        if rotated && (format.pads_edge_blocks() || format == BlockFormat::Precomputed) {
-            eprintln!(
-                "note: the input's affine rotates its axes, which {} cannot record: the \
-                 pyramid's metadata gives its voxel sizes and origin only",
-                format.name()
-            );
-        }
-        let cost = pyramid::cost_of(pyramid, format, spec.dtype.size as u64, mem)?;
-        Ok(LevelsRequest {
-            pyramid,
-            axes,
-            mem,
-            cost,
-        })
-    }
-
-    /// Builds the levels below level 0 (in `sink`) and the pyramid's metadata.
-    fn build(
-        &self,
-        out: &Path,
-        input: &InputArray,
-        spec: &OutputSpec,
-        sink: &mut DirectorySink,
-        stop: &std::sync::atomic::AtomicBool,
-    ) -> crate::error::Result<Option<BuiltLevels>> {
-        let output = PyramidOutput {
-            pyramid: self.pyramid,
-            spec,
-            axes: &self.axes,
-            mem: self.mem,
-            input_block: &input.block_shape,
-            source: &input.source,
-        };
-        build_levels(out, sink, &output, Some(stop)).map(Some)
-    }
-
-    /// The report's pyramid part; printed at once unless the report is JSON.
-    fn report(&self, built: &BuiltLevels, order: AxisOrder, json: bool) -> serde_json::Value {
-        let value = serde_json::json!({
-            "planned": pyramid::cost_json(self.pyramid, &self.cost, order),
-            "levels": built.stats,
-        });
-        if !json {
-            let blocks: u64 = built.stats.iter().map(|s| s.blocks).sum();
-            let bytes: u64 = built.stats.iter().map(|s| s.bytes_written).sum();
-            println!(
-                "pyramid: {} levels below level 0, {blocks} blocks ({})",
-                built.stats.len(),
-                show_bytes(bytes)
-            );
-        }
-        value
-    }
+    report_run(&plan, &stats, order, elapsed, args.json, None)
 }
 
 /// The format the output blocks of `plan` are written in: `asked`, or
@@ -186,14 +111,101 @@ fn output_format(asked: BlockFormat, plan: &Plan) -> BlockFormat {
     format
 }
 
-/// The plan for rechunking `input` as `args` ask, in the memory allowed
-/// (said on stderr when that is not `--mem`).
-fn plan_rechunk(args: &RechunkArgs, problem: Problem) -> anyhow::Result<(Plan, Option<u64>)> {
+/// `--part K/N`: which part of how many this run is (0/1: the whole job).
+#[derive(Clone, Copy, Debug)]
+struct PartArg {
+    index: u64,
+    count: u64,
+}
+
+impl PartArg {
+    fn of(args: &RechunkArgs) -> anyhow::Result<PartArg> {
+        let Some(text) = &args.part else {
+            return Ok(PartArg { index: 0, count: 1 });
+        };
+        let parsed = text.split_once('/').and_then(|(k, n)| {
+            Some((k.trim().parse::<u64>().ok()?, n.trim().parse::<u64>().ok()?))
+        });
+        let Some((index, count)) = parsed.filter(|&(k, n)| n > 0 && k < n) else {
+            bail!(
+                "--part {text}: give K/N with 0 <= K < N (part K of N, counted from 0, as \
+                 SLURM_ARRAY_TASK_ID counts)"
+            );
+        };
+        if args.overwrite && count > 1 {
+            bail!(
+                "--overwrite cannot go with --part: the parts of a job share OUT; empty OUT \
+                 first, then run every part"
+            );
+        }
+        Ok(PartArg { index, count })
+    }
+}
+
+/// What this job makes, for OUT's record: every part computes the same.
+fn job_record(
+    args: &RechunkArgs,
+    input: &InputArray,
+    parts: &Parts,
+    spec: &OutputSpec,
+) -> anyhow::Result<JobRecord> {
+    let problem = &parts.problem;
+    let output = problem.output();
+    let tree = FileTree::for_output(spec.format, output.clone(), spec.axis_order);
+    // An encoded block's size is known only once it is written: its final
+    // name alone says it is complete.
+    let block_sizes = if spec.encoding.is_encoded() {
+        Default::default()
+    } else {
+        job::block_sizes(&tree, |shape| Ok(spec.template(shape)?.file_len()))?
+    };
+    let metadata_files = directory::array_metadata(
+        &input.block_shape,
+        &input.source,
+        &problem.array,
+        &tree.block_shape(),
+        spec,
+        &output,
+    )?
+    .into_iter()
+    .map(|(name, bytes)| (name, String::from_utf8_lossy(&bytes).into_owned()))
+    .collect();
+    Ok(JobRecord {
+        spec: JobSpec {
+            input: args
+                .input
+                .canonicalize()
+                .unwrap_or_else(|_| args.input.clone()),
+            dataset: spec.dataset.clone(),
+            format: spec.format,
+            dtype: spec.dtype.numpy_descr(),
+            axis_order: spec.axis_order,
+            array: problem.array.clone(),
+            input_block: problem.input_block.clone(),
+            output_block: problem.output_block.clone(),
+            parts: parts.count(),
+            cuts: parts
+                .grid
+                .axes()
+                .iter()
+                .map(|axis| axis.bounds().to_vec())
+                .collect(),
+        },
+        inputs: job::input_identity(input)?,
+        block_sizes,
+        metadata_files,
+    })
+}
+
+/// The plan for rechunking `problem` (the job, or one part of it) as
+/// `args` ask, in the memory allowed (said on stderr when that is not
+/// `--mem`).
+fn plan_rechunk(args: &RechunkArgs, problem: &Problem) -> anyhow::Result<(Plan, Option<u64>)> {
     let strategy: Strategy = args.planning.strategy.parse()?;
     let requested = mem_of(&args.planning)?;
     let cgroup_limit = crate::sys::cgroup::memory_limit();
     let planning = Instant::now();
-    let (plan, mem) = plan::plan_within(&problem, strategy, requested, cgroup_limit)?;
+    let (plan, mem) = plan::plan_within(problem, strategy, requested, cgroup_limit)?;
     log::debug!("planned in {:.3} s", planning.elapsed().as_secs_f64());
     let budget = Budget {
         used: mem,
@@ -206,16 +218,20 @@ fn plan_rechunk(args: &RechunkArgs, problem: Problem) -> anyhow::Result<(Plan, O
     Ok((plan, mem))
 }
 
-/// Runs `plan` into OUT, with a progress bar. A run that fails, or that a
-/// stopping signal (SIGINT, SIGTERM, SIGHUP) interrupts between steps,
-/// removes every file it wrote, and OUT if it made it, and says so.
+/// Runs `plan` (part `part` of `parts`) into OUT, with a progress bar,
+/// after recording the job there or checking it is the one recorded;
+/// blocks already complete in OUT are kept. The whole job (one part) ends
+/// with [`job::finish`]. A run that fails, or that a stopping signal
+/// (SIGINT, SIGTERM, SIGHUP) interrupts between steps, keeps every block
+/// it finished, removes its temporaries, and says so.
 fn write_output(
     args: &RechunkArgs,
     input: &InputArray,
     plan: &Plan,
     spec: OutputSpec,
-    levels: Option<&LevelsRequest>,
-) -> anyhow::Result<(RunStats, Option<BuiltLevels>)> {
+    (parts, part): (&Parts, PartArg),
+    record: &JobRecord,
+) -> anyhow::Result<RunStats> {
     // The first output block is the largest: if the format can hold it
     // (NIfTI's limits, MINC2 scaling), it can hold them all. Refuse before
     // OUT is touched.
@@ -224,23 +240,20 @@ fn write_output(
     // Caught from before OUT is touched: a signal until then ends the
     // process at once, with nothing of this run on disk yet.
     let stop = signals::catch_stopping_signals()?;
-    let created_output = directory::prepare_output_dir(&args.output, args.overwrite)?;
+    directory::prepare_output_dir(&args.output, args.overwrite)?;
+    job::record_job(&args.output, record, &job::run_tag(part.index))?;
+    let output = part_output(&args.output, plan, part.index, record);
+    let kept_before = output.done.len();
     let free_at_start = disk::free_bytes(&args.output);
-    let level0_dir = make_level0_dir(&args.output, spec.format, levels)?;
-    let level0 = level0_dir.clone().unwrap_or_else(|| args.output.clone());
     let bar = progress_bar(input.nbytes(), args.quiet || args.json);
     let delay = step_delay();
     let mut read_blocks_done = 0;
-    let pyramid_spec = spec.clone();
-    let then = |sink: &mut DirectorySink| match levels {
-        Some(levels) => levels.build(&args.output, input, &pyramid_spec, sink, stop),
-        None => Ok(None),
-    };
-    let run = directory::rechunk_then(
+    let run = directory::rechunk_part(
         input,
         plan,
-        &level0,
+        (&args.output, parts.problem.output()),
         spec,
+        output,
         Some(stop),
         |stats| {
             bar.set_position(stats.bytes_written);
@@ -253,72 +266,74 @@ fn write_output(
             }
             read_blocks_done = stats.read_blocks_done;
         },
-        then,
     );
     bar.finish_and_clear();
-    let Err(error) = run else {
-        if let Some(signal) = signals::caught() {
-            eprintln!(
-                "{signal} came after every block was written: {} is complete",
-                args.output.display()
-            );
-        }
-        return run.map_err(Into::into);
+    let stats = match run {
+        Ok(stats) => stats,
+        Err(error) => return Err(explained(args, free_at_start, input, error)),
     };
-    // Failed: rechunk removed what it wrote, and OUT goes too.
-    if let Some(dir) = level0_dir {
-        let _ = std::fs::remove_dir(dir);
-    }
-    if created_output {
-        let _ = std::fs::remove_dir(&args.output);
-    }
-    Err(explained(args, created_output, free_at_start, input, error))
+    end_of_run(args, part, kept_before)?;
+    Ok(stats)
 }
 
-/// Makes the directory level 0 goes in when it is not OUT itself (an
-/// OME-Zarr image's `0/`, a precomputed scale's), and says which it is.
-fn make_level0_dir(
-    out: &Path,
-    format: BlockFormat,
-    levels: Option<&LevelsRequest>,
-) -> anyhow::Result<Option<PathBuf>> {
-    let count = levels.map_or(1, |l| l.pyramid.levels.len());
-    let Some(dir) = level_dir(format, count, 0) else {
-        return Ok(None);
-    };
-    let dir = out.join(dir);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| Error::io(&dir, "creating level 0's directory", e))?;
-    Ok(Some(dir))
+/// The blocks part `index` of the job `record` writes with `plan`, those
+/// complete in `out` already marked done.
+fn part_output(out: &Path, plan: &Plan, index: u64, record: &JobRecord) -> PartOutput {
+    let mut output = PartOutput::of_plan(plan, index);
+    let tree = record.spec.tree();
+    output.done = (0..output.blocks.count())
+        .filter(|&rank| {
+            let whole = output.whole_rank(tree.grid(), rank);
+            job::block_is_done(out, record, &tree, whole)
+        })
+        .collect();
+    output
 }
 
-/// The error of a failed run, said in terms of OUT: what is left there and
-/// what to do.
+/// After a run that wrote every block of its part (`kept_before` of them
+/// there already): the whole job (one part) is finished; a part says what
+/// is next.
+fn end_of_run(args: &RechunkArgs, part: PartArg, kept_before: usize) -> anyhow::Result<()> {
+    if let Some(signal) = signals::caught() {
+        eprintln!("{signal} came after every block of this run was written: they are complete");
+    }
+    if kept_before > 0 && !args.json {
+        eprintln!(
+            "{kept_before} block(s) were complete in {} already: kept, not written again",
+            args.output.display()
+        );
+    }
+    if part.count == 1 {
+        job::finish(&args.output)?;
+    } else if !args.json {
+        eprintln!(
+            "part {}/{} is complete; once every part is, run `rechunkfs finish {}`",
+            part.index,
+            part.count,
+            args.output.display()
+        );
+    }
+    Ok(())
+}
+
+/// The error of a failed run, said in terms of OUT: what is kept there
+/// and what to do.
 fn explained(
     args: &RechunkArgs,
-    created_output: bool,
     free_at_start: Option<u64>,
     input: &InputArray,
     error: Error,
 ) -> anyhow::Error {
     let out = args.output.display();
-    let left = if created_output {
-        format!("removed every file it wrote, and {out}, which it had made")
-    } else if args.overwrite {
-        format!(
-            "removed every file it wrote in {out} (the old blocks --overwrite replaced are gone too)"
-        )
-    } else {
-        format!("removed every file it wrote in {out}")
-    };
+    let left = format!(
+        "kept every block it finished in {out} and removed its temporary files; run the same \
+         command again to write the rest"
+    );
     match error {
         Error::Cancelled => match signals::caught() {
             Some(signal) => Interrupted {
                 signal,
-                message: format!(
-                    "interrupted by {signal} before {out} was complete: {left}; run the same \
-                     command again to start over"
-                ),
+                message: format!("interrupted by {signal} before {out} was complete: {left}"),
             }
             .into(),
             None => anyhow::anyhow!("cancelled: {left}"),
@@ -329,13 +344,12 @@ fn explained(
             });
             anyhow::anyhow!(
                 "{out}: no space left on the output's filesystem: the array needs about {}{free}; \
-                 {left}. Free some space there, or choose another OUT, and run the same command \
-                 again. ({error})",
+                 {left} once there is space (free some, or move OUT with its hidden \
+                 .rechunkfs-job.json). ({error})",
                 show_bytes(input.nbytes())
             )
         }
-        // The cause says it all; OUT is as the run found it.
-        other => other.into(),
+        other => anyhow::Error::from(other).context(format!("the run stopped: {left}")),
     }
 }
 
@@ -358,7 +372,7 @@ impl std::error::Error for Interrupted {}
 /// `RECHUNKFS_STEP_DELAY_MS`: a pause after every read block, as the
 /// view's materialiser makes, so that tests can interrupt a run of a
 /// small array at a point of their choosing.
-fn step_delay() -> Option<Duration> {
+pub(super) fn step_delay() -> Option<Duration> {
     std::env::var("RECHUNKFS_STEP_DELAY_MS")
         .ok()
         .and_then(|text| text.parse().ok())

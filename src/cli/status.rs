@@ -1,4 +1,5 @@
-//! `status` and `umount`: what other processes ask of a running view. The
+//! `status` and `umount`: what other processes ask of a running view, and
+//! `status` of a directory `rechunk` writes (a job in parts). The
 //! wait is the daemon's answer to one read, so `status --wait` ends the
 //! moment the view does, and its progress bar only polls for show.
 
@@ -12,6 +13,7 @@ use crate::array::units::show_bytes;
 use crate::cli::report::{progress_bar, thousands};
 use crate::cli::{StatusArgs, UmountArgs};
 use crate::fuse::session;
+use crate::output::job::{self, JobRecord};
 use crate::view::Status;
 
 /// How often `status --wait` moves its progress bar. The wait itself ends
@@ -25,6 +27,9 @@ pub(super) fn umount_command(args: UmountArgs) -> anyhow::Result<()> {
 }
 
 pub(super) fn status_command(args: StatusArgs) -> anyhow::Result<()> {
+    if let Some(record) = job_of_directory(&args.view)? {
+        return directory_status(&args, &record);
+    }
     let mut status = session::read_status(&args.view)?;
     if args.wait && status.state == "materialising" {
         status = wait_for_end(&args, &status)?;
@@ -43,6 +48,66 @@ pub(super) fn status_command(args: StatusArgs) -> anyhow::Result<()> {
                 .error
                 .as_deref()
                 .map_or(String::new(), |e| format!(": {e}"))
+        );
+    }
+    Ok(())
+}
+
+/// The job `path` holds, if it is an output directory of `rechunk` (and
+/// not a mounted view, which serves no job record).
+fn job_of_directory(path: &Path) -> anyhow::Result<Option<JobRecord>> {
+    if !path.join(job::JOB_NAME).is_file() {
+        return Ok(None);
+    }
+    Ok(job::read_job(path)?)
+}
+
+/// A directory run's progress per part, from the files in it: which
+/// blocks are there, complete, and whether `finish` has run.
+fn directory_status(args: &StatusArgs, record: &JobRecord) -> anyhow::Result<()> {
+    let parts = job::progress(&args.view, record);
+    let done: u64 = parts.iter().map(|p| p.blocks_done).sum();
+    let total: u64 = parts.iter().map(|p| p.blocks).sum();
+    let finished = record
+        .metadata_files
+        .iter()
+        .all(|(name, _)| args.view.join(name).is_file());
+    let state = match (done == total, finished) {
+        (true, true) => "complete",
+        (true, false) => "blocks complete, finish not run",
+        _ => "in progress",
+    };
+    if args.json {
+        let report = serde_json::json!({
+            "state": state,
+            "blocks_done": done,
+            "blocks_total": total,
+            "parts": parts,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "{}: {state}: {} / {} blocks ({:.1}%) in {} part(s)",
+            args.view.display(),
+            thousands(done),
+            thousands(total),
+            100.0 * done as f64 / total.max(1) as f64,
+            parts.len()
+        );
+        for part in parts.iter().filter(|p| p.blocks_done < p.blocks) {
+            println!(
+                "  part {:<6} {} / {} blocks",
+                part.part,
+                thousands(part.blocks_done),
+                thousands(part.blocks)
+            );
+        }
+    }
+    if args.wait && state != "complete" {
+        bail!(
+            "{}: a directory run is not waited for; its parts run elsewhere (status shows \
+             progress)",
+            args.view.display()
         );
     }
     Ok(())

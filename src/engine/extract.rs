@@ -9,7 +9,7 @@ use super::inputs::{
     count_as_contiguous, decoded_block, fill_absent, read_ahead_input, read_hdf5_pieces, unchecked,
     InputHandle, InputWitness,
 };
-use super::pieces::{PieceGrid, RowLayout};
+use super::pieces::{InFile, PieceGrid, RowLayout};
 use super::seekio::{self, FileKey, SeekCounter};
 use crate::array::geometry::{Axis, IndexBox, Partition, Region};
 use crate::error::Result;
@@ -115,7 +115,13 @@ impl Extraction<'_> {
             InputHandle::Hdf5(reader) => {
                 let counter = &mut *self.counter;
                 count_as_contiguous(&layout, |offset, len| counter.read(key, offset, len))?;
-                read_hdf5_pieces(&reader, file_box, part, &self.grid, buffers)
+                read_hdf5_pieces(
+                    &reader,
+                    &InFile::of(part, file_box),
+                    part,
+                    &self.grid,
+                    buffers,
+                )
             }
             InputHandle::Opened(_) | InputHandle::Encoded(_) => Err(unchecked(&block.path)),
         }
@@ -144,7 +150,7 @@ impl Extraction<'_> {
         };
         let counter = &mut *self.counter;
         let key = FileKey::Input(rank);
-        let decoded = decoded_block(handle.as_ref(), block, file_box, |offset, len| {
+        let decoded = decoded_block(handle.as_ref(), block, &file_box.shape, |offset, len| {
             counter.read(key, offset, len)
         })?;
         layout.for_each_segment(|segment| layout.copy_segment_from(&decoded, 0, segment, buffers))

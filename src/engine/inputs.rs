@@ -10,9 +10,9 @@ use std::path::Path;
 
 use lru::LruCache;
 
-use super::pieces::{PackingBuffer, PieceGrid, RowLayout};
+use super::pieces::{InFile, PackingBuffer, PieceGrid, RowLayout};
 use super::seekio::{FileKey, SeekCounter, SeekLog};
-use crate::array::geometry::{IndexBox, Region};
+use crate::array::geometry::{IndexBox, Partition, Region};
 use crate::error::{Error, Result};
 use crate::format::hdf5::Hdf5BlockReader;
 use crate::format::Storage;
@@ -213,6 +213,8 @@ struct ReadAheadCursor {
 pub(super) struct InputReader<'a> {
     plan: &'a Plan,
     input: &'a InputArray,
+    /// The input's own blocks (a part's plan clips them).
+    grid: Partition,
     elem: u64,
     handles: LruCache<u64, InputHandle>,
     pub(super) witness: Option<&'a dyn InputWitness>,
@@ -243,6 +245,7 @@ impl<'a> InputReader<'a> {
         InputReader {
             plan,
             input,
+            grid: input.grid(),
             elem: input.dtype.size as u64,
             handles: LruCache::new(
                 NonZeroUsize::new(crate::sys::limits::input_files_kept_open())
@@ -278,10 +281,9 @@ impl<'a> InputReader<'a> {
             let Some(region) = block.intersect(step_box) else {
                 continue;
             };
-            let file_box = self.input.files.file_box(&block);
-            let rank = plan.input.linear(&input_index);
+            let (rank, place) = self.locate(&input_index, &region);
             self.read_ahead();
-            self.read_input(rank, &file_box, &region, grid, buffers, counter)?;
+            self.read_input(rank, &place, &region, grid, buffers, counter)?;
             if let Some((_, _, len)) = self.input_span(&input_index, step_box) {
                 self.ahead.outstanding = self.ahead.outstanding.saturating_sub(len);
             }
@@ -297,24 +299,48 @@ impl<'a> InputReader<'a> {
         Ok(())
     }
 
+    /// Reads nothing before read block `first` (a resumed run): read-ahead starts there.
+    pub(super) fn start_at(&mut self, first: u64) {
+        self.ahead.block = first;
+    }
+
+    /// Input block `input_index` of the plan as the input's own block: its
+    /// rank among the input's blocks, and where `region` (inside it, in
+    /// the plan's coordinates) lies in its file. A part of a job
+    /// ([`crate::plan::Problem::part`]) clips the input blocks at its
+    /// edges; its coordinates start at its origin in the whole array.
+    fn locate(&self, input_index: &[usize], region: &Region) -> (u64, InFile) {
+        let problem = &self.plan.problem;
+        let global: Vec<usize> = (0..input_index.len())
+            .map(|d| input_index[d] + (problem.origin[d] / problem.input_block[d]) as usize)
+            .collect();
+        let block_box = self.grid.block(&global);
+        let file_box = self.input.files.file_box(&block_box);
+        let in_whole = Region::new(
+            (0..region.ndim())
+                .map(|d| region.origin[d] + problem.origin[d])
+                .collect(),
+            region.shape.clone(),
+        );
+        (self.grid.linear(&global), InFile::of(&in_whole, &file_box))
+    }
+
     /// The bytes of input `input_index` that read block `read_box` reads,
     /// as one span of its file (first to last byte), for contiguous inputs.
     fn input_span(&self, input_index: &[usize], read_box: &Region) -> Option<(u64, u64, u64)> {
-        let plan = self.plan;
-        let rank = plan.input.linear(input_index);
+        let region = self.plan.input.block(input_index).intersect(read_box)?;
+        let (rank, place) = self.locate(input_index, &region);
         let data_offset = match self.input.blocks[rank as usize].storage {
             Storage::Contiguous { data_offset } => data_offset,
             // Read whole, whatever part the read block needs.
             Storage::Encoded { len, .. } => return Some((rank, 0, len)),
             _ => return None,
         };
-        let block_box = plan.input.block(input_index);
-        let region = block_box.intersect(read_box)?;
-        let file_box = self.input.files.file_box(&block_box);
-        let file_strides = crate::array::geometry::strides(&file_box.shape);
-        let local = region.relative_to(&file_box);
-        let first = crate::array::geometry::linear_offset(&local.origin, &file_strides);
-        let last_coords: Vec<u64> = (0..local.ndim()).map(|d| local.end(d) - 1).collect();
+        let file_strides = crate::array::geometry::strides(&place.shape);
+        let first = crate::array::geometry::linear_offset(&place.origin, &file_strides);
+        let last_coords: Vec<u64> = (0..region.ndim())
+            .map(|d| place.origin[d] + region.shape[d] - 1)
+            .collect();
         let last = crate::array::geometry::linear_offset(&last_coords, &file_strides);
         Some((
             rank,
@@ -383,22 +409,22 @@ impl<'a> InputReader<'a> {
         }
     }
 
-    /// Reads `region` of input block `rank` (whose file holds `file_box`)
-    /// into the pieces `buffers` of `grid`.
+    /// Reads `region` of input block `rank` (lying in its file as `place`
+    /// says) into the pieces `buffers` of `grid`.
     fn read_input(
         &mut self,
         rank: u64,
-        file_box: &Region,
+        place: &InFile,
         region: &Region,
         grid: &PieceGrid,
         buffers: &mut [Vec<u8>],
         counter: &mut SeekCounter,
     ) -> Result<()> {
         if self.input.files.is_encoded() {
-            return self.read_encoded(rank, file_box, region, grid, buffers);
+            return self.read_encoded(rank, place, region, grid, buffers);
         }
         let block = &self.input.blocks[rank as usize];
-        let layout = RowLayout::new(region, file_box, self.elem, grid);
+        let layout = RowLayout::in_file(region, place, self.elem, grid);
         if let Storage::Absent { fill } = &block.storage {
             self.fill_bytes +=
                 fill_absent(self.witness, rank, block, fill, &layout, buffers, counter)?;
@@ -424,20 +450,20 @@ impl<'a> InputReader<'a> {
             InputHandle::Hdf5(reader) => {
                 let reads = &mut self.reads;
                 count_as_contiguous(&layout, |offset, len| reads.read(key, offset, len))?;
-                read_hdf5_pieces(reader, file_box, region, grid, buffers)
+                read_hdf5_pieces(reader, place, region, grid, buffers)
             }
             InputHandle::Opened(_) | InputHandle::Encoded(_) => Err(unchecked(&block.path)),
         }
     }
 
-    /// Reads `region` of encoded input block `rank` (whose decoded block
-    /// is `file_box`) into the pieces `buffers` of `grid`: the block is
-    /// read whole and decoded ([`decoded_block`]), then the region copied
-    /// out of it.
+    /// Reads `region` of encoded input block `rank` (lying in its decoded
+    /// block as `place` says) into the pieces `buffers` of `grid`: the
+    /// block is read whole and decoded ([`decoded_block`]), then the
+    /// region copied out of it.
     fn read_encoded(
         &mut self,
         rank: u64,
-        file_box: &Region,
+        place: &InFile,
         region: &Region,
         grid: &PieceGrid,
         buffers: &mut [Vec<u8>],
@@ -447,27 +473,28 @@ impl<'a> InputReader<'a> {
             Storage::Absent { .. } => {
                 tell_witness(self.witness, rank, block, None)?;
                 self.fill_bytes += region.volume() * self.elem;
-                decoded_block(None, block, file_box, |offset, len| {
+                decoded_block(None, block, &place.shape, |offset, len| {
                     self.reads.read(FileKey::Input(rank), offset, len)
                 })?
             }
             _ => {
                 let handle = ready_handle(&mut self.handles, self.input, rank, self.witness)?;
                 let reads = &mut self.reads;
-                decoded_block(Some(handle), block, file_box, |offset, len| {
+                decoded_block(Some(handle), block, &place.shape, |offset, len| {
                     reads.read(FileKey::Input(rank), offset, len)
                 })?
             }
         };
         self.decoded_peak = self.decoded_peak.max(decoded.len() as u64);
-        let layout = RowLayout::new(region, file_box, self.elem, grid);
+        let layout = RowLayout::in_file(region, place, self.elem, grid);
         layout.for_each_segment(|segment| layout.copy_segment_from(&decoded, 0, segment, buffers))
     }
 }
 
-/// The decoded bytes of encoded input block `block` (all of `file_box`,
-/// padding included), through its open `handle`. The file is read whole in
-/// one call ([`BlockDecode::read_decoded`](crate::format::decode::BlockDecode::read_decoded)),
+/// The decoded bytes of encoded input block `block` (all of its file, of
+/// `file_shape`, padding included), through its open `handle`. The file is
+/// read whole in one call
+/// ([`BlockDecode::read_decoded`](crate::format::decode::BlockDecode::read_decoded)),
 /// at offset 0 for its length, which is what `count` is told: one seek, as
 /// the planner predicts. An absent chunk (no handle) is the fill
 /// value, counted as an empty call at offset 0: one seek too, so that a
@@ -475,13 +502,13 @@ impl<'a> InputReader<'a> {
 pub(super) fn decoded_block(
     handle: Option<&InputHandle>,
     block: &InputBlock,
-    file_box: &Region,
+    file_shape: &[u64],
     mut count: impl FnMut(u64, u64),
 ) -> Result<Vec<u8>> {
     match (&block.storage, handle) {
         (Storage::Absent { fill }, _) => {
             count(0, 0);
-            Ok(fill.repeat(file_box.volume() as usize))
+            Ok(fill.repeat(crate::array::geometry::volume(file_shape) as usize))
         }
         (Storage::Encoded { decoder, len }, Some(InputHandle::Encoded(file))) => {
             let decoded = decoder.read_decoded(&block.path, file, *len)?;
@@ -529,11 +556,12 @@ pub(super) fn count_as_contiguous(
     })
 }
 
-/// Reads `region` of an HDF5 dataset (whose file holds `file_box`) into
-/// the pieces `buffers` of `grid` that it overlaps: libhdf5 moves the bytes.
+/// Reads `region` of an HDF5 dataset (lying in its file as `place` says)
+/// into the pieces `buffers` of `grid` that it overlaps: libhdf5 moves the
+/// bytes.
 pub(super) fn read_hdf5_pieces(
     reader: &Hdf5BlockReader,
-    file_box: &Region,
+    place: &InFile,
     region: &Region,
     grid: &PieceGrid,
     buffers: &mut [Vec<u8>],
@@ -541,7 +569,7 @@ pub(super) fn read_hdf5_pieces(
     for (local, buffer) in buffers.iter_mut().enumerate() {
         let piece = grid.piece_box(local);
         if let Some(part) = piece.intersect(region) {
-            let in_file = part.relative_to(file_box);
+            let in_file = place.of_part(region, &part);
             let in_piece = part.relative_to(&piece);
             reader.read_box(
                 &in_file.origin,

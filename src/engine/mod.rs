@@ -119,6 +119,8 @@ pub struct Executor<'a> {
     stats: RunStats,
     cancel: Option<&'a AtomicBool>,
     pool: BufferPool,
+    /// Read blocks before this rank are not read ([`Executor::starting_at`]).
+    first_read: u64,
 }
 
 impl<'a> Executor<'a> {
@@ -142,7 +144,19 @@ impl<'a> Executor<'a> {
             },
             cancel: None,
             pool: BufferPool::default(),
+            first_read: 0,
         }
+    }
+
+    /// Starts at read block `first_read` (C-order rank): a resumed run
+    /// whose earlier read blocks feed only output blocks already written,
+    /// which the sink does not want ([`BlockSink::wants`]). Their pieces
+    /// are filed empty, so write blocks they share with later read blocks
+    /// still complete; the sink skips the parts those pieces would fill.
+    pub fn starting_at(mut self, first_read: u64) -> Self {
+        self.first_read = first_read;
+        self.reader.start_at(first_read);
+        self
     }
 
     pub fn with_cancel(mut self, cancel: &'a AtomicBool) -> Self {
@@ -373,6 +387,11 @@ impl<'a> Executor<'a> {
         let plan = self.plan;
         let step_box = plan.steps.block(step_index);
         let grid = PieceGrid::new(&plan.write, &step_box);
+        if self.current_read < self.first_read {
+            let skipped = (0..grid.count()).map(|_| Vec::new()).collect();
+            self.pending.file_step(plan, &grid, step_index, skipped);
+            return Ok(());
+        }
         let lens: Vec<usize> = grid.volumes().map(|v| (v * self.elem) as usize).collect();
         let peak = plan.prediction.peak_bytes;
         let mut buffers = self.pool.take_step(&lens, self.held, peak);
@@ -395,11 +414,13 @@ impl<'a> Executor<'a> {
     /// Takes the pieces of `slab`, a slab of the completed write block
     /// `write_index`, out of the pending store, for the writer.
     fn take_write_job(&mut self, write_index: &[usize], slab: &Region) -> Result<WriteJob> {
+        let pieces = self.pending.take_slab(self.plan, write_index, slab)?;
         Ok(WriteJob {
             write_box: slab.clone(),
             read_block: self.current_read,
-            pieces: self.pending.take_slab(self.plan, write_index, slab)?,
-            bytes: slab.volume() * self.elem,
+            // The slab's volume, but for pieces of skipped read blocks.
+            bytes: pieces.iter().map(|piece| piece.len() as u64).sum(),
+            pieces,
         })
     }
 }

@@ -160,6 +160,35 @@ pub struct Part {
     pub len: usize,
 }
 
+/// Where a region lies in its file: the file's shape (a C-order array)
+/// and the region's origin in it. A part of a job clips input blocks, so a
+/// region's coordinates and its file's need not share an origin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InFile {
+    pub shape: Vec<u64>,
+    pub origin: Vec<u64>,
+}
+
+impl InFile {
+    /// `region` inside the file holding `file_box` (same coordinates).
+    pub fn of(region: &Region, file_box: &Region) -> InFile {
+        InFile {
+            shape: file_box.shape.clone(),
+            origin: region.relative_to(file_box).origin,
+        }
+    }
+
+    /// The place of `part`, a box inside `region` (same coordinates).
+    pub fn of_part(&self, region: &Region, part: &Region) -> InFile {
+        InFile {
+            shape: self.shape.clone(),
+            origin: (0..region.ndim())
+                .map(|d| self.origin[d] + part.origin[d] - region.origin[d])
+                .collect(),
+        }
+    }
+}
+
 /// Where each row of `region` lies in its file block and among the pieces
 /// of a [`PieceGrid`]: per dimension and coordinate tables, so that a row
 /// costs a few additions and no allocation.
@@ -240,15 +269,21 @@ impl RowLayout {
     /// The layout of `region` (inside the file block `file_box`, a C-order
     /// array of elements of `elem` bytes) among the pieces of `grid`.
     pub fn new(region: &Region, file_box: &Region, elem: u64, grid: &PieceGrid) -> RowLayout {
+        RowLayout::in_file(region, &InFile::of(region, file_box), elem, grid)
+    }
+
+    /// The layout of `region` (lying in its file as `place` says) among
+    /// the pieces of `grid`.
+    pub fn in_file(region: &Region, place: &InFile, elem: u64, grid: &PieceGrid) -> RowLayout {
         let n = region.ndim();
         let last = n - 1;
-        let file_strides = strides(&file_box.shape);
+        let file_strides = strides(&place.shape);
         let grid_strides = grid.strides();
         let coordinates = |d: usize| region.origin[d]..region.end(d);
         let file_part = (0..last)
             .map(|d| {
                 coordinates(d)
-                    .map(|x| (x - file_box.origin[d]) * file_strides[d])
+                    .map(|x| (x - region.origin[d] + place.origin[d]) * file_strides[d])
                     .collect()
             })
             .collect();
@@ -276,12 +311,12 @@ impl RowLayout {
             row_shape: region.shape[..last].to_vec(),
             row_bytes: region.shape[last] * elem,
             file_part,
-            file_column: region.origin[last] - file_box.origin[last],
+            file_column: place.origin[last],
             piece_part,
             in_piece,
             piece_strides,
             columns,
-            contiguous: (1..n).all(|d| region.shape[d] == file_box.shape[d]),
+            contiguous: (1..n).all(|d| region.shape[d] == place.shape[d]),
             cursor: RefCell::new(Cursor {
                 row: vec![0; last],
                 placed: Vec::with_capacity(columns_count),

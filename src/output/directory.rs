@@ -1,9 +1,12 @@
 //! `rechunk`: the executor writing real block files into a directory.
 //!
-//! A block is written under a hidden temporary name and renamed to its
-//! final name (`{i}_{j}_{k}.{ext}`, or a Zarr chunk key like `i.j.k` or
+//! A block is written under a hidden temporary name of its run (its
+//! part, host and process: [`job::run_tag`]) and renamed to its final
+//! name (`{i}_{j}_{k}.{ext}`, or a Zarr chunk key like `i.j.k` or
 //! `c/i/j/k`, as [`FileTree`] says) only when complete and on disk, so an
-//! interrupted run never leaves a torn block that looks finished.
+//! interrupted run never leaves a torn block that looks finished, and a
+//! run that fails keeps every block it finished: running it again writes
+//! only the rest ([`PartOutput::done`]).
 //! Durability is batched: one `syncfs` covers many completed blocks before
 //! their renames, instead of an `fsync` per block. A Zarr array's metadata
 //! is written last, atomically, once every chunk is in place: until then
@@ -30,6 +33,7 @@ use crate::format::encode::{self, BlockEncode, Encoding};
 use crate::format::{self, BlockFormat, BlockTemplate};
 use crate::input::InputArray;
 use crate::output::filetree::FileTree;
+use crate::output::job;
 use crate::plan::Plan;
 use crate::sys::pagecache;
 use crate::DType;
@@ -97,14 +101,13 @@ impl OutputSpec {
     }
 }
 
-/// Checks `out` can receive blocks: created if missing; if it holds files,
+/// Checks `out` can receive blocks: created if missing; if it holds a
+/// job's record ([`job::JOB_NAME`]), accepted as it is (the record then
+/// says whether the run belongs to that job); if it holds other files,
 /// refused unless `overwrite`, in which case old block files, Zarr chunks
-/// and array metadata, an old `rechunkfs.json` (and leftover partial files)
-/// are removed and nothing else is touched. Says whether it created `out`.
-///
-/// A run killed outright (SIGKILL, a crash) leaves its hidden partial
-/// files: the refusal then says so, and `--overwrite` removes them with
-/// the blocks beside them.
+/// and array metadata, an old `rechunkfs.json` and job record (and
+/// leftover partial files) are removed and nothing else is touched. Says
+/// whether it created `out`.
 pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<bool> {
     match fs::metadata(out) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -124,8 +127,17 @@ pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<bool> {
     let entries: Vec<PathBuf> = fs::read_dir(out)
         .map_err(|e| Error::io(out, "listing", e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
+        // Another part of the job recording it at this moment.
+        .filter(|path| !is_job_record_temporary(path))
         .collect();
     if entries.is_empty() {
+        return Ok(false);
+    }
+    let holds_job = entries
+        .iter()
+        .any(|path| path.file_name().is_some_and(|n| n == job::JOB_NAME));
+    if holds_job && !overwrite {
+        // A job's OUT: its record says whether this run belongs to it.
         return Ok(false);
     }
     if !overwrite {
@@ -141,6 +153,13 @@ pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<bool> {
         }
     }
     Ok(false)
+}
+
+/// Whether `path` is a job record being written ([`job::record_job`]).
+fn is_job_record_temporary(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with(job::JOB_NAME) && n.ends_with(".partial"))
 }
 
 /// What an entry of an output directory is, by its name.
@@ -174,6 +193,7 @@ fn kind_of(path: &Path) -> Entry {
     } else if is_block || is_zarr_chunk_name(name) {
         Entry::Block
     } else if name == METADATA_NAME
+        || name == job::JOB_NAME
         || name == format::zarr::ZARRAY
         || name == format::zarr::ZARR_JSON
     {
@@ -237,14 +257,81 @@ fn remove_chunk_tree(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Which output blocks a run writes: its plan's (a part's, numbered in
+/// the part), placed in the whole output grid.
+#[derive(Clone, Debug)]
+pub struct PartOutput {
+    /// The part's number, which its temporaries' names carry.
+    pub part: u64,
+    /// The plan's output grid.
+    pub blocks: Partition,
+    /// Per dimension, the index of the plan's first output block in the
+    /// whole output grid.
+    pub first: Vec<usize>,
+    /// The plan's blocks complete on disk already: left as they are.
+    pub done: HashSet<u64>,
+}
+
+impl PartOutput {
+    /// Part `part` of a job, whose plan is `plan` ([`crate::plan::parts`]),
+    /// nothing written yet.
+    pub fn of_plan(plan: &Plan, part: u64) -> PartOutput {
+        let problem = &plan.problem;
+        PartOutput {
+            part,
+            blocks: plan.output.clone(),
+            first: (0..problem.ndim())
+                .map(|d| (problem.origin[d] / problem.output_block[d]) as usize)
+                .collect(),
+            done: HashSet::new(),
+        }
+    }
+
+    /// Every block of the grid `blocks`, written by one run (a pyramid's level).
+    pub fn whole(blocks: &Partition) -> PartOutput {
+        PartOutput {
+            part: 0,
+            blocks: blocks.clone(),
+            first: vec![0; blocks.ndim()],
+            done: HashSet::new(),
+        }
+    }
+
+    /// The whole output grid's rank of the plan's block `rank`.
+    pub fn whole_rank(&self, whole: &Partition, rank: u64) -> u64 {
+        let index: Vec<usize> = self
+            .blocks
+            .unravel(rank)
+            .iter()
+            .zip(&self.first)
+            .map(|(i, first)| i + first)
+            .collect();
+        whole.linear(&index)
+    }
+
+    /// The first read block of `plan` that feeds a block not done: a
+    /// resumed run starts there (C order; earlier ones feed only done
+    /// blocks). None when every block is done.
+    pub fn first_read_needed(&self, plan: &Plan) -> Option<u64> {
+        (0..self.blocks.count())
+            .filter(|rank| !self.done.contains(rank))
+            .map(|rank| plan.first_read_of(&self.blocks.block(&self.blocks.unravel(rank))))
+            .min()
+    }
+}
+
 /// A [`BlockSink`] that writes block files into a directory.
 pub struct DirectorySink {
     dir: PathBuf,
     tree: FileTree,
     spec: OutputSpec,
+    part: PartOutput,
+    /// What makes this run's temporary names its own ([`job::run_tag`]).
+    tag: String,
     /// Directories of nested chunk paths made so far.
     made_dirs: HashSet<PathBuf>,
-    /// Every block whose file this run created, to remove them all if it fails.
+    /// Every block whose file this run created, to remove its temporary
+    /// if it fails.
     made_blocks: Vec<u64>,
     /// The files describing the whole array this run began to write.
     made_files: Vec<PathBuf>,
@@ -263,9 +350,15 @@ pub struct DirectorySink {
 }
 
 impl DirectorySink {
-    pub fn new(dir: &Path, output: Partition, spec: OutputSpec) -> Result<DirectorySink> {
+    /// A sink writing `part` of the output grid `output` into `dir`.
+    pub fn new(
+        dir: &Path,
+        output: Partition,
+        spec: OutputSpec,
+        part: PartOutput,
+    ) -> Result<DirectorySink> {
         let array_bytes =
-            crate::array::geometry::volume(&output.array_shape()) * spec.dtype.size as u64;
+            crate::array::geometry::volume(&part.blocks.array_shape()) * spec.dtype.size as u64;
         let encoder = spec.encoder(&output)?;
         Ok(DirectorySink {
             encoder,
@@ -273,6 +366,8 @@ impl DirectorySink {
             dir: dir.to_path_buf(),
             tree: FileTree::for_output(spec.format, output, spec.axis_order),
             spec,
+            tag: job::run_tag(part.part),
+            part,
             made_dirs: HashSet::new(),
             made_blocks: Vec::new(),
             made_files: Vec::new(),
@@ -290,47 +385,59 @@ impl DirectorySink {
     fn write_array_metadata(&mut self, input_block: &[u64], source: &Path) -> Result<()> {
         let spec = &self.spec;
         let shape = self.tree.grid().array_shape();
-        let mut files: Vec<(String, Vec<u8>)> = format::array_metadata_files(
-            spec.format,
+        let files = array_metadata(
+            input_block,
+            source,
             &shape,
             &self.tree.block_shape(),
-            spec.dtype,
-            &spec.encoding,
-        )
-        .into_iter()
-        .map(|(name, bytes)| (name.to_string(), bytes))
-        .collect();
-        if spec.format == BlockFormat::Raw {
-            let metadata = metadata_json(
-                &shape,
-                spec.dtype,
-                input_block,
-                self.tree.grid(),
-                spec.format,
-                &spec.dataset,
-                spec.axis_order,
-                source,
-            );
-            files.push((METADATA_NAME.to_string(), metadata_bytes(&metadata)?));
-        }
+            spec,
+            self.tree.grid(),
+        )?;
         if files.is_empty() {
             return Ok(());
         }
         for (name, bytes) in files {
             let path = self.dir.join(name);
             self.made_files.push(path.clone());
-            write_atomically(&path, &bytes)?;
+            write_atomically(&path, &bytes, &self.tag)?;
         }
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(|e| Error::io(&self.dir, "syncing the directory", e))
     }
 
-    /// (temporary, final) paths of block `rank`: the temporary one is a
-    /// hidden name in the same directory, so the rename is atomic.
+    /// (temporary, final) paths of the plan's block `rank`: the temporary
+    /// one is a hidden name of this run in the same directory, so the
+    /// rename is atomic.
     fn paths(&self, rank: u64) -> (PathBuf, PathBuf) {
-        let done = self.dir.join(self.tree.path(rank));
-        (partial_name(&done), done)
+        let whole = self.part.whole_rank(self.tree.grid(), rank);
+        let done = self.dir.join(self.tree.path(whole));
+        (temporary_name(&done, &self.tag), done)
+    }
+
+    /// Removes the temporaries that earlier runs of this part left (killed
+    /// before they could), in every directory its blocks go to.
+    pub fn remove_stale_temporaries(&self) -> Result<()> {
+        let parents: BTreeSet<PathBuf> = (0..self.part.blocks.count())
+            .filter_map(|rank| self.paths(rank).1.parent().map(Path::to_path_buf))
+            .collect();
+        for parent in parents {
+            let Ok(entries) = fs::read_dir(&parent) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if job::is_stale_temporary(&name, self.part.part) {
+                    let path = entry.path();
+                    if let Err(e) = fs::remove_file(&path) {
+                        if e.kind() != std::io::ErrorKind::NotFound {
+                            return Err(Error::io(&path, "removing a stale temporary", e));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Makes the directory a nested chunk path needs, once.
@@ -363,7 +470,8 @@ impl DirectorySink {
         Ok((self.paths(rank).1, data_offset))
     }
 
-    /// Removes every file and directory this run created, finished or not.
+    /// Removes every file and directory this run created, finished or not
+    /// (a pyramid whose building failed: its levels go together).
     pub fn discard(&mut self) {
         let blocks = std::mem::take(&mut self.made_blocks);
         let mut paths = Vec::with_capacity(2 * blocks.len());
@@ -373,7 +481,7 @@ impl DirectorySink {
             paths.extend([partial, done]);
         }
         for path in std::mem::take(&mut self.made_files) {
-            paths.extend([partial_name(&path), path]);
+            paths.extend([temporary_name(&path, &self.tag), path]);
         }
         for path in paths {
             if let Err(e) = fs::remove_file(&path) {
@@ -400,6 +508,36 @@ impl DirectorySink {
         self.completed_bytes = 0;
     }
 
+    /// After a failure: every block this run completed is made durable
+    /// and given its final name (as far as the failure allows), and the
+    /// temporaries of the rest are removed. Finished blocks are never
+    /// removed, so a rerun writes only what is missing.
+    fn abandon(&mut self) {
+        if let Err(e) = self.commit() {
+            log::warn!("keeping the blocks completed before the failure: {e}");
+        }
+        let blocks = std::mem::take(&mut self.made_blocks);
+        let mut paths = Vec::with_capacity(blocks.len());
+        for rank in blocks {
+            self.files.close(rank);
+            paths.push(self.paths(rank).0);
+        }
+        for path in std::mem::take(&mut self.made_files) {
+            paths.push(temporary_name(&path, &self.tag));
+        }
+        for (partial, _) in self.completed.drain(..) {
+            paths.push(partial);
+        }
+        for path in paths {
+            if let Err(e) = fs::remove_file(&path) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    log::warn!("{}: could not remove it: {e}", path.display());
+                }
+            }
+        }
+        self.completed_bytes = 0;
+    }
+
     /// Makes every completed block durable, then gives it its final name.
     pub fn commit(&mut self) -> Result<()> {
         if self.completed.is_empty() {
@@ -415,8 +553,7 @@ impl DirectorySink {
                 // Synced, and nothing here reads it again.
                 pagecache::drop_cached_pages_of(&partial);
             }
-            fs::rename(&partial, &done)
-                .map_err(|e| Error::io(&partial, "renaming to its final name", e))?;
+            rename_into_place(&partial, &done)?;
             if let Some(parent) = done.parent() {
                 parents.insert(parent.to_path_buf());
             }
@@ -437,8 +574,9 @@ impl BlockSink for DirectorySink {
     fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
         if !self.files.is_open(rank) {
             let (partial, _) = self.paths(rank);
-            let region = self.tree.grid().block(&self.tree.grid().unravel(rank));
-            let file_shape = self.tree.file_shape(rank);
+            let whole = self.part.whole_rank(self.tree.grid(), rank);
+            let region = self.tree.grid().block(&self.tree.grid().unravel(whole));
+            let file_shape = self.tree.file_shape(whole);
             let opened = if self.files.was_created(rank) {
                 let data_offset = match self.encoder {
                     Some(_) => 0,
@@ -497,6 +635,10 @@ impl BlockSink for DirectorySink {
         self.encoder.clone()
     }
 
+    fn wants(&mut self, rank: u64) -> bool {
+        !self.part.done.contains(&rank)
+    }
+
     fn complete(&mut self, rank: u64) -> Result<()> {
         let (partial, done) = self.paths(rank);
         let mut encoded_len = None;
@@ -506,9 +648,11 @@ impl BlockSink for DirectorySink {
                 encoded_len = open.file.metadata().map(|m| m.len()).ok();
             }
         }
+        let whole = self.part.whole_rank(self.tree.grid(), rank);
+        let file_shape = self.tree.file_shape(whole);
         self.completed_bytes += match encoded_len {
             Some(len) => len,
-            None => self.template(&self.tree.file_shape(rank))?.file_len(),
+            None => self.template(&file_shape)?.file_len(),
         };
         self.completed.push((partial, done));
         if self.completed_bytes >= self.commit_batch_bytes {
@@ -524,12 +668,8 @@ impl BlockSink for DirectorySink {
 /// blocks), last.
 ///
 /// A run that fails, or is cancelled through `cancel` (checked between
-/// steps), removes every file it wrote, finished or not, before it returns:
-/// OUT is left as [`prepare_output_dir`] left it, as a refusal at the
-/// scan would leave it (input blocks' headers are checked as they are
-/// read: see crate::input). A run killed outright leaves its hidden
-/// partial files and the blocks it had committed, every one complete; see
-/// [`prepare_output_dir`] for what a rerun does with them.
+/// steps), keeps the blocks it finished and removes its temporaries
+/// ([`rechunk_part`]).
 pub fn rechunk(
     input: &InputArray,
     plan: &Plan,
@@ -538,11 +678,19 @@ pub fn rechunk(
     cancel: Option<&AtomicBool>,
     progress: impl FnMut(&RunStats),
 ) -> Result<RunStats> {
-    rechunk_then(input, plan, out, spec, cancel, progress, |_| Ok(())).map(|(stats, ())| stats)
+    let part = PartOutput::of_plan(plan, 0);
+    let mut sink = DirectorySink::new(out, plan.output.clone(), spec, part)?;
+    let stats = run_into(&mut sink, input, plan, cancel, progress)?;
+    let metadata = sink.write_array_metadata(&input.block_shape, &input.source);
+    if metadata.is_err() {
+        sink.abandon();
+    }
+    metadata.map(|()| stats)
 }
 
 /// As [`rechunk`], then `then` (given the finished sink, to read its
-/// blocks back), whose failure removes what the run wrote too.
+/// blocks back: a pyramid's levels). A failure anywhere removes every
+/// file the run wrote, as a pyramid's levels stand or fall together.
 pub fn rechunk_then<T>(
     input: &InputArray,
     plan: &Plan,
@@ -552,25 +700,75 @@ pub fn rechunk_then<T>(
     progress: impl FnMut(&RunStats),
     then: impl FnOnce(&mut DirectorySink) -> Result<T>,
 ) -> Result<(RunStats, T)> {
-    let mut sink = DirectorySink::new(out, plan.output.clone(), spec)?;
-    let mut executor = Executor::new(plan, input);
-    if let Some(cancel) = cancel {
-        executor = executor.with_cancel(cancel);
-    }
-    let running = std::time::Instant::now();
-    let stats = executor.run(&mut sink, progress).and_then(|stats| {
-        log::debug!("ran the plan in {:.3} s", running.elapsed().as_secs_f64());
-        let committing = std::time::Instant::now();
-        sink.commit()?;
+    let part = PartOutput::of_plan(plan, 0);
+    let mut sink = DirectorySink::new(out, plan.output.clone(), spec, part)?;
+    let done = run_into(&mut sink, input, plan, cancel, progress).and_then(|stats| {
         sink.write_array_metadata(&input.block_shape, &input.source)?;
-        log::debug!("committed in {:.3} s", committing.elapsed().as_secs_f64());
-        Ok(stats)
+        Ok((stats, then(&mut sink)?))
     });
-    let done = stats.and_then(|stats| Ok((stats, then(&mut sink)?)));
     if done.is_err() {
         sink.discard();
     }
     done
+}
+
+/// Rechunks `input` following `plan` (a part of a job, or all of it) into
+/// the blocks `part` places in the output grid `output`, in `out`; the
+/// blocks `part` says are done are left alone, and the run starts at the
+/// first read block that feeds one that is not. Nothing describing the
+/// whole array is written ([`job::finish`] does, once every part is done).
+///
+/// A run that fails, or is cancelled through `cancel` (checked between
+/// steps), keeps every block it finished and removes its temporaries; a
+/// run killed outright leaves its temporaries, which the next run of the
+/// part removes ([`DirectorySink::remove_stale_temporaries`]).
+pub fn rechunk_part(
+    input: &InputArray,
+    plan: &Plan,
+    (out, output): (&Path, Partition),
+    spec: OutputSpec,
+    part: PartOutput,
+    cancel: Option<&AtomicBool>,
+    progress: impl FnMut(&RunStats),
+) -> Result<RunStats> {
+    let mut sink = DirectorySink::new(out, output, spec, part)?;
+    sink.remove_stale_temporaries()?;
+    run_into(&mut sink, input, plan, cancel, progress)
+}
+
+/// Runs `plan` into `sink` (from the first read block its part still
+/// needs) and commits; on failure, [`DirectorySink::abandon`].
+fn run_into(
+    sink: &mut DirectorySink,
+    input: &InputArray,
+    plan: &Plan,
+    cancel: Option<&AtomicBool>,
+    progress: impl FnMut(&RunStats),
+) -> Result<RunStats> {
+    let first_read = if sink.part.done.is_empty() {
+        0
+    } else {
+        match sink.part.first_read_needed(plan) {
+            Some(first) => first,
+            None => return Ok(RunStats::default()),
+        }
+    };
+    let mut executor = Executor::new(plan, input).starting_at(first_read);
+    if let Some(cancel) = cancel {
+        executor = executor.with_cancel(cancel);
+    }
+    let running = std::time::Instant::now();
+    let stats = executor.run(sink, progress).and_then(|stats| {
+        log::debug!("ran the plan in {:.3} s", running.elapsed().as_secs_f64());
+        let committing = std::time::Instant::now();
+        sink.commit()?;
+        log::debug!("committed in {:.3} s", committing.elapsed().as_secs_f64());
+        Ok(stats)
+    });
+    if stats.is_err() {
+        sink.abandon();
+    }
+    stats
 }
 
 /// Writes the files that describe a whole array (see [`rechunk`]) for a
@@ -579,6 +777,38 @@ pub fn rechunk_then<T>(
 pub fn finish_array(sink: &mut DirectorySink, input_block: &[u64], source: &Path) -> Result<()> {
     sink.commit()?;
     sink.write_array_metadata(input_block, source)
+}
+
+/// The files describing the whole array (name, bytes) that `spec`'s format
+/// needs: a Zarr array's metadata, `rechunkfs.json` for raw blocks; none
+/// for block files with headers.
+pub fn array_metadata(
+    input_block: &[u64],
+    source: &Path,
+    shape: &[u64],
+    block_shape: &[u64],
+    spec: &OutputSpec,
+    output: &Partition,
+) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut files: Vec<(String, Vec<u8>)> =
+        format::array_metadata_files(spec.format, shape, block_shape, spec.dtype, &spec.encoding)
+            .into_iter()
+            .map(|(name, bytes)| (name.to_string(), bytes))
+            .collect();
+    if spec.format == BlockFormat::Raw {
+        let metadata = metadata_json(
+            shape,
+            spec.dtype,
+            input_block,
+            output,
+            spec.format,
+            &spec.dataset,
+            spec.axis_order,
+            source,
+        );
+        files.push((METADATA_NAME.to_string(), metadata_bytes(&metadata)?));
+    }
+    Ok(files)
 }
 
 /// The name of the metadata file describing raw blocks (the view's has the same name).
@@ -629,20 +859,38 @@ fn metadata_bytes(metadata: &serde_json::Value) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// The name under which `path` is written before it is complete: hidden,
-/// in the same directory, so that the rename into place is atomic.
-fn partial_name(path: &Path) -> PathBuf {
+/// The name under which the run tagged `tag` writes `path` before it is
+/// complete: hidden, in the same directory, so that the rename into place
+/// is atomic, and the run's own, so that two runs of one part (or of
+/// different parts) never write one file.
+fn temporary_name(path: &Path, tag: &str) -> PathBuf {
     let leaf = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    path.with_file_name(format!(".{leaf}.partial"))
+    path.with_file_name(format!(".{leaf}.{tag}.partial"))
 }
 
-/// Writes `bytes` to `path` atomically: to its partial name, synced,
-/// renamed into place (the directory is synced by the caller).
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let partial = partial_name(path);
+/// Renames the complete block `partial` to `done`. Another run of the same
+/// part may have made `done` meanwhile (the bytes are the same) or removed
+/// `partial` as stale: either way a complete `done` is what is wanted.
+fn rename_into_place(partial: &Path, done: &Path) -> Result<()> {
+    match fs::rename(partial, done) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && done.is_file() => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::io(
+            partial,
+            "renaming to its final name (another run of this part removed it as stale: run \
+             each part once at a time)",
+            e,
+        )),
+        other => other.map_err(|e| Error::io(partial, "renaming to its final name", e)),
+    }
+}
+
+/// Writes `bytes` to `path` atomically: to a temporary of the run tagged
+/// `tag`, synced, renamed into place (the directory is synced by the caller).
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8], tag: &str) -> Result<()> {
+    let partial = temporary_name(path, tag);
     let mut file = File::create(&partial).map_err(|e| Error::io(&partial, "creating", e))?;
     file.write_all(bytes)
         .and_then(|()| file.sync_all())

@@ -4,6 +4,7 @@
 
 pub mod directory;
 pub mod filetree;
+pub mod job;
 pub mod pyramid;
 
 use crate::error::Result;

@@ -20,8 +20,11 @@ use crate::engine::downsample::{LevelBuilder, LevelFiles, PyramidStats};
 use crate::error::{Error, Result};
 use crate::format::ome::{self, ScaleLevel, WorldAxis};
 use crate::format::{precomputed, BlockFormat};
-use crate::output::directory::{finish_array, write_atomically, DirectorySink, OutputSpec};
+use crate::output::directory::{
+    finish_array, write_atomically, DirectorySink, OutputSpec, PartOutput,
+};
 use crate::output::filetree::output_file_shape;
+use crate::output::job;
 use crate::plan::pyramid::{rows_per_pass, Downsample, Pyramid};
 
 /// Where level `k` of a pyramid of `levels` levels goes, relative to OUT
@@ -142,7 +145,8 @@ pub fn build_levels(
             space: level_space(&spec.space, &pyramid.scale(k)),
             ..(*spec).clone()
         };
-        let mut sink = DirectorySink::new(&dir, pyramid.levels[k].clone(), level_spec)?;
+        let level = PartOutput::whole(&pyramid.levels[k]);
+        let mut sink = DirectorySink::new(&dir, pyramid.levels[k].clone(), level_spec, level)?;
         let rows = rows_per_pass(pyramid, &files, k, spec.dtype.size as u64, output.mem)?;
         let mut builder = LevelBuilder::new(pyramid, &files, k, rows, spec.dtype);
         let below = built.sinks.last_mut().unwrap_or(&mut *level0);
@@ -194,7 +198,11 @@ fn write_metadata(out: &Path, output: &PyramidOutput, built: &mut BuiltLevels) -
                 for k in 0..levels.len() {
                     let path = out.join(k.to_string()).join("zarr.json");
                     let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, "reading", e))?;
-                    write_atomically(&path, &ome::with_dimension_names(bytes, axes))?;
+                    write_atomically(
+                        &path,
+                        &ome::with_dimension_names(bytes, axes),
+                        &job::run_tag(0),
+                    )?;
                 }
             }
             ome::group_files(axes, &levels, pyramid.method.name(), zarr3)
@@ -204,7 +212,7 @@ fn write_metadata(out: &Path, output: &PyramidOutput, built: &mut BuiltLevels) -
     for (name, bytes) in files {
         let path = out.join(name);
         built.metadata.push(path.clone());
-        write_atomically(&path, &bytes)?;
+        write_atomically(&path, &bytes, &job::run_tag(0))?;
     }
     File::open(out)
         .and_then(|d| d.sync_all())

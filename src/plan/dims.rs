@@ -97,17 +97,18 @@ impl Overlap {
 }
 
 impl DimOption {
-    /// `input` and `output`: the file axes along dimension `d`, with how
-    /// their files are shaped.
+    /// `read`: the read intervals, of `read_step` (clipped at the array's
+    /// ends); `input` and `output`: the file axes along dimension `d`,
+    /// with their files' extents (per input interval; as the output files
+    /// are shaped).
     pub(super) fn new(
-        array_len: u64,
-        (input, input_files): (&Axis, &FileShape),
+        read: Axis,
+        (input, input_extents): (&Axis, &[u64]),
         (output, output_files): (&Axis, &FileShape),
         d: usize,
         read_step: u64,
         mode: WriteMode,
     ) -> DimOption {
-        let read = Axis::regular(array_len, read_step);
         let (write, completes) = match mode {
             WriteMode::Immediate => (read.clone(), (0..read.count()).map(Some).collect()),
             WriteMode::Keep => keep_write_intervals(&read, output),
@@ -123,9 +124,7 @@ impl DimOption {
         let mut option = DimOption {
             read_step,
             mode,
-            reads: Overlap::of(&read, input, |f| {
-                input_files.file_extent(d, input.extent(f))
-            }),
+            reads: Overlap::of(&read, input, |f| input_extents[f]),
             writes: Overlap::of(&write, output, |f| {
                 output_files.file_extent(d, output.extent(f))
             }),

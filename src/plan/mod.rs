@@ -30,6 +30,7 @@
 
 mod cost;
 mod dims;
+pub mod parts;
 mod problem;
 pub mod pyramid;
 mod search;
@@ -128,6 +129,14 @@ impl Plan {
             .enumerate()
             .map(|(d, &r)| self.completes[d][r])
             .collect()
+    }
+
+    /// The C-order rank of the first read block that overlaps `region`.
+    pub fn first_read_of(&self, region: &Region) -> u64 {
+        let index: Vec<usize> = (0..region.ndim())
+            .map(|d| self.read.axis(d).locate(region.origin[d]))
+            .collect();
+        self.read.linear(&index)
     }
 
     /// The C-order rank of the read block after which `region` (an output

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::dims::{DimOption, WriteMode};
-use crate::array::geometry::{self, FileShape, Partition};
+use crate::array::geometry::{self, Axis, FileShape, Partition, Region};
 use crate::error::{Error, Result};
 
 /// The array and its two block shapes: what is to be rechunked.
@@ -23,6 +23,11 @@ pub struct Problem {
     /// written whole, in one call, from a copy gathered in memory.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub encoded_outputs: bool,
+    /// Where `array` lies in the whole array (all 0 but for a part of a
+    /// job, [`Problem::part`]): block boundaries are the whole array's.
+    pub origin: Vec<u64>,
+    /// The whole array's shape (`array` but for a part).
+    pub whole: Vec<u64>,
 }
 
 impl Problem {
@@ -41,6 +46,8 @@ impl Problem {
         Ok(Problem {
             input_block: clip(input_block),
             output_block: clip(output_block),
+            origin: vec![0; array.len()],
+            whole: array.clone(),
             array,
             elem_size,
             input_files: FileShape::Exact,
@@ -88,6 +95,47 @@ impl Problem {
         u64::try_from(2 * volume * self.elem_size as u128).unwrap_or(u64::MAX)
     }
 
+    /// The part `region` of this problem's array (a box of whole output
+    /// blocks, in this array's coordinates): the same rechunk restricted
+    /// to it, its input blocks clipped to it. Clipped input blocks keep
+    /// their files, so a read of one is a part of a longer file: the
+    /// planner counts its seeks as such.
+    pub fn part(&self, region: &Region) -> Problem {
+        let mut part = self.clone();
+        part.origin = (0..self.ndim())
+            .map(|d| self.origin[d] + region.origin[d])
+            .collect();
+        part.array = region.shape.clone();
+        part
+    }
+
+    /// The whole array's regular intervals of `step` along dimension `d`,
+    /// as they cut this problem's array (its coordinates).
+    pub fn axis_of(&self, d: usize, step: u64) -> Axis {
+        let (origin, len) = (self.origin[d], self.array[d]);
+        let mut bounds = vec![0];
+        let mut boundary = (origin / step + 1) * step;
+        while boundary < origin + len {
+            bounds.push(boundary - origin);
+            boundary += step;
+        }
+        bounds.push(len);
+        Axis::from_bounds(bounds)
+    }
+
+    /// Per input interval along dimension `d`: its file's extent there
+    /// (the whole input block's, which a part may clip).
+    pub(super) fn input_file_extents(&self, d: usize, input: &Axis) -> Vec<u64> {
+        let step = self.input_block[d];
+        (0..input.count())
+            .map(|f| {
+                let start = (self.origin[d] + input.start(f)) / step * step;
+                let extent = step.min(self.whole[d] - start);
+                self.input_files.file_extent(d, extent)
+            })
+            .collect()
+    }
+
     /// The options for dimension `d`: read intervals of `read_step`, writes following them in `mode`.
     pub(super) fn dim_option(
         &self,
@@ -97,9 +145,10 @@ impl Problem {
         read_step: u64,
         mode: WriteMode,
     ) -> DimOption {
+        let input_extents = self.input_file_extents(d, input.axis(d));
         DimOption::new(
-            self.array[d],
-            (input.axis(d), &self.input_files),
+            self.axis_of(d, read_step),
+            (input.axis(d), &input_extents),
             (output.axis(d), &self.output_files),
             d,
             read_step,
@@ -108,13 +157,13 @@ impl Problem {
     }
 
     /// Per dimension: whether one input file spans it exactly (a single
-    /// block, not padded), so C-order neighbours across it are neighbours
-    /// in that file too.
+    /// block, neither padded nor clipped), so C-order neighbours across it
+    /// are neighbours in that file too.
     pub(super) fn input_spans_exactly(&self, input: &Partition) -> Vec<bool> {
         (0..self.ndim())
             .map(|d| {
                 input.axis(d).count() == 1
-                    && self.input_files.file_extent(d, self.array[d]) == self.array[d]
+                    && self.input_file_extents(d, input.axis(d))[0] == self.array[d]
             })
             .collect()
     }
@@ -149,21 +198,31 @@ impl Problem {
         self.array.len()
     }
 
+    /// The input blocks, as the whole array's cut this problem's array.
     pub fn input(&self) -> Partition {
-        Partition::regular(&self.array, &self.input_block)
+        Partition::new(
+            (0..self.ndim())
+                .map(|d| self.axis_of(d, self.input_block[d]))
+                .collect(),
+        )
     }
 
+    /// The output blocks, as the whole array's cut this problem's array.
     pub fn output(&self) -> Partition {
-        Partition::regular(&self.array, &self.output_block)
+        Partition::new(
+            (0..self.ndim())
+                .map(|d| self.axis_of(d, self.output_block[d]))
+                .collect(),
+        )
     }
 
     /// `r̂`: per dimension the smallest multiple of the input block that
-    /// covers an output block, clipped to the array.
+    /// covers an output block, clipped to the whole array.
     pub fn rhat(&self) -> Vec<u64> {
         (0..self.ndim())
             .map(|d| {
                 let i = self.input_block[d];
-                (i * self.output_block[d].div_ceil(i)).min(self.array[d])
+                (i * self.output_block[d].div_ceil(i)).min(self.whole[d])
             })
             .collect()
     }

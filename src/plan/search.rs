@@ -160,7 +160,7 @@ fn read_steps(problem: &Problem, d: usize) -> Vec<u64> {
     let i = problem.input_block[d];
     let rhat = problem.rhat()[d];
     let mut steps: Vec<u64> = (1..=rhat.div_ceil(i))
-        .map(|j| (j * i).min(problem.array[d]))
+        .map(|j| (j * i).min(problem.whole[d]))
         .collect();
     let mut divisor = 1;
     while divisor * divisor <= i && !problem.reads_whole_inputs() {

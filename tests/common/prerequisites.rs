@@ -29,6 +29,9 @@ pub enum Need {
     MincTools,
     /// `nifti_tool`, from Debian's nifti-bin (the NIfTI reference library's tools).
     NiftiTool,
+    /// Root, and SLURM's daemons and commands with munge
+    /// (`slurmctld slurmd slurm-client munge`), to run a one-node cluster.
+    Slurm,
 }
 
 /// The modules the readers' Python must import.
@@ -80,6 +83,31 @@ fn missing(need: Need) -> Option<String> {
         Need::TmpfsMount => tmpfs_missing().clone(),
         Need::MincTools => minc_tools_missing(),
         Need::NiftiTool => nifti_tool_missing(),
+        Need::Slurm => slurm_missing(),
+    }
+}
+
+fn slurm_missing() -> Option<String> {
+    let programs = [
+        "/usr/sbin/slurmctld",
+        "/usr/sbin/slurmd",
+        "/usr/sbin/munged",
+        "/usr/bin/sbatch",
+        "/etc/munge/munge.key",
+    ];
+    let absent: Vec<&str> = programs
+        .into_iter()
+        .filter(|path| !Path::new(path).exists())
+        .collect();
+    if !is_root() {
+        Some("root, to run SLURM's daemons".into())
+    } else if !absent.is_empty() {
+        Some(format!(
+            "SLURM and munge (apt-get install slurmctld slurmd slurm-client munge: {} absent)",
+            absent.join(", ")
+        ))
+    } else {
+        None
     }
 }
 

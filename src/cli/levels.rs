@@ -1,0 +1,245 @@
+//! `rechunk --levels`: level 0 written as a plain rechunk, then each
+//! coarser level built from the one above it (`output::pyramid`), and the
+//! pyramid's metadata last. A pyramid's levels stand or fall together: a
+//! run that fails or is interrupted removes every file it wrote.
+
+use std::path::{Path, PathBuf};
+
+use crate::array::axes::AxisOrder;
+use crate::array::units::show_bytes;
+use crate::cli::pyramid;
+use crate::cli::rechunk::{step_delay, Interrupted};
+use crate::cli::report::progress_bar;
+use crate::cli::RechunkArgs;
+use crate::engine::RunStats;
+use crate::error::Error;
+use crate::format::ome::WorldAxis;
+use crate::format::BlockFormat;
+use crate::input::InputArray;
+use crate::output::directory::{self, DirectorySink, OutputSpec};
+use crate::output::pyramid::{build_levels, level_dir, pyramid_axes, BuiltLevels, PyramidOutput};
+use crate::plan::pyramid::{Pyramid, PyramidCost};
+use crate::plan::Plan;
+use crate::sys::{disk, signals};
+
+/// A pyramid to build after level 0, and what its metadata needs.
+pub(super) struct LevelsRequest<'a> {
+    pyramid: &'a Pyramid,
+    axes: Vec<WorldAxis>,
+    mem: Option<u64>,
+    cost: PyramidCost,
+}
+
+impl<'a> LevelsRequest<'a> {
+    /// Checks the output format can hold the pyramid, and plans it within `mem`.
+    pub(super) fn new(
+        pyramid: &'a Pyramid,
+        input: &InputArray,
+        spec: &OutputSpec,
+        mem: Option<u64>,
+    ) -> anyhow::Result<LevelsRequest<'a>> {
+        let format = spec.format;
+        let level0 = &pyramid.levels[0];
+        let block: Vec<u64> = (0..level0.ndim())
+            .map(|d| level0.axis(d).extent(0))
+            .collect();
+        let (axes, rotated) = pyramid_axes(
+            format,
+            input.format,
+            &spec.space,
+            &input.shape,
+            &block,
+            spec.dtype,
+        )?;
+        if rotated && (format.pads_edge_blocks() || format == BlockFormat::Precomputed) {
+            eprintln!(
+                "note: the input's affine rotates its axes, which {} cannot record: the \
+                 pyramid's metadata gives its voxel sizes and origin only",
+                format.name()
+            );
+        }
+        let cost = pyramid::cost_of(pyramid, format, spec.dtype.size as u64, mem)?;
+        Ok(LevelsRequest {
+            pyramid,
+            axes,
+            mem,
+            cost,
+        })
+    }
+
+    /// Builds the levels below level 0 (in `sink`) and the pyramid's metadata.
+    fn build(
+        &self,
+        out: &Path,
+        input: &InputArray,
+        spec: &OutputSpec,
+        sink: &mut DirectorySink,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> crate::error::Result<Option<BuiltLevels>> {
+        let output = PyramidOutput {
+            pyramid: self.pyramid,
+            spec,
+            axes: &self.axes,
+            mem: self.mem,
+            input_block: &input.block_shape,
+            source: &input.source,
+        };
+        build_levels(out, sink, &output, Some(stop)).map(Some)
+    }
+
+    /// The report's pyramid part; printed at once unless the report is JSON.
+    pub(super) fn report(
+        &self,
+        built: &BuiltLevels,
+        order: AxisOrder,
+        json: bool,
+    ) -> serde_json::Value {
+        let value = serde_json::json!({
+            "planned": pyramid::cost_json(self.pyramid, &self.cost, order),
+            "levels": built.stats,
+        });
+        if !json {
+            let blocks: u64 = built.stats.iter().map(|s| s.blocks).sum();
+            let bytes: u64 = built.stats.iter().map(|s| s.bytes_written).sum();
+            println!(
+                "pyramid: {} levels below level 0, {blocks} blocks ({})",
+                built.stats.len(),
+                show_bytes(bytes)
+            );
+        }
+        value
+    }
+}
+
+/// Runs `plan` into OUT, with a progress bar. A run that fails, or that a
+/// stopping signal (SIGINT, SIGTERM, SIGHUP) interrupts between steps,
+/// removes every file it wrote, and OUT if it made it, and says so.
+pub(super) fn write_levels(
+    args: &RechunkArgs,
+    input: &InputArray,
+    plan: &Plan,
+    spec: OutputSpec,
+    levels: Option<&LevelsRequest>,
+) -> anyhow::Result<(RunStats, Option<BuiltLevels>)> {
+    // The first output block is the largest: if the format can hold it
+    // (NIfTI's limits, MINC2 scaling), it can hold them all. Refuse before
+    // OUT is touched.
+    spec.template(&plan.output.block(&vec![0; plan.output.ndim()]).shape)?;
+    spec.encoder(&plan.output)?;
+    // Caught from before OUT is touched: a signal until then ends the
+    // process at once, with nothing of this run on disk yet.
+    let stop = signals::catch_stopping_signals()?;
+    let created_output = directory::prepare_output_dir(&args.output, args.overwrite)?;
+    let free_at_start = disk::free_bytes(&args.output);
+    let level0_dir = make_level0_dir(&args.output, spec.format, levels)?;
+    let level0 = level0_dir.clone().unwrap_or_else(|| args.output.clone());
+    let bar = progress_bar(input.nbytes(), args.quiet || args.json);
+    let delay = step_delay();
+    let mut read_blocks_done = 0;
+    let pyramid_spec = spec.clone();
+    let then = |sink: &mut DirectorySink| match levels {
+        Some(levels) => levels.build(&args.output, input, &pyramid_spec, sink, stop),
+        None => Ok(None),
+    };
+    let run = directory::rechunk_then(
+        input,
+        plan,
+        &level0,
+        spec,
+        Some(stop),
+        |stats| {
+            bar.set_position(stats.bytes_written);
+            bar.set_message(format!(
+                "blocks {}/{}",
+                stats.output_blocks_done, stats.output_blocks_total
+            ));
+            if let Some(delay) = delay.filter(|_| stats.read_blocks_done > read_blocks_done) {
+                std::thread::sleep(delay);
+            }
+            read_blocks_done = stats.read_blocks_done;
+        },
+        then,
+    );
+    bar.finish_and_clear();
+    let Err(error) = run else {
+        if let Some(signal) = signals::caught() {
+            eprintln!(
+                "{signal} came after every block was written: {} is complete",
+                args.output.display()
+            );
+        }
+        return run.map_err(Into::into);
+    };
+    // Failed: rechunk removed what it wrote, and OUT goes too.
+    if let Some(dir) = level0_dir {
+        let _ = std::fs::remove_dir(dir);
+    }
+    if created_output {
+        let _ = std::fs::remove_dir(&args.output);
+    }
+    Err(explained(args, created_output, free_at_start, input, error))
+}
+
+/// Makes the directory level 0 goes in when it is not OUT itself (an
+/// OME-Zarr image's `0/`, a precomputed scale's), and says which it is.
+fn make_level0_dir(
+    out: &Path,
+    format: BlockFormat,
+    levels: Option<&LevelsRequest>,
+) -> anyhow::Result<Option<PathBuf>> {
+    let count = levels.map_or(1, |l| l.pyramid.levels.len());
+    let Some(dir) = level_dir(format, count, 0) else {
+        return Ok(None);
+    };
+    let dir = out.join(dir);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::io(&dir, "creating level 0's directory", e))?;
+    Ok(Some(dir))
+}
+
+/// The error of a failed run, said in terms of OUT: what is left there and
+/// what to do.
+fn explained(
+    args: &RechunkArgs,
+    created_output: bool,
+    free_at_start: Option<u64>,
+    input: &InputArray,
+    error: Error,
+) -> anyhow::Error {
+    let out = args.output.display();
+    let left = if created_output {
+        format!("removed every file it wrote, and {out}, which it had made")
+    } else if args.overwrite {
+        format!(
+            "removed every file it wrote in {out} (the old blocks --overwrite replaced are gone too)"
+        )
+    } else {
+        format!("removed every file it wrote in {out}")
+    };
+    match error {
+        Error::Cancelled => match signals::caught() {
+            Some(signal) => Interrupted {
+                signal,
+                message: format!(
+                    "interrupted by {signal} before {out} was complete: {left}; run the same \
+                     command again to start over"
+                ),
+            }
+            .into(),
+            None => anyhow::anyhow!("cancelled: {left}"),
+        },
+        ref error if error.is_no_space() => {
+            let free = free_at_start.map_or(String::new(), |free| {
+                format!(", and {} were free when it started", show_bytes(free))
+            });
+            anyhow::anyhow!(
+                "{out}: no space left on the output's filesystem: the array needs about {}{free}; \
+                 {left}. Free some space there, or choose another OUT, and run the same command \
+                 again. ({error})",
+                show_bytes(input.nbytes())
+            )
+        }
+        // The cause says it all; OUT is as the run found it.
+        other => other.into(),
+    }
+}

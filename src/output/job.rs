@@ -1,0 +1,453 @@
+//! A job's record in its output directory, so that the parts of a job run
+//! on many machines, and a run that died, agree on what they are making.
+//!
+//! The first run of any part writes `.rechunkfs-job.json`: what the job
+//! makes (input, shapes, format, the cuts into parts), the identity of
+//! every input file (size and mtime, as the view journals them), the size
+//! of each kind of block file, and the array metadata that `finish` writes
+//! last. It is created by a hard link from a synced temporary: of runs
+//! starting at once exactly one link succeeds (on NFS, Lustre and GPFS
+//! too, which do not all offer `flock`), and the others read it and
+//! refuse a mismatch. A block's final name means complete and exact
+//! (written under a temporary name of its run, synced, renamed), so what
+//! is done is what the directory holds.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::array::axes::AxisOrder;
+use crate::array::geometry::{Axis, IndexBox, Partition, Region};
+use crate::error::{Error, Result};
+use crate::format::BlockFormat;
+use crate::input::InputArray;
+use crate::output::filetree::FileTree;
+
+/// The job record's name in OUT: hidden, so that no reader takes the
+/// directory for anything but its blocks.
+pub const JOB_NAME: &str = ".rechunkfs-job.json";
+
+/// What a job makes: two runs whose specs differ must not share an OUT.
+/// (`--mem` is not part of it: a part rerun with more memory plans
+/// differently but writes the same bytes.)
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub input: PathBuf,
+    pub dataset: String,
+    pub format: BlockFormat,
+    /// numpy's descriptor (`<u2`).
+    pub dtype: String,
+    pub axis_order: AxisOrder,
+    /// Shapes in C order.
+    pub array: Vec<u64>,
+    pub input_block: Vec<u64>,
+    pub output_block: Vec<u64>,
+    pub parts: u64,
+    /// Per dimension, the bounds of the parts (C order).
+    pub cuts: Vec<Vec<u64>>,
+}
+
+impl JobSpec {
+    /// The whole output grid.
+    pub fn output(&self) -> Partition {
+        Partition::regular(&self.array, &self.output_block)
+    }
+
+    /// The grid of parts.
+    pub fn part_grid(&self) -> Partition {
+        Partition::new(
+            self.cuts
+                .iter()
+                .map(|bounds| Axis::from_bounds(bounds.clone()))
+                .collect(),
+        )
+    }
+
+    /// The output blocks' files.
+    pub fn tree(&self) -> FileTree {
+        FileTree::for_output(self.format, self.output(), self.axis_order)
+    }
+
+    /// Part `k`'s output blocks, as ranges of grid indices per dimension.
+    pub fn part_blocks(&self, k: u64) -> Vec<std::ops::Range<usize>> {
+        let grid = self.part_grid();
+        let region = grid.block(&grid.unravel(k));
+        self.output().overlapping(&region)
+    }
+}
+
+/// An input file as it was when the job began: its size and mtime (None:
+/// an absent chunk, which reads as the fill value).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputIdentity {
+    pub path: PathBuf,
+    pub size: Option<u64>,
+    pub mtime_ns: Option<i128>,
+}
+
+/// `.rechunkfs-job.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub spec: JobSpec,
+    pub inputs: Vec<InputIdentity>,
+    /// Each kind of block file: its array's shape and its length in bytes.
+    /// Empty when block files have no fixed length (encoded outputs): a
+    /// final name alone then says a block is complete.
+    pub block_sizes: Vec<(Vec<u64>, u64)>,
+    /// The files describing the whole array (name, text), which `finish`
+    /// writes once every block is in place.
+    pub metadata_files: Vec<(String, String)>,
+}
+
+/// Every input file's identity, now.
+pub fn input_identity(input: &InputArray) -> Result<Vec<InputIdentity>> {
+    input
+        .blocks
+        .iter()
+        .map(|block| identity_of(&block.path))
+        .collect()
+}
+
+fn identity_of(path: &Path) -> Result<InputIdentity> {
+    match fs::metadata(path) {
+        Ok(meta) => {
+            use std::os::unix::fs::MetadataExt;
+            Ok(InputIdentity {
+                path: path.to_path_buf(),
+                size: Some(meta.len()),
+                mtime_ns: Some(meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128),
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(InputIdentity {
+            path: path.to_path_buf(),
+            size: None,
+            mtime_ns: None,
+        }),
+        Err(e) => Err(Error::io(path, "stat", e)),
+    }
+}
+
+/// What makes a run's temporary names its own: its part, host and process.
+pub fn run_tag(part: u64) -> String {
+    format!("p{part}-{}-{}", host_name(), std::process::id())
+}
+
+/// This machine's name (the kernel's), as a temporary name may hold it.
+fn host_name() -> String {
+    let name = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let name: String = name
+        .trim()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if name.is_empty() {
+        "host".into()
+    } else {
+        name
+    }
+}
+
+/// Whether the temporary `name` is part `part`'s and stale: made by a run
+/// of that part that is no longer running (on this host, its process has
+/// gone; another host's run of the same part is taken to be over, as a
+/// job array runs each part once at a time).
+pub fn is_stale_temporary(name: &str, part: u64) -> bool {
+    let Some(rest) = name.strip_suffix(".partial") else {
+        return false;
+    };
+    let Some(tag) = rest.rsplit('.').next() else {
+        return false;
+    };
+    let mut fields = tag.splitn(3, '-');
+    let (Some(p), Some(host), Some(pid)) = (fields.next(), fields.next(), fields.next()) else {
+        return false;
+    };
+    if p != format!("p{part}") {
+        return false;
+    }
+    let Ok(pid) = pid.parse::<i32>() else {
+        return false;
+    };
+    if host != host_name() {
+        return true;
+    }
+    pid != std::process::id() as i32 && !Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The record in `out`, if there is one.
+pub fn read_job(out: &Path) -> Result<Option<JobRecord>> {
+    let path = out.join(JOB_NAME);
+    let bytes = match fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(&path, "reading the job record", e)),
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| Error::BadOutput {
+            path: path.clone(),
+            problem: format!(
+                "is not a job record rechunkfs can read ({e}); remove OUT's files or choose \
+                 another OUT"
+            ),
+        })
+}
+
+/// Records `record` in `out` unless a run of the job did first; then
+/// checks the two agree: the same job, from the same input files.
+pub fn record_job(out: &Path, record: &JobRecord, tag: &str) -> Result<()> {
+    let path = out.join(JOB_NAME);
+    if !path.exists() {
+        let temporary = out.join(format!("{JOB_NAME}.{tag}.partial"));
+        let mut bytes = serde_json::to_vec_pretty(record)
+            .map_err(|e| Error::BadArgument(format!("encoding the job record: {e}")))?;
+        bytes.push(b'\n');
+        let mut file =
+            File::create(&temporary).map_err(|e| Error::io(&temporary, "creating", e))?;
+        file.write_all(&bytes)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| Error::io(&temporary, "writing", e))?;
+        let linked = fs::hard_link(&temporary, &path);
+        let _ = fs::remove_file(&temporary);
+        match linked {
+            Ok(()) => {
+                return File::open(out)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| Error::io(out, "syncing the directory", e));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::io(&path, "recording the job", e)),
+        }
+    }
+    let found = read_job(out)?.ok_or_else(|| Error::BadOutput {
+        path: path.clone(),
+        problem: "vanished while it was being read".into(),
+    })?;
+    check_same_job(out, &found, record)
+}
+
+/// Refuses `wanted` in an OUT holding `found`: another job, or this one
+/// from input files that changed since it began.
+fn check_same_job(out: &Path, found: &JobRecord, wanted: &JobRecord) -> Result<()> {
+    if found.spec != wanted.spec {
+        return Err(Error::BadOutput {
+            path: out.to_path_buf(),
+            problem: format!(
+                "holds blocks of another job ({}); run every part with the same IN, --shape, \
+                 --format, --dataset and --parts, or choose another OUT",
+                spec_differences(&found.spec, &wanted.spec)
+            ),
+        });
+    }
+    let changed: Vec<String> = found
+        .inputs
+        .iter()
+        .zip(&wanted.inputs)
+        .filter(|(was, is)| was != is)
+        .map(|(was, is)| describe_change(was, is))
+        .collect();
+    if !changed.is_empty() || found.inputs.len() != wanted.inputs.len() {
+        return Err(Error::BadOutput {
+            path: out.to_path_buf(),
+            problem: format!(
+                "holds blocks made from an input that has changed since ({} file(s): {}); its \
+                 blocks may not match the input now. Start over in an empty OUT (or with \
+                 --overwrite, one part)",
+                changed.len(),
+                changed
+                    .iter()
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn describe_change(was: &InputIdentity, is: &InputIdentity) -> String {
+    let show = |id: &InputIdentity| match (id.size, id.mtime_ns) {
+        (Some(size), Some(mtime)) => format!("{size} bytes, mtime {mtime} ns"),
+        _ => "absent".to_string(),
+    };
+    format!("{}: was {}, is {}", is.path.display(), show(was), show(is))
+}
+
+/// The fields in which two specs differ, for a person.
+fn spec_differences(found: &JobSpec, wanted: &JobSpec) -> String {
+    let (a, b) = (
+        serde_json::to_value(found).unwrap_or_default(),
+        serde_json::to_value(wanted).unwrap_or_default(),
+    );
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return String::new();
+    };
+    a.iter()
+        .filter(|(key, value)| b.get(*key) != Some(value))
+        .map(|(key, value)| {
+            format!(
+                "{key} {} there, {} here",
+                value,
+                b.get(key).cloned().unwrap_or_default()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The expected length of each output block's file, by rank.
+fn expected_len(record: &JobRecord, tree: &FileTree, rank: u64) -> Option<u64> {
+    let shape = tree.file_shape(rank);
+    record
+        .block_sizes
+        .iter()
+        .find(|(s, _)| *s == shape)
+        .map(|(_, len)| *len)
+}
+
+/// Whether output block `rank`'s file is in `out`, complete (its final
+/// name, and its exact length when block files have one).
+pub fn block_is_done(out: &Path, record: &JobRecord, tree: &FileTree, rank: u64) -> bool {
+    let Ok(meta) = fs::metadata(out.join(tree.path(rank))) else {
+        return false;
+    };
+    let exact =
+        record.block_sizes.is_empty() || expected_len(record, tree, rank) == Some(meta.len());
+    meta.is_file() && exact
+}
+
+/// A part's progress, from the files in OUT.
+#[derive(Clone, Debug, Serialize)]
+pub struct PartProgress {
+    pub part: u64,
+    pub blocks_done: u64,
+    pub blocks: u64,
+}
+
+/// Every part's progress.
+pub fn progress(out: &Path, record: &JobRecord) -> Vec<PartProgress> {
+    let tree = record.spec.tree();
+    let output = record.spec.output();
+    (0..record.spec.parts)
+        .map(|part| {
+            let ranges = record.spec.part_blocks(part);
+            let mut progress = PartProgress {
+                part,
+                blocks_done: 0,
+                blocks: 0,
+            };
+            for index in IndexBox::new(ranges) {
+                progress.blocks += 1;
+                progress.blocks_done +=
+                    block_is_done(out, record, &tree, output.linear(&index)) as u64;
+            }
+            progress
+        })
+        .collect()
+}
+
+/// What `finish` found and wrote.
+#[derive(Clone, Debug, Serialize)]
+pub struct Finished {
+    pub blocks: u64,
+    pub metadata_files: Vec<String>,
+}
+
+/// Checks that every block of the job in `out` is there, complete, and
+/// writes the files describing the whole array, each atomically, last;
+/// then removes the job's record: a finished OUT holds the array alone.
+pub fn finish(out: &Path) -> Result<Finished> {
+    let record = read_job(out)?.ok_or_else(|| Error::BadOutput {
+        path: out.to_path_buf(),
+        problem: format!(
+            "holds no {JOB_NAME}: its job was finished already, or it is no directory \
+             `rechunkfs rechunk` wrote"
+        ),
+    })?;
+    let unfinished: Vec<PartProgress> = progress(out, &record)
+        .into_iter()
+        .filter(|p| p.blocks_done < p.blocks)
+        .collect();
+    if !unfinished.is_empty() {
+        let missing: u64 = unfinished.iter().map(|p| p.blocks - p.blocks_done).sum();
+        let parts: Vec<String> = unfinished.iter().map(|p| p.part.to_string()).collect();
+        return Err(Error::BadOutput {
+            path: out.to_path_buf(),
+            problem: format!(
+                "{missing} block(s) are missing or incomplete, in part(s) {} of {}; run those \
+                 parts again (`rechunk ... --part K/{}` with the same arguments), then finish",
+                parts.join(","),
+                record.spec.parts,
+                record.spec.parts
+            ),
+        });
+    }
+    let mut written = Vec::new();
+    for (name, text) in &record.metadata_files {
+        write_atomically(&out.join(name), text.as_bytes())?;
+        written.push(name.clone());
+    }
+    File::open(out)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(out, "syncing the directory", e))?;
+    let record_path = out.join(JOB_NAME);
+    fs::remove_file(&record_path).map_err(|e| Error::io(&record_path, "removing", e))?;
+    Ok(Finished {
+        blocks: record.spec.output().count(),
+        metadata_files: written,
+    })
+}
+
+/// Writes `bytes` to `path` atomically: a temporary of this process,
+/// synced, renamed into place.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let leaf = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temporary = path.with_file_name(format!(".{leaf}.{}.partial", run_tag(0)));
+    let mut file = File::create(&temporary).map_err(|e| Error::io(&temporary, "creating", e))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| Error::io(&temporary, "writing", e))?;
+    fs::rename(&temporary, path).map_err(|e| Error::io(path, "renaming into place", e))
+}
+
+/// Each kind of block file of `tree` (by the array shape it holds), with
+/// `len_of` its length: the per-dimension extents are few (a regular one
+/// and an edge one), so this is at most 2^N shapes, whatever the grid.
+pub fn block_sizes(
+    tree: &FileTree,
+    mut len_of: impl FnMut(&[u64]) -> Result<u64>,
+) -> Result<Vec<(Vec<u64>, u64)>> {
+    let grid = tree.grid();
+    let choices: Vec<Vec<usize>> = (0..grid.ndim())
+        .map(|d| {
+            let last = grid.axis(d).count() - 1;
+            if last == 0 {
+                vec![0]
+            } else {
+                vec![0, last]
+            }
+        })
+        .collect();
+    let mut sizes = BTreeMap::new();
+    for pick in IndexBox::grid(&choices.iter().map(Vec::len).collect::<Vec<_>>()) {
+        let index: Vec<usize> = pick
+            .iter()
+            .enumerate()
+            .map(|(d, &c)| choices[d][c])
+            .collect();
+        let block: Region = grid.block(&index);
+        let shape = tree.files().file_box(&block).shape;
+        if let std::collections::btree_map::Entry::Vacant(entry) = sizes.entry(shape) {
+            let len = len_of(entry.key())?;
+            entry.insert(len);
+        }
+    }
+    Ok(sizes.into_iter().collect())
+}

@@ -1,0 +1,279 @@
+//! A job cut into parts: boxes of whole output blocks, each rechunked on
+//! its own (the parts of a cluster's job array), each reading only the
+//! input inside its box. A part is a [`Problem::part`], so the planner
+//! plans it and the executor runs it as any other problem, and its
+//! predictions are as exact.
+//!
+//! Where to cut a dimension, from the cheapest: at multiples of
+//! lcm(input block, output block), where no input block is shared and
+//! nothing costs more; at output block boundaries, where an input block
+//! straddling the cut is read by both parts, each reading only its own
+//! rows: along the first (slowest) dimension that is one more seek per
+//! such block and no byte more; along inner dimensions a straddling block
+//! costs a seek per row. Every way of writing N as a product of part
+//! counts per dimension is tried, each dimension cut either way, and the
+//! one with the least overhead (extra seeks and bytes, against one
+//! machine) plus imbalance (largest part over the mean) is chosen.
+
+use super::{keep_rhat, Problem};
+use crate::array::geometry::{Axis, IndexBox, Partition, Region};
+use crate::error::{Error, Result};
+
+/// A job cut into parts: a grid over the array whose cells are the parts,
+/// numbered in C order.
+#[derive(Clone, Debug)]
+pub struct Parts {
+    pub problem: Problem,
+    pub grid: Partition,
+}
+
+impl Parts {
+    /// How many parts.
+    pub fn count(&self) -> u64 {
+        self.grid.count()
+    }
+
+    /// Part `k`'s box (0-based, C order over the grid of parts).
+    pub fn region(&self, k: u64) -> Region {
+        self.grid.block(&self.grid.unravel(k))
+    }
+
+    /// Part `k` as a problem of its own.
+    pub fn problem(&self, k: u64) -> Problem {
+        self.problem.part(&self.region(k))
+    }
+}
+
+/// Array bytes `problem` reads from its input files: its own box's, except
+/// for encoded inputs, read a whole (decoded) block at a time.
+pub fn bytes_read(problem: &Problem) -> u64 {
+    let volume: u64 = if problem.reads_whole_inputs() {
+        // The input blocks are a product of intervals: their decoded
+        // volumes sum to the product of each dimension's summed extents.
+        let input = problem.input();
+        (0..problem.ndim())
+            .map(|d| {
+                problem
+                    .input_file_extents(d, input.axis(d))
+                    .iter()
+                    .sum::<u64>()
+            })
+            .product()
+    } else {
+        problem.array.iter().product()
+    };
+    volume * problem.elem_size
+}
+
+/// `problem` cut into `parts` boxes of whole output blocks, the cheapest
+/// way (see the module's doc).
+pub fn cut(problem: &Problem, parts: u64) -> Result<Parts> {
+    let most = problem.output().count();
+    if parts == 0 || parts > most {
+        return Err(Error::BadArgument(format!(
+            "--parts {parts}: a job has 1 to {most} parts here (one output block each at most)"
+        )));
+    }
+    let base = Cost::of(std::slice::from_ref(problem));
+    let mut best: Option<(f64, Partition)> = None;
+    for counts in factorizations(parts, problem.ndim()) {
+        for grid in grids(problem, &counts) {
+            let pieces: Vec<Problem> = IndexBox::grid(&grid.grid_shape())
+                .map(|index| problem.part(&grid.block(&index)))
+                .collect();
+            let score = Cost::of(&pieces).score(&base);
+            if best.as_ref().is_none_or(|(least, _)| score < *least - 1e-9) {
+                best = Some((score, grid));
+            }
+        }
+    }
+    let (_, grid) = best.ok_or_else(|| {
+        Error::BadArgument(format!(
+            "--parts {parts}: the output grid cannot be cut into {parts} boxes of whole blocks; \
+             try a number that divides its block counts"
+        ))
+    })?;
+    Ok(Parts {
+        problem: problem.clone(),
+        grid,
+    })
+}
+
+/// What a set of parts costs, as keep(r̂) plans them: the measure the cuts
+/// are chosen by.
+struct Cost {
+    seeks: u128,
+    bytes: u128,
+    largest: u128,
+    parts: u128,
+}
+
+impl Cost {
+    fn of(parts: &[Problem]) -> Cost {
+        let bytes: Vec<u128> = parts.iter().map(|p| bytes_read(p) as u128).collect();
+        Cost {
+            seeks: parts
+                .iter()
+                .map(|p| keep_rhat(p).prediction.seeks() as u128)
+                .sum(),
+            bytes: bytes.iter().sum(),
+            largest: bytes.iter().copied().max().unwrap_or(0),
+            parts: parts.len() as u128,
+        }
+    }
+
+    /// Extra seeks and bytes against `base` (one machine), as fractions,
+    /// plus the largest part's excess over the mean.
+    fn score(&self, base: &Cost) -> f64 {
+        let fraction = |more: u128, of: u128| (more.saturating_sub(of)) as f64 / of.max(1) as f64;
+        let mean = self.bytes as f64 / self.parts as f64;
+        fraction(self.seeks, base.seeks)
+            + fraction(self.bytes, base.bytes)
+            + (self.largest as f64 / mean.max(1.0) - 1.0)
+    }
+}
+
+/// Every way of writing `n` as a product of `ndim` counts, the first
+/// dimension's largest first (so that of equal costs, cuts along slower
+/// dimensions win).
+fn factorizations(n: u64, ndim: usize) -> Vec<Vec<u64>> {
+    if ndim == 1 {
+        return vec![vec![n]];
+    }
+    let mut all = Vec::new();
+    for first in (1..=n).rev().filter(|f| n % f == 0) {
+        for mut rest in factorizations(n / first, ndim - 1) {
+            rest.insert(0, first);
+            all.push(rest);
+        }
+    }
+    all
+}
+
+/// The grids of parts with `counts` parts per dimension: each dimension
+/// cut at multiples of lcm(input, output block) or of the output block.
+fn grids(problem: &Problem, counts: &[u64]) -> Vec<Partition> {
+    let per_dim: Vec<Vec<Axis>> = (0..problem.ndim())
+        .map(|d| axis_cuts(problem, d, counts[d]))
+        .collect();
+    if per_dim.iter().any(Vec::is_empty) {
+        return Vec::new();
+    }
+    let shape: Vec<usize> = per_dim.iter().map(Vec::len).collect();
+    IndexBox::grid(&shape)
+        .map(|choice| {
+            Partition::new(
+                choice
+                    .iter()
+                    .enumerate()
+                    .map(|(d, &c)| per_dim[d][c].clone())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// Dimension `d` cut into `count` intervals as even as whole units allow,
+/// the units being lcm(input, output block), then the output block.
+fn axis_cuts(problem: &Problem, d: usize, count: u64) -> Vec<Axis> {
+    let len = problem.array[d];
+    if count == 1 {
+        return vec![Axis::from_bounds(vec![0, len])];
+    }
+    let (input, output) = (problem.input_block[d], problem.output_block[d]);
+    let lcm = (input / gcd(input, output)).checked_mul(output);
+    let mut units: Vec<u64> = lcm.into_iter().filter(|&l| l < len).collect();
+    units.push(output);
+    units.dedup();
+    units
+        .into_iter()
+        .filter_map(|unit| even_cuts(len, unit, count))
+        .collect()
+}
+
+/// `[0, len)` cut into `count` intervals at multiples of `unit`, as even
+/// as that allows; None if there are fewer units than intervals.
+fn even_cuts(len: u64, unit: u64, count: u64) -> Option<Axis> {
+    let units = len.div_ceil(unit);
+    if units < count {
+        return None;
+    }
+    let mut bounds: Vec<u64> = (0..count)
+        .map(|j| ((j as u128 * units as u128 + count as u128 / 2) / count as u128) as u64 * unit)
+        .collect();
+    bounds.push(len);
+    bounds
+        .windows(2)
+        .all(|w| w[0] < w[1])
+        .then(|| Axis::from_bounds(bounds))
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{baseline, plan, Strategy};
+
+    fn config4() -> Problem {
+        Problem::new(vec![3500; 3], vec![175; 3], vec![250; 3], 2).unwrap()
+    }
+
+    #[test]
+    fn four_parts_of_config_4_cut_at_the_lcm_for_nothing() {
+        let problem = config4();
+        let parts = cut(&problem, 4).unwrap();
+        assert_eq!(parts.grid.axis(0).bounds(), &[0, 1750, 3500]);
+        assert_eq!(parts.grid.axis(1).bounds(), &[0, 1750, 3500]);
+        assert_eq!(parts.grid.axis(2).count(), 1);
+        let seeks: u64 = (0..4)
+            .map(|k| keep_rhat(&parts.problem(k)).prediction.seeks())
+            .sum();
+        assert_eq!(seeks, keep_rhat(&problem).prediction.seeks());
+        let bytes: u64 = (0..4).map(|k| bytes_read(&parts.problem(k))).sum();
+        assert_eq!(bytes, bytes_read(&problem));
+    }
+
+    #[test]
+    fn a_part_clips_the_input_blocks_it_straddles() {
+        // 12 along each axis in 4-blocks -> 3-blocks; a part from 3 to 9.
+        let problem = Problem::new(vec![12, 12], vec![4, 12], vec![3, 12], 1).unwrap();
+        let part = problem.part(&Region::new(vec![3, 0], vec![6, 12]));
+        assert_eq!(part.input().axis(0).bounds(), &[0, 1, 5, 6]);
+        assert_eq!(part.output().axis(0).bounds(), &[0, 3, 6]);
+        // Rows 3, 4-7 and 8 of three input files, each file one segment
+        // (its rows are whole), then two output blocks.
+        let chosen = keep_rhat(&part);
+        assert_eq!(chosen.prediction.seeks(), 3 + 2);
+        assert_eq!(baseline(&part).prediction.read_seeks, 3);
+        // Cut along the inner dimension: a segment per row of each clipped
+        // block; the whole one between is one.
+        let inner = Problem::new(vec![12, 12], vec![12, 4], vec![12, 3], 1).unwrap();
+        let part = inner.part(&Region::new(vec![0, 3], vec![12, 6]));
+        assert_eq!(keep_rhat(&part).prediction.read_seeks, 12 + 1 + 12);
+    }
+
+    #[test]
+    fn every_output_block_has_one_part() {
+        let problem = Problem::new(vec![50, 40, 30], vec![7, 6, 5], vec![10, 8, 9], 2).unwrap();
+        for n in [1, 2, 3, 5, 6, 8, 12] {
+            let parts = cut(&problem, n).unwrap();
+            assert_eq!(parts.count(), n);
+            let blocks: u64 = (0..n).map(|k| parts.problem(k).output().count()).sum();
+            assert_eq!(blocks, problem.output().count(), "{n} parts");
+            for k in 0..n {
+                let part = parts.problem(k);
+                let mem = keep_rhat(&part).prediction.peak_bytes;
+                assert!(plan(&part, Strategy::Keep, Some(mem)).is_ok());
+            }
+        }
+        assert!(cut(&problem, 0).is_err());
+        assert!(cut(&problem, 7 * 5 * 4 + 1).is_err());
+    }
+}
