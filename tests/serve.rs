@@ -129,7 +129,11 @@ const OUT_CHUNK: [u64; 3] = [16, 9, 11];
 fn zarr_output(root: &Path, format: BlockFormat) -> PathBuf {
     let input = make_zarr(root, "in", &ARRAY, &[10, 8, 7], dtype("<u2"), format);
     let out = root.join("out");
-    let name = if format == BlockFormat::Zarr { "zarr" } else { "zarr3" };
+    let name = if format == BlockFormat::Zarr {
+        "zarr"
+    } else {
+        "zarr3"
+    };
     let output = common::run_rechunkfs(
         &[
             "rechunk",
@@ -167,9 +171,15 @@ fn ranges_head_and_preflight_through_curl_and_urllib() {
     ] {
         let (status, body) = curl_get(&url, &["--range", range]);
         assert_eq!(status, 206, "{range}");
-        assert!(body == chunk[start..end], "{range}: bytes differ from the file");
+        assert!(
+            body == chunk[start..end],
+            "{range}: bytes differ from the file"
+        );
         let headers = curl_headers(&url, &["--range", range]);
-        assert_eq!(header(&headers, "content-length"), Some(&*(end - start).to_string()));
+        assert_eq!(
+            header(&headers, "content-length"),
+            Some(&*(end - start).to_string())
+        );
         assert_eq!(
             header(&headers, "content-range"),
             Some(&*format!("bytes {start}-{}/{len}", end - 1))
@@ -197,7 +207,10 @@ fn ranges_head_and_preflight_through_curl_and_urllib() {
         ],
     );
     assert_eq!(header(&preflight, "access-control-allow-origin"), Some("*"));
-    assert_eq!(header(&preflight, "access-control-allow-headers"), Some("range"));
+    assert_eq!(
+        header(&preflight, "access-control-allow-headers"),
+        Some("range")
+    );
     assert!(header(&preflight, "access-control-allow-methods").is_some_and(|m| m.contains("GET")));
 
     let file = out.join("2.3.2");
@@ -235,9 +248,15 @@ fn paths_out_of_the_root_missing_files_and_writes_are_refused() {
         let url = format!("{}{target}", served.url);
         let (status, body) = curl_get(&url, &["--path-as-is"]);
         assert_eq!(status, 403, "{target}");
-        assert!(!String::from_utf8_lossy(&body).contains("SECRET"), "{target}");
+        assert!(
+            !String::from_utf8_lossy(&body).contains("SECRET"),
+            "{target}"
+        );
     }
-    assert_eq!(curl_get(&format!("{}sub/in", served.url), &[]), (200, b"inside".to_vec()));
+    assert_eq!(
+        curl_get(&format!("{}sub/in", served.url), &[]),
+        (200, b"inside".to_vec())
+    );
     for target in ["nothing", "sub", "sub/file/more", ""] {
         let (status, _) = curl_get(&format!("{}{target}", served.url), &[]);
         assert_eq!(status, 404, "{target:?}");
@@ -286,7 +305,15 @@ fn sixty_four_clients_of_a_hundred_random_ranges_each_are_byte_exact() {
     let root = tempfile::tempdir().unwrap();
     let out = zarr_output(root.path(), BlockFormat::Zarr3);
     let served = Served::new(&out, &[]);
-    run_client(&["ranges", &served.url, out.to_str().unwrap(), "--clients", "64", "--requests", "100"]);
+    run_client(&[
+        "ranges",
+        &served.url,
+        out.to_str().unwrap(),
+        "--clients",
+        "64",
+        "--requests",
+        "100",
+    ]);
 }
 
 #[test]
@@ -303,5 +330,204 @@ fn clients_leaving_mid_response_harm_nothing() {
     let (status, body) = curl_get(&format!("{}big", served.url), &[]);
     assert_eq!(status, 200);
     assert!(body == big, "the server still serves every byte");
-    run_client(&["ranges", &served.url, served_dir.to_str().unwrap(), "--clients", "8", "--requests", "20"]);
+    run_client(&[
+        "ranges",
+        &served.url,
+        served_dir.to_str().unwrap(),
+        "--clients",
+        "8",
+        "--requests",
+        "20",
+    ]);
+}
+
+/// A view mounted by `rechunkfs mount` (in the plan's order, paused after
+/// each block read), unmounted when dropped; `--serve` output kept.
+struct Mounted {
+    view: PathBuf,
+    printed: String,
+}
+
+impl Mounted {
+    fn new(root: &Path, input: &Path, extra: &[&str]) -> Mounted {
+        let view = root.join("view");
+        fs::create_dir_all(&view).unwrap();
+        let staging = root.join("staging");
+        let args = [
+            "mount",
+            input.to_str().unwrap(),
+            view.to_str().unwrap(),
+            "--shape",
+            "16,9,11",
+            "--format",
+            "zarr",
+            "--in-order",
+            "--staging",
+            staging.to_str().unwrap(),
+        ];
+        let output = common::run_rechunkfs(&[&args[..], extra].concat(), 60);
+        assert!(output.status.success(), "mount: {}", stderr(&output));
+        Mounted {
+            view,
+            printed: stderr(&output),
+        }
+    }
+
+    fn url(&self) -> String {
+        url_in(&self.printed).unwrap_or_else(|| panic!("no URL in {:?}", self.printed))
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = common::run_rechunkfs(&["umount", self.view.to_str().unwrap()], 0);
+    }
+}
+
+fn xattr_state(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let name = std::ffi::CString::new("user.rechunkfs.state").unwrap();
+    let mut value = [0u8; 32];
+    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
+    let n = unsafe {
+        libc::getxattr(
+            c_path.as_ptr(),
+            name.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    assert!(
+        n >= 0,
+        "getxattr {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    String::from_utf8_lossy(&value[..n as usize]).into_owned()
+}
+
+/// Waits until `check` holds, giving up after [`PATIENCE`].
+fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !check() {
+        assert!(Instant::now() < deadline, "gave up waiting until {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The chunk file a Zarr v2 view of the sample array holds at `index`,
+/// from the oracle: the source's box, padded with zeros at the edges.
+fn expected_chunk(index: &[u64]) -> Vec<u8> {
+    let block = grid_blocks(&ARRAY, &OUT_CHUNK)
+        .into_iter()
+        .find(|block| block.index == index)
+        .expect("a chunk of the grid");
+    let data = sample_bytes(&ARRAY, &block.origin, &block.shape, 2);
+    padded(&data, &block.shape, &OUT_CHUNK, 2)
+}
+
+/// Reads of the view parked now, from its status file at `status`.
+fn waiting_reads(status: &[u8]) -> u64 {
+    let status: serde_json::Value = serde_json::from_slice(status).expect("status is JSON");
+    common::json_u64(&status, "waiting_reads")
+}
+
+#[test]
+fn mount_serve_answers_pending_blocks_once_done_and_others_meanwhile() {
+    require!(Fuse, Readers);
+    let root = tempfile::tempdir().unwrap();
+    let input = make_zarr(
+        root.path(),
+        "in",
+        &ARRAY,
+        &[10, 8, 7],
+        dtype("<u2"),
+        BlockFormat::Zarr,
+    );
+    let mounted = Mounted::new(root.path(), &input, &["--serve", "0"]);
+    assert!(
+        mounted.printed.contains("zarr://http://127.0.0.1:"),
+        "the source to give Neuroglancer: {}",
+        mounted.printed
+    );
+    let url = mounted.url();
+    let last = zarr_chunk_key(
+        &grid_blocks(&ARRAY, &OUT_CHUNK).last().unwrap().clone(),
+        BlockFormat::Zarr,
+    );
+    assert_eq!(xattr_state(&mounted.view.join(&last)), "pending");
+
+    let last_url = format!("{url}{last}");
+    let parked = std::thread::spawn(move || curl_get(&last_url, &[]));
+    let status_url = format!("{url}.rechunkfs-status.json");
+    wait_until("the HTTP read of the last chunk is parked", || {
+        waiting_reads(&curl_get(&status_url, &[]).1) >= 1
+    });
+    // Clients that ask for a pending chunk and go away harm nothing.
+    run_client(&["leave", &url, "/2.3.1", "--times", "4"]);
+    wait_until("the first chunk is done", || {
+        xattr_state(&mounted.view.join("0.0.0")) == "done"
+    });
+    assert_eq!(
+        curl_get(&format!("{url}0.0.0"), &[]),
+        (200, expected_chunk(&[0, 0, 0]))
+    );
+    assert!(
+        !parked.is_finished() || xattr_state(&mounted.view.join(&last)) == "done",
+        "the pending chunk's request waits while the done one is answered"
+    );
+    let (status, body) = parked.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        body == expected_chunk(&[2, 3, 2]),
+        "the waited-for chunk equals the source"
+    );
+
+    run_client(&[
+        "tensorstore",
+        &url,
+        "--array",
+        "37,29,23",
+        "--chunks",
+        "16,9,11",
+        "--dtype",
+        "<u2",
+        "--zarr-format",
+        "2",
+    ]);
+}
+
+#[test]
+fn serving_a_mounted_view_directory_waits_for_pending_blocks() {
+    require!(Fuse, Readers);
+    let root = tempfile::tempdir().unwrap();
+    let input = make_zarr(
+        root.path(),
+        "in",
+        &ARRAY,
+        &[10, 8, 7],
+        dtype("<u2"),
+        BlockFormat::Zarr,
+    );
+    let mounted = Mounted::new(root.path(), &input, &[]);
+    let served = Served::new(&mounted.view, &[]);
+    assert_eq!(xattr_state(&mounted.view.join("2.3.2")), "pending");
+    let last_url = format!("{}2.3.2", served.url);
+    let parked = std::thread::spawn(move || curl_get(&last_url, &[]));
+    let status = mounted.view.join(".rechunkfs-status.json");
+    wait_until("the read of the last chunk is parked", || {
+        waiting_reads(&fs::read(&status).unwrap()) >= 1
+    });
+    let (status, body) = parked.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        body == expected_chunk(&[2, 3, 2]),
+        "the waited-for chunk equals the source"
+    );
+    let (status, meta) = curl_get(&format!("{}.zarray", served.url), &[]);
+    assert_eq!(
+        (status, meta),
+        (200, fs::read(mounted.view.join(".zarray")).unwrap())
+    );
 }
