@@ -112,6 +112,22 @@ impl Body {
         self.len == 0
     }
 
+    /// The next bytes of the body: what is left of the buffer, or the next
+    /// chunk read; `None` at its end.
+    pub fn next_chunk(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        if self.sent == self.len {
+            return Ok(None);
+        }
+        if self.consumed == self.buffer.len() {
+            self.refill()?;
+        }
+        let chunk = self.buffer.split_off(self.consumed);
+        self.buffer.clear();
+        self.consumed = 0;
+        self.sent += chunk.len() as u64;
+        Ok(Some(chunk))
+    }
+
     /// Reads the next chunk into the buffer (the buffer was used up).
     fn refill(&mut self) -> std::io::Result<()> {
         let Source::File { content, start } = &mut self.source else {
@@ -255,8 +271,8 @@ impl Service {
 
     /// OPTIONS: a CORS preflight, or a question about the methods.
     fn options(&self, request: &Request) -> Response {
-        // 200 with an empty body rather than 204: tiny_http would give a
-        // 204 a Content-Length, which RFC 9110 forbids there.
+        // 200 with an empty body, which every browser takes for a preflight's
+        // success, where a 204 must carry no Content-Length.
         let mut response = Response {
             status: 200,
             headers: vec![("Allow", ALLOWED_METHODS.into())],

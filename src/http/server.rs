@@ -1,30 +1,43 @@
-//! The socket layer: tiny_http parses requests and writes responses; each
-//! request is answered on a thread of its own by [`Service::respond`].
+//! The socket layer: hyper parses requests and writes responses on a
+//! small tokio runtime that only moves bytes; each request is answered by
+//! [`Service::respond`] on a blocking thread of its own, which then reads
+//! the body a chunk at a time into a channel the connection sends from.
 //!
-//! A request waiting for a pending block holds its thread, and only it:
-//! other requests go on being answered. At most [`MAX_ANSWERING`] requests
-//! are answered at once; the next ones wait in tiny_http's queue until a
-//! thread ends. That cannot deadlock: a request waits only for the view's
-//! materialiser (which ends every wait, with the bytes or an error) or,
-//! on one connection, for the requests before it, which were taken first.
-//! A client that disconnects makes its thread's writes fail; the thread
-//! ends and its file closes.
+//! A request waiting for a pending block holds its blocking thread, and
+//! only it: other requests go on being answered. At most [`MAX_ANSWERING`]
+//! requests are answered at once; the next ones wait for a thread. That
+//! cannot deadlock: a request waits only for the view's materialiser,
+//! which ends every wait (with the bytes, or an error when the view fails
+//! or stops), never for another request. A client that disconnects drops
+//! its channel: the thread's next send fails, and it ends. A read that
+//! fails after the headers were sent ends the body short, and hyper closes
+//! the connection, so the client sees a truncated body, never wrong bytes.
 
+use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use hyper::body::{Body as HttpBody, Bytes, Frame, Incoming, SizeHint};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
-use crate::http::respond::{Request, Service};
+use crate::http::respond::{Body, Request, Service};
 
-/// Requests answered at once (each holds a thread and at most a chunk of
-/// bytes; parked ones hold no bytes).
+/// Requests answered at once (each holds a blocking thread and at most a
+/// chunk or two of bytes; parked ones hold no bytes).
 pub const MAX_ANSWERING: usize = 256;
 
+/// Threads moving bytes between sockets and channels.
+const IO_THREADS: usize = 2;
+
 /// Stack of a request's thread: it holds no large buffer there.
-const THREAD_STACK: usize = 256 << 10;
+const THREAD_STACK: usize = 512 << 10;
+
+/// Chunks read ahead of the socket per response.
+const CHUNKS_AHEAD: usize = 1;
 
 /// A listening socket and what answers on it: the server, not yet started
 /// (so that it can be made before a daemon forks, and started after).
@@ -53,11 +66,28 @@ impl HttpServer {
 
     /// Starts answering requests on threads of its own; returns at once.
     pub fn start(self) -> Result<()> {
-        let slots = Arc::new(Slots::default());
-        start_listening(&self.listener, self.service, slots)
+        let failed = |call, e| Error::os(call, "starting the HTTP server", e);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(IO_THREADS)
+            .max_blocking_threads(MAX_ANSWERING)
+            .thread_stack_size(THREAD_STACK)
+            .thread_name("http")
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| failed("tokio runtime", e))?;
+        self.listener
+            .set_nonblocking(true)
+            .map_err(|e| failed("fcntl", e))?;
+        let HttpServer { listener, service } = self;
+        std::thread::Builder::new()
+            .name("http-accept".into())
+            .spawn(move || runtime.block_on(accept(listener, service)))
+            .map_err(|e| failed("thread spawn", e))?;
+        Ok(())
     }
 
-    /// Answers requests on this thread until the process ends.
+    /// Answers requests until the process ends.
     pub fn run(self) -> Result<()> {
         self.start()?;
         loop {
@@ -66,128 +96,173 @@ impl HttpServer {
     }
 }
 
-/// Starts tiny_http on a copy of `listener`, and a thread taking its
-/// requests. tiny_http stops accepting after an accept error (too many
-/// open files): the thread then starts another on a fresh copy, and goes
-/// on answering the requests of the connections already open.
-fn start_listening(listener: &TcpListener, service: Arc<Service>, slots: Arc<Slots>) -> Result<()> {
-    let copy = listener
-        .try_clone()
-        .map_err(|e| Error::os("dup", "starting the HTTP server", e))?;
-    let spare = listener
-        .try_clone()
-        .map_err(|e| Error::os("dup", "starting the HTTP server", e))?;
-    let server = tiny_http::Server::from_listener(copy, None).map_err(|e| {
-        Error::os(
-            "listen",
-            "starting the HTTP server",
-            std::io::Error::other(e.to_string()),
-        )
-    })?;
-    std::thread::Builder::new()
-        .name("http".into())
-        .spawn(move || {
-            let mut spare = Some(spare);
-            loop {
-                match server.recv() {
-                    Ok(request) => dispatch(request, &service, &slots),
-                    Err(e) => {
-                        log::error!("HTTP server: {e}; accepting again in a second");
-                        std::thread::sleep(Duration::from_secs(1));
-                        if let Some(listener) = spare.take() {
-                            if let Err(e) =
-                                start_listening(&listener, service.clone(), slots.clone())
-                            {
-                                log::error!("HTTP server: {e}");
-                            }
-                        }
-                    }
-                }
+/// Accepts connections and serves each on its own task.
+async fn accept(listener: TcpListener, service: Arc<Service>) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(e) => return log::error!("HTTP server: cannot listen: {e}"),
+    };
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                // Headers and body go out as soon as written (no 40 ms
+                // wait for the client's delayed ACK between them).
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(connection(stream, service.clone()));
             }
-        })
-        .map_err(|e| Error::os("thread spawn", "starting the HTTP server", e))?;
-    Ok(())
-}
-
-/// Answers `request` on a thread of its own, once fewer than
-/// [`MAX_ANSWERING`] are being answered.
-fn dispatch(request: tiny_http::Request, service: &Arc<Service>, slots: &Arc<Slots>) {
-    slots.take();
-    let (service, slots_held) = (service.clone(), slots.clone());
-    let spawned = std::thread::Builder::new()
-        .name("http-request".into())
-        .stack_size(THREAD_STACK)
-        .spawn(move || {
-            answer(request, &service);
-            slots_held.give_back();
-        });
-    if let Err(e) = spawned {
-        // The request is dropped with the closure: its client sees the
-        // connection close, and may retry.
-        log::error!("HTTP server: cannot start a thread for a request: {e}");
-        slots.give_back();
+            Err(e) => {
+                // Out of descriptors, most likely: wait for some to close.
+                log::error!("HTTP server: accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
     }
 }
 
-/// Answers one request: the service decides, tiny_http writes.
-fn answer(request: tiny_http::Request, service: &Service) {
+/// Serves one connection's requests (HTTP/1.1, kept alive).
+async fn connection(stream: tokio::net::TcpStream, service: Arc<Service>) {
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let answer = hyper::service::service_fn(move |request| answer(request, service.clone()));
+    if let Err(e) = hyper::server::conn::http1::Builder::new()
+        .serve_connection(io, answer)
+        .await
+    {
+        log::info!("HTTP connection: {e}");
+    }
+}
+
+/// What the blocking thread hands back first: the status, headers and
+/// body length.
+type Head = (u16, Vec<(&'static str, String)>, u64);
+
+/// Answers one request: [`Service::respond`] on a blocking thread, whose
+/// body then flows through a channel.
+async fn answer(
+    request: hyper::Request<Incoming>,
+    service: Arc<Service>,
+) -> std::result::Result<hyper::Response<Streamed>, Infallible> {
     let method = request.method().as_str().to_string();
-    let target = request.url().to_string();
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or_else(|| request.uri().to_string(), |p| p.as_str().to_string());
     let headers: Vec<(String, String)> = request
         .headers()
         .iter()
-        .map(|h| (h.field.as_str().to_string(), h.value.as_str().to_string()))
-        .collect();
-    let response = service.respond(&Request {
-        method: &method,
-        target: &target,
-        headers: headers
-            .iter()
-            .map(|(f, v)| (f.as_str(), v.as_str()))
-            .collect(),
-    });
-    let len = usize::try_from(response.body.len()).unwrap_or(usize::MAX);
-    let headers = response
-        .headers
-        .iter()
-        .filter_map(|(field, value)| {
-            tiny_http::Header::from_bytes(field.as_bytes(), value.as_bytes()).ok()
+        .map(|(name, value)| {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            (name.as_str().to_string(), value)
         })
         .collect();
-    let reply = tiny_http::Response::new(
-        tiny_http::StatusCode(response.status),
-        headers,
-        response.body,
-        Some(len),
-        None,
-    )
-    // Always a Content-Length, never chunked: clients check lengths.
-    .with_chunked_threshold(usize::MAX);
-    if let Err(e) = request.respond(reply) {
-        // The client went away, or a read failed mid-body: tiny_http
-        // closes the connection, which the client sees as a short body.
-        log::info!("HTTP {method} {target}: {e}");
-    }
-}
-
-/// How many requests are being answered, bounded by [`MAX_ANSWERING`].
-#[derive(Default)]
-struct Slots {
-    taken: Mutex<usize>,
-    freed: Condvar,
-}
-
-impl Slots {
-    fn take(&self) {
-        let mut taken = self.taken.lock();
-        while *taken >= MAX_ANSWERING {
-            self.freed.wait(&mut taken);
+    let (head_sender, head) = oneshot::channel::<Head>();
+    let (chunk_sender, chunks) = mpsc::channel(CHUNKS_AHEAD);
+    let head_only = method == "HEAD";
+    tokio::task::spawn_blocking(move || {
+        let response = service.respond(&Request {
+            method: &method,
+            target: &target,
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect(),
+        });
+        let len = response.body.len();
+        if head_sender
+            .send((response.status, response.headers, len))
+            .is_ok()
+            && !head_only
+        {
+            send_body(response.body, &chunk_sender, &method, &target);
         }
-        *taken += 1;
+    });
+    let Ok((status, fields, len)) = head.await else {
+        // The thread panicked: a bug, answered as one.
+        let mut failed = hyper::Response::new(Streamed::empty());
+        *failed.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
+        return Ok(failed);
+    };
+    let body = if head_only {
+        Streamed::empty()
+    } else {
+        Streamed { chunks, left: len }
+    };
+    let mut response = hyper::Response::new(body);
+    *response.status_mut() =
+        hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = response.headers_mut();
+    for (name, value) in fields {
+        if let Ok(value) = hyper::header::HeaderValue::from_str(&value) {
+            headers.append(name, value);
+        }
+    }
+    headers.insert(hyper::header::CONTENT_LENGTH, len.into());
+    Ok(response)
+}
+
+/// Reads `body` a chunk at a time into `chunks`, until it ends, a read
+/// fails (the body ends short) or the client is gone.
+fn send_body(mut body: Body, chunks: &mpsc::Sender<Bytes>, method: &str, target: &str) {
+    loop {
+        match body.next_chunk() {
+            Ok(None) => return,
+            Ok(Some(chunk)) => {
+                if chunks.blocking_send(Bytes::from(chunk)).is_err() {
+                    log::info!("HTTP {method} {target}: the client went away");
+                    return;
+                }
+            }
+            Err(e) => {
+                log::error!("HTTP {method} {target}: {e}; the response ends short");
+                return;
+            }
+        }
+    }
+}
+
+/// A response body arriving through a channel, of known length.
+pub struct Streamed {
+    chunks: mpsc::Receiver<Bytes>,
+    left: u64,
+}
+
+impl Streamed {
+    fn empty() -> Streamed {
+        Streamed {
+            chunks: mpsc::channel(1).1,
+            left: 0,
+        }
+    }
+}
+
+impl HttpBody for Streamed {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+    ) -> Poll<Option<std::result::Result<Frame<Bytes>, std::io::Error>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        match self.chunks.poll_recv(context) {
+            Poll::Ready(Some(chunk)) => {
+                self.left = self.left.saturating_sub(chunk.len() as u64);
+                Poll::Ready(Some(Ok(Frame::data(chunk))))
+            }
+            Poll::Ready(None) => Poll::Ready(Some(Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the body ended short",
+            )))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
-    fn give_back(&self) {
-        *self.taken.lock() -= 1;
-        self.freed.notify_one();
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
     }
 }
