@@ -16,7 +16,7 @@ use crate::cli::{mem_of, MountArgs};
 use crate::format::BlockFormat;
 use crate::fuse::session;
 use crate::http::ViewTree;
-use crate::view::{MountRequest, PreparedView, ViewCore};
+use crate::view::{MountRequest, PreparedView, ViewCore, ROOT_INO};
 
 pub(super) fn mount_command(args: MountArgs) -> anyhow::Result<()> {
     session::check_mount_point(&args.view)?;
@@ -34,7 +34,11 @@ pub(super) fn mount_command(args: MountArgs) -> anyhow::Result<()> {
         None => None,
     };
     let serving = match &http {
-        Some(server) => announcement(server, "the view")?,
+        Some(server) => {
+            let root = prepared.core.getattr(ROOT_INO);
+            let private = root.is_ok_and(|root| root.perm & 0o005 != 0o005);
+            announcement(server, "the view", private)?
+        }
         None => String::new(),
     };
     if args.foreground {

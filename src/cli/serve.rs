@@ -2,7 +2,7 @@
 //! directory, and what `serve` and `mount --serve` print about it: where
 //! it listens, what to give Neuroglancer, and who else can read it.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -17,8 +17,7 @@ pub(super) fn serve_command(args: ServeArgs) -> anyhow::Result<()> {
     let listener = listen(&args.bind)?;
     let server = server_of(listener, args.cors_origin.as_deref(), tree)?;
     let what = format!("{}", args.path.display());
-    eprint!("{}", announcement(&server, &what)?);
-    warn_if_private(&args.path, server.address()?);
+    eprint!("{}", announcement(&server, &what, is_private(&args.path))?);
     server.run()?;
     Ok(())
 }
@@ -42,8 +41,13 @@ pub(super) fn server_of(
 }
 
 /// What to print about a server of `what`: its URL, what to give
-/// Neuroglancer, and what is open to whom; one line each.
-pub(super) fn announcement(server: &HttpServer, what: &str) -> anyhow::Result<String> {
+/// Neuroglancer, and what is open to whom (`private`: other users of this
+/// machine may not read it, yet can connect); one line each.
+pub(super) fn announcement(
+    server: &HttpServer,
+    what: &str,
+    private: bool,
+) -> anyhow::Result<String> {
     let address = server.address()?;
     let url = http::root_url(address);
     let mut lines = vec![format!("serving {what} read-only at {url}")];
@@ -58,6 +62,13 @@ pub(super) fn announcement(server: &HttpServer, what: &str) -> anyhow::Result<St
             address.port()
         ));
     }
+    if private {
+        lines.push(format!(
+            "warning: {what} is not open to other users, but every user of this machine can \
+             connect to port {} and read it",
+            address.port()
+        ));
+    }
     if server.service().cors() == &Cors::Off {
         lines.push(
             "note: no CORS headers: web viewers served from other sites cannot read it \
@@ -68,16 +79,8 @@ pub(super) fn announcement(server: &HttpServer, what: &str) -> anyhow::Result<St
     Ok(lines.iter().map(|line| format!("{line}\n")).collect())
 }
 
-/// Warns when `path` is not readable by other users of this machine, who
-/// can all connect to a server on loopback.
-pub(super) fn warn_if_private(path: &Path, address: SocketAddr) {
+/// Whether other users of this machine may not read `path`.
+fn is_private(path: &Path) -> bool {
     let mode = std::fs::metadata(path).map(|m| m.permissions().mode());
-    if mode.is_ok_and(|mode| mode & 0o005 != 0o005) {
-        eprintln!(
-            "warning: {} is not open to other users, but every user of this machine can \
-             connect to port {} and read it",
-            path.display(),
-            address.port()
-        );
-    }
+    mode.is_ok_and(|mode| mode & 0o005 != 0o005)
 }

@@ -4,8 +4,8 @@
 //!
 //! The request-to-response logic ([`respond`]: which file, which bytes,
 //! which status and headers) knows nothing of sockets and is tested
-//! directly; [`server`] is the thin socket layer over tiny_http, one
-//! thread per request being answered. What is served is a [`tree::Tree`]:
+//! directly; [`server`] is the thin socket layer over hyper, one
+//! blocking thread per request being answered. What is served is a [`tree::Tree`]:
 //! a directory (a mounted view's too, through the filesystem), or a view's
 //! core, whose reads of pending blocks wait exactly as through FUSE.
 
@@ -45,39 +45,11 @@ pub fn parse_bind(text: &str) -> Result<SocketAddr> {
 
 /// A socket listening on `address`.
 pub fn bind(address: SocketAddr) -> Result<TcpListener> {
-    let listener = TcpListener::bind(address).map_err(|e| {
+    TcpListener::bind(address).map_err(|e| {
         Error::BadArgument(format!(
             "cannot listen on {address}: {e} (choose another port with --bind, or 0 for any free one)"
         ))
-    })?;
-    no_delay(&listener);
-    Ok(listener)
-}
-
-/// Sets TCP_NODELAY on `listener`, which the connections it accepts
-/// inherit. tiny_http writes a response's headers and body separately;
-/// with Nagle's algorithm the body then waits for the client's delayed
-/// ACK of the headers, 40 ms a request on a kept-alive connection
-/// (TensorStore's reads of a small array took a minute so).
-fn no_delay(listener: &TcpListener) {
-    use std::os::fd::AsRawFd;
-    let on: libc::c_int = 1;
-    // SAFETY: setsockopt reads `on`, of the size given, on an open socket.
-    let set = unsafe {
-        libc::setsockopt(
-            listener.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if set != 0 {
-        log::warn!(
-            "TCP_NODELAY: {}; each response may wait 40 ms for the client's ACK",
-            std::io::Error::last_os_error()
-        );
-    }
+    })
 }
 
 /// Which origins may read, by default: any web page when only this
