@@ -278,14 +278,14 @@ fn paths_out_of_the_root_missing_files_and_writes_are_refused() {
 }
 
 #[test]
-fn tensorstore_reads_zarr_outputs_over_http_equal_to_the_source() {
+fn tensorstore_and_zarr_python_read_zarr_outputs_over_http_equal_to_the_source() {
     require!(Readers);
     for (format, version) in [(BlockFormat::Zarr, "2"), (BlockFormat::Zarr3, "3")] {
         let root = tempfile::tempdir().unwrap();
         let out = zarr_output(root.path(), format);
         let served = Served::new(&out, &[]);
         run_client(&[
-            "tensorstore",
+            "array",
             &served.url,
             "--array",
             "37,29,23",
@@ -350,6 +350,10 @@ struct Mounted {
 
 impl Mounted {
     fn new(root: &Path, input: &Path, extra: &[&str]) -> Mounted {
+        Mounted::paused(root, input, extra, 60)
+    }
+
+    fn paused(root: &Path, input: &Path, extra: &[&str], step_delay_ms: u64) -> Mounted {
         let view = root.join("view");
         fs::create_dir_all(&view).unwrap();
         let staging = root.join("staging");
@@ -365,7 +369,7 @@ impl Mounted {
             "--staging",
             staging.to_str().unwrap(),
         ];
-        let output = common::run_rechunkfs(&[&args[..], extra].concat(), 60);
+        let output = common::run_rechunkfs(&[&args[..], extra].concat(), step_delay_ms);
         assert!(output.status.success(), "mount: {}", stderr(&output));
         Mounted {
             view,
@@ -485,7 +489,7 @@ fn mount_serve_answers_pending_blocks_once_done_and_others_meanwhile() {
     );
 
     run_client(&[
-        "tensorstore",
+        "array",
         &url,
         "--array",
         "37,29,23",
@@ -529,5 +533,61 @@ fn serving_a_mounted_view_directory_waits_for_pending_blocks() {
     assert_eq!(
         (status, meta),
         (200, fs::read(mounted.view.join(".zarray")).unwrap())
+    );
+}
+
+#[test]
+fn more_parked_requests_than_threads_all_end_with_exact_bytes() {
+    require!(Fuse, Readers);
+    let root = tempfile::tempdir().unwrap();
+    let input = make_zarr(
+        root.path(),
+        "in",
+        &ARRAY,
+        &[10, 8, 7],
+        dtype("<u2"),
+        BlockFormat::Zarr,
+    );
+    let mounted = Mounted::paused(root.path(), &input, &["--serve", "0"], 150);
+    let url = mounted.url();
+    let last_row = ["2.3.0", "2.3.1", "2.3.2"];
+    for name in last_row {
+        assert_eq!(xattr_state(&mounted.view.join(name)), "pending");
+    }
+    let bodies = root.path().join("bodies");
+    fs::create_dir_all(&bodies).unwrap();
+    let clients = (rechunkfs::http::server::MAX_ANSWERING + 44).to_string();
+    let (out, url_copy) = (bodies.clone(), url.clone());
+    let requests = std::thread::spawn(move || {
+        run_client(
+            &[
+                &[
+                    "parked",
+                    &url_copy,
+                    out.to_str().unwrap(),
+                    "--clients",
+                    &clients,
+                ][..],
+                &last_row,
+            ]
+            .concat(),
+        )
+    });
+    // Every thread that answers requests is parked, and more requests wait.
+    let status = mounted.view.join(".rechunkfs-status.json");
+    wait_until("as many reads are parked as there are threads", || {
+        waiting_reads(&fs::read(&status).unwrap()) >= rechunkfs::http::server::MAX_ANSWERING as u64
+    });
+    requests.join().unwrap();
+    for (k, name) in last_row.iter().enumerate() {
+        let body = fs::read(bodies.join(name)).unwrap();
+        assert!(
+            body == expected_chunk(&[2, 3, k as u64]),
+            "{name} equals the source"
+        );
+    }
+    assert_eq!(
+        curl_get(&format!("{url}0.0.0"), &[]),
+        (200, expected_chunk(&[0, 0, 0]))
     );
 }
