@@ -591,3 +591,116 @@ fn more_parked_requests_than_threads_all_end_with_exact_bytes() {
         (200, expected_chunk(&[0, 0, 0]))
     );
 }
+
+/// The service over a view's core, without sockets or FUSE: a prepared
+/// view of zarr-python's writing of the sample array, its materialiser not
+/// started yet, so that every block is pending.
+fn view_service(root: &Path) -> (rechunkfs::view::PreparedView, rechunkfs::http::Service) {
+    use rechunkfs::http::{Cors, Hosts, Service, ViewTree};
+    let input = make_zarr(
+        root,
+        "in",
+        &ARRAY,
+        &[10, 8, 7],
+        dtype("<u2"),
+        BlockFormat::Zarr,
+    );
+    let prepared = rechunkfs::view::prepare(&rechunkfs::view::MountRequest {
+        input,
+        view: root.join("view"),
+        output_block: OUT_CHUNK.to_vec(),
+        mem: None,
+        strategy: rechunkfs::plan::Strategy::Keep,
+        staging: Some(root.join("staging")),
+        format: Some(BlockFormat::Zarr),
+        dataset: "/data".into(),
+        rebuild: false,
+        allow_other: false,
+        in_order: false,
+    })
+    .expect("prepare the view");
+    let tree = std::sync::Arc::new(ViewTree::new(prepared.core.clone()));
+    (prepared, Service::new(tree, Cors::Any, Hosts::Any))
+}
+
+fn get(service: &rechunkfs::http::Service, target: &str, range: Option<&str>) -> (u16, Vec<u8>) {
+    use std::io::Read;
+    let mut headers = vec![("Host", "localhost")];
+    headers.extend(range.map(|r| ("Range", r)));
+    let response = service.respond(&rechunkfs::http::respond::Request {
+        method: "GET",
+        target,
+        headers,
+    });
+    let mut body = Vec::new();
+    let status = response.status;
+    let mut reader = response.body;
+    reader.read_to_end(&mut body).unwrap();
+    (status, body)
+}
+
+#[test]
+fn the_service_over_a_view_core_waits_for_pending_blocks_without_sockets() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    let (prepared, service) = view_service(root.path());
+    let core = prepared.core.clone();
+    let service = std::sync::Arc::new(service);
+    let head = service.respond(&rechunkfs::http::respond::Request {
+        method: "HEAD",
+        target: "/2.3.2",
+        headers: vec![],
+    });
+    assert_eq!(
+        (head.status, head.body.len()),
+        (200, expected_chunk(&[2, 3, 2]).len() as u64)
+    );
+    let (status, zarray) = get(&service, "/.zarray", None);
+    let meta: serde_json::Value = serde_json::from_slice(&zarray).unwrap();
+    assert_eq!(
+        (status, &meta["chunks"]),
+        (200, &serde_json::json!(OUT_CHUNK))
+    );
+
+    let waiting = service.clone();
+    let parked = std::thread::spawn(move || get(&waiting, "/2.3.2", Some("bytes=100-")));
+    wait_until("the read is parked", || core.status().waiting_reads == 1);
+    assert!(!parked.is_finished());
+    let materialiser = rechunkfs::view::materialise::Materialiser::start(
+        core.clone(),
+        prepared.input.clone(),
+        prepared.plan.clone(),
+        None,
+        true,
+    )
+    .unwrap();
+    let (status, body) = parked.join().unwrap();
+    assert_eq!(status, 206);
+    assert!(
+        body == expected_chunk(&[2, 3, 2])[100..],
+        "the waited-for bytes equal the source"
+    );
+    wait_until("every block is done", || core.status().state == "complete");
+    for block in grid_blocks(&ARRAY, &OUT_CHUNK) {
+        let key = zarr_chunk_key(&block, BlockFormat::Zarr);
+        assert_eq!(
+            get(&service, &format!("/{key}"), None),
+            (200, expected_chunk(&block.index))
+        );
+    }
+    assert!(materialiser.stop(Duration::from_secs(60)));
+}
+
+#[test]
+fn a_read_parked_when_the_view_stops_is_an_error_status() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    let (prepared, service) = view_service(root.path());
+    let core = prepared.core.clone();
+    let service = std::sync::Arc::new(service);
+    let waiting = service.clone();
+    let parked = std::thread::spawn(move || get(&waiting, "/1.1.1", None).0);
+    wait_until("the read is parked", || core.status().waiting_reads == 1);
+    core.shutdown();
+    assert_eq!(parked.join().unwrap(), 500);
+}
