@@ -254,7 +254,7 @@ directory (403), directories (404). On loopback, only requests naming localhost 
 defence against DNS rebinding). Serving a mounted view through its directory, a request for a \
 pending block waits for it like any read; `mount --serve` serves straight from the view.\n\n\
 Examples:\n  rechunkfs serve out/                       (http://127.0.0.1:8000/)\n  \
-rechunkfs serve view/ --bind 127.0.0.1:0     (any free port; the URL is printed)\n  \
+rechunkfs serve view/ --bind 127.0.0.1:0   (any free port; the URL is printed)\n  \
 rechunkfs serve out/ --bind 0.0.0.0:8000 --cors-origin https://neuroglancer-demo.appspot.com"
 )]
 pub struct ServeArgs {

@@ -47,7 +47,7 @@ pub fn parse_bind(text: &str) -> Result<SocketAddr> {
 pub fn bind(address: SocketAddr) -> Result<TcpListener> {
     TcpListener::bind(address).map_err(|e| {
         Error::BadArgument(format!(
-            "cannot listen on {address}: {e} (choose another port with --bind, or 0 for any free one)"
+            "cannot listen on {address}: {e} (choose another port, or 0 for any free one)"
         ))
     })
 }
