@@ -11,7 +11,8 @@
 //! or stops), never for another request. A client that disconnects drops
 //! its channel: the thread's next send fails, and it ends. A read that
 //! fails after the headers were sent ends the body short, and hyper closes
-//! the connection, so the client sees a truncated body, never wrong bytes.
+//! the connection: the client sees a response cut short, or none, never
+//! wrong bytes.
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener};

@@ -288,3 +288,59 @@ fn a_get_of_pending_data_waits_for_it_and_a_failure_is_an_error_status() {
         .unwrap();
     assert_eq!(service.respond(&request("GET", "/block", &[])).status, 500);
 }
+
+/// A file of two chunks whose second cannot be read.
+struct FailsLate;
+
+impl Content for FailsLate {
+    fn size(&self) -> u64 {
+        2 * (256 << 10)
+    }
+
+    fn read_at(&mut self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        if offset == 0 {
+            Ok(vec![7; len])
+        } else {
+            Err(std::io::Error::from_raw_os_error(libc::EIO))
+        }
+    }
+}
+
+struct FailsLateTree;
+
+impl Tree for FailsLateTree {
+    fn open(&self, _names: &[String]) -> Result<Box<dyn Content>, Unreadable> {
+        Ok(Box::new(FailsLate))
+    }
+}
+
+#[test]
+fn a_body_that_fails_after_its_headers_ends_short_and_the_connection_closes() {
+    use std::io::Write;
+    let listener = bind(parse_bind("0").unwrap()).unwrap();
+    let address = listener.local_addr().unwrap();
+    let service = Service::new(Arc::new(FailsLateTree), Cors::Any, Hosts::Any);
+    HttpServer::new(listener, service).start().unwrap();
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    // A bound against hanging if the connection stayed open.
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    stream
+        .write_all(b"GET /file HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut received = Vec::new();
+    stream
+        .read_to_end(&mut received)
+        .expect("the server closes the connection");
+    // hyper drops what it had not yet written: the client sees a short
+    // response, or none, and never a whole one.
+    if let Some(end) = received.windows(4).position(|w| w == b"\r\n\r\n") {
+        let head = String::from_utf8_lossy(&received[..end]).to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(head.contains("content-length: 524288"), "{head}");
+        let body = &received[end + 4..];
+        assert!(body.len() < 2 * (256 << 10), "the body ends short");
+        assert!(body.iter().all(|&b| b == 7), "only bytes read are sent");
+    }
+}
