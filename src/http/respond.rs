@@ -210,24 +210,9 @@ impl Service {
 
     /// A GET or HEAD of a file, or of part of it.
     fn read(&self, request: &Request) -> Response {
-        let names = match path_names(request.target) {
-            Ok(names) => names,
-            Err(BadTarget::Malformed(why)) => return text(400, &format!("bad path: {why}\n")),
-            Err(BadTarget::Outside(why)) => {
-                return text(
-                    403,
-                    &format!("refused: {why} (nothing outside the root is served)\n"),
-                )
-            }
-        };
-        let content = match self.tree.open(&names) {
-            Ok(content) => content,
-            Err(Unreadable::NotFound) => return text(404, "not found\n"),
-            Err(Unreadable::Directory) => return text(404, "a directory (no listings)\n"),
-            Err(Unreadable::Forbidden) => {
-                return text(403, "refused: outside the root or not readable\n")
-            }
-            Err(Unreadable::Failed(e)) => return text(500, &format!("cannot read it: {e}\n")),
+        let (names, content) = match self.open(request.target) {
+            Ok(opened) => opened,
+            Err(refusal) => return refusal,
         };
         let len = content.size();
         let range = if request.header("if-range").is_some() {
@@ -267,6 +252,28 @@ impl Service {
             headers,
             body,
         }
+    }
+
+    /// The file `target` names, and its path names; or the response
+    /// saying why there is none.
+    fn open(&self, target: &str) -> Result<(Vec<String>, Box<dyn Content>), Response> {
+        let names = path_names(target).map_err(|bad| match bad {
+            BadTarget::Malformed(why) => text(400, &format!("bad path: {why}\n")),
+            BadTarget::Outside(why) => text(
+                403,
+                &format!("refused: {why} (nothing outside the root is served)\n"),
+            ),
+        })?;
+        let content = self
+            .tree
+            .open(&names)
+            .map_err(|unreadable| match unreadable {
+                Unreadable::NotFound => text(404, "not found\n"),
+                Unreadable::Directory => text(404, "a directory (no listings)\n"),
+                Unreadable::Forbidden => text(403, "refused: outside the root or not readable\n"),
+                Unreadable::Failed(e) => text(500, &format!("cannot read it: {e}\n")),
+            })?;
+        Ok((names, content))
     }
 
     /// OPTIONS: a CORS preflight, or a question about the methods.
