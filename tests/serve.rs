@@ -350,10 +350,6 @@ struct Mounted {
 
 impl Mounted {
     fn new(root: &Path, input: &Path, extra: &[&str]) -> Mounted {
-        Mounted::paused(root, input, extra, 60)
-    }
-
-    fn paused(root: &Path, input: &Path, extra: &[&str], step_delay_ms: u64) -> Mounted {
         let view = root.join("view");
         fs::create_dir_all(&view).unwrap();
         let staging = root.join("staging");
@@ -369,7 +365,9 @@ impl Mounted {
             "--staging",
             staging.to_str().unwrap(),
         ];
-        let output = common::run_rechunkfs(&[&args[..], extra].concat(), step_delay_ms);
+        // Paused 100 ms after each of the 64 input blocks: the last chunks
+        // stay pending for seconds after the mount returns.
+        let output = common::run_rechunkfs(&[&args[..], extra].concat(), 100);
         assert!(output.status.success(), "mount: {}", stderr(&output));
         Mounted {
             view,
@@ -536,62 +534,6 @@ fn serving_a_mounted_view_directory_waits_for_pending_blocks() {
     );
 }
 
-#[test]
-fn more_parked_requests_than_threads_all_end_with_exact_bytes() {
-    require!(Fuse, Readers);
-    let root = tempfile::tempdir().unwrap();
-    let input = make_zarr(
-        root.path(),
-        "in",
-        &ARRAY,
-        &[10, 8, 7],
-        dtype("<u2"),
-        BlockFormat::Zarr,
-    );
-    let mounted = Mounted::paused(root.path(), &input, &["--serve", "0"], 150);
-    let url = mounted.url();
-    let last_row = ["2.3.0", "2.3.1", "2.3.2"];
-    for name in last_row {
-        assert_eq!(xattr_state(&mounted.view.join(name)), "pending");
-    }
-    let bodies = root.path().join("bodies");
-    fs::create_dir_all(&bodies).unwrap();
-    let clients = (rechunkfs::http::server::MAX_ANSWERING + 44).to_string();
-    let (out, url_copy) = (bodies.clone(), url.clone());
-    let requests = std::thread::spawn(move || {
-        run_client(
-            &[
-                &[
-                    "parked",
-                    &url_copy,
-                    out.to_str().unwrap(),
-                    "--clients",
-                    &clients,
-                ][..],
-                &last_row,
-            ]
-            .concat(),
-        )
-    });
-    // Every thread that answers requests is parked, and more requests wait.
-    let status = mounted.view.join(".rechunkfs-status.json");
-    wait_until("as many reads are parked as there are threads", || {
-        waiting_reads(&fs::read(&status).unwrap()) >= rechunkfs::http::server::MAX_ANSWERING as u64
-    });
-    requests.join().unwrap();
-    for (k, name) in last_row.iter().enumerate() {
-        let body = fs::read(bodies.join(name)).unwrap();
-        assert!(
-            body == expected_chunk(&[2, 3, k as u64]),
-            "{name} equals the source"
-        );
-    }
-    assert_eq!(
-        curl_get(&format!("{url}0.0.0"), &[]),
-        (200, expected_chunk(&[0, 0, 0]))
-    );
-}
-
 /// The service over a view's core, without sockets or FUSE: a prepared
 /// view of zarr-python's writing of the sample array, its materialiser not
 /// started yet, so that every block is pending.
@@ -703,4 +645,57 @@ fn a_read_parked_when_the_view_stops_is_an_error_status() {
     wait_until("the read is parked", || core.status().waiting_reads == 1);
     core.shutdown();
     assert_eq!(parked.join().unwrap(), 500);
+}
+
+#[test]
+fn more_parked_requests_than_threads_all_end_with_exact_bytes() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    // Served from a view's core whose materialiser is started only once
+    // the requests are parked: every block stays pending until then.
+    let (prepared, service) = view_service(root.path());
+    let core = prepared.core.clone();
+    let listener = rechunkfs::http::bind(rechunkfs::http::parse_bind("0").unwrap()).unwrap();
+    let url = rechunkfs::http::root_url(listener.local_addr().unwrap());
+    rechunkfs::http::HttpServer::new(listener, service)
+        .start()
+        .unwrap();
+    let names = ["2.3.0", "2.3.1", "2.3.2", "0.0.0"];
+    let bodies = root.path().join("bodies");
+    fs::create_dir_all(&bodies).unwrap();
+    let threads = rechunkfs::http::server::MAX_ANSWERING;
+    let clients = (threads + 44).to_string();
+    let (out, client_url) = (bodies.clone(), url.clone());
+    let requests = std::thread::spawn(move || {
+        let args = [
+            "parked",
+            &client_url,
+            out.to_str().unwrap(),
+            "--clients",
+            &clients,
+        ];
+        run_client(&[&args[..], &names].concat())
+    });
+    // Every thread that answers requests is parked, and more requests wait.
+    wait_until("as many reads are parked as there are threads", || {
+        core.status().waiting_reads >= threads as u64
+    });
+    assert!(!requests.is_finished());
+    let materialiser = rechunkfs::view::materialise::Materialiser::start(
+        core.clone(),
+        prepared.input.clone(),
+        prepared.plan.clone(),
+        None,
+        true,
+    )
+    .unwrap();
+    requests.join().unwrap();
+    for (name, index) in names
+        .iter()
+        .zip([[2, 3, 0], [2, 3, 1], [2, 3, 2], [0, 0, 0]])
+    {
+        let body = fs::read(bodies.join(name)).unwrap();
+        assert!(body == expected_chunk(&index), "{name} equals the source");
+    }
+    assert!(materialiser.stop(Duration::from_secs(60)));
 }
