@@ -216,6 +216,11 @@ fn bind_addresses_cors_defaults_and_urls() {
     assert_eq!(cors_for(loopback, None), Cors::Any);
     assert_eq!(cors_for(open, None), Cors::Off);
     assert_eq!(cors_for(open, Some("*")), Cors::Any);
+    assert_eq!(cors_for(loopback, Some("none")), Cors::Off);
+    assert_eq!(
+        cors_for(loopback, Some("https://viewer.example/")),
+        Cors::Origin("https://viewer.example".into())
+    );
     assert_eq!(hosts_for(open), Hosts::Any);
     assert_eq!(
         root_url(parse_bind("8000").unwrap()),
