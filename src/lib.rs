@@ -11,8 +11,9 @@
 //! 6. [`engine`]: running a plan, counting every seek.
 //! 7. [`output`]: the output file tree, and `rechunk` into a directory.
 //! 8. [`view`]: the view as plain methods, its staging area and materialiser.
-//! 9. [`fuse`]: the FUSE adapter and the mount's daemon.
-//! 10. [`cli`]: the commands.
+//! 9. [`http`]: the read-only HTTP server of a view or an output directory.
+//! 10. [`fuse`]: the FUSE adapter and the mount's daemon.
+//! 11. [`cli`]: the commands.
 
 pub mod error;
 pub mod sys;
@@ -22,6 +23,7 @@ pub mod cli;
 pub mod engine;
 pub mod format;
 pub mod fuse;
+pub mod http;
 pub mod input;
 pub mod output;
 pub mod plan;

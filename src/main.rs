@@ -19,7 +19,12 @@ fn main() {
     rechunkfs::sys::limits::map_large_buffers_separately();
     rechunkfs::sys::limits::raise_open_file_limit();
     rechunkfs::sys::limits::reserve_descriptor_table();
-    if !matches!(cli.command, rechunkfs::cli::Command::Mount(_)) {
+    // A server must outlive a client that goes away mid-response.
+    let serves = matches!(
+        cli.command,
+        rechunkfs::cli::Command::Mount(_) | rechunkfs::cli::Command::Serve(_)
+    );
+    if !serves {
         // Like other Unix tools, end quietly when a reader of our output
         // goes away (`rechunkfs status VIEW | head`) instead of panicking.
         // SAFETY: setting a signal's disposition to its default.

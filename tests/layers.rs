@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 
 /// The stages, earliest first.
 const STAGES: &[&str] = &[
-    "error", "sys", "array", "format", "input", "plan", "engine", "output", "view", "fuse", "cli",
+    "error", "sys", "array", "format", "input", "plan", "engine", "output", "view", "http", "fuse",
+    "cli",
 ];
 
 /// One reference from a stage to a later one.

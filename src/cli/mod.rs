@@ -10,6 +10,7 @@ mod pyramid;
 mod rechunk;
 mod report;
 pub mod sample;
+mod serve;
 mod slurm;
 mod status;
 
@@ -66,6 +67,8 @@ pub enum Command {
     Slurm(SlurmArgs),
     /// Write a sample array (every voxel checkable) as block files, for trying things out.
     Sample(SampleArgs),
+    /// Serve a mounted view or an output directory over HTTP, read-only (for Neuroglancer, TensorStore).
+    Serve(ServeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -118,6 +121,16 @@ pub struct MountArgs {
     /// input, within --mem; the extra seeks are counted apart in status).
     #[arg(long)]
     pub in_order: bool,
+    /// Also serve the view over HTTP, read-only, on PORT of 127.0.0.1 (HOST:PORT to listen
+    /// elsewhere; 0 picks a free port), straight from the view: a request for a pending block
+    /// waits for it. Prints the URL to give Neuroglancer.
+    #[arg(long, value_name = "[HOST:]PORT")]
+    pub serve: Option<String>,
+    /// With --serve: which web pages may read it (CORS): an origin such as
+    /// https://neuroglancer-demo.appspot.com, '*', or none (default: '*' on loopback, none
+    /// elsewhere).
+    #[arg(long, value_name = "ORIGIN", requires = "serve")]
+    pub cors_origin: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -356,6 +369,33 @@ pub struct RechunkArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(
+    after_help = "Files are answered to GET and HEAD, with one byte range (start-end, start- \
+or -suffix; a request for several ranges gets the whole file), exact Content-Length, and CORS \
+headers; OPTIONS answers CORS preflights. Everything else is refused: other methods (405), paths \
+with . or .. (plain or %-encoded) or an encoded slash, symbolic links leading out of the \
+directory (403), directories (404). On loopback, only requests naming localhost are answered (a \
+defence against DNS rebinding). Serving a mounted view through its directory, a request for a \
+pending block waits for it like any read; `mount --serve` serves straight from the view.\n\n\
+Examples:\n  rechunkfs serve out/                       (http://127.0.0.1:8000/)\n  \
+rechunkfs serve view/ --bind 127.0.0.1:0   (any free port; the URL is printed)\n  \
+rechunkfs serve out/ --bind 0.0.0.0:8000 --cors-origin https://neuroglancer-demo.appspot.com"
+)]
+pub struct ServeArgs {
+    /// A mounted view, or a directory of output blocks (a Zarr array, a precomputed volume...).
+    #[arg(value_name = "VIEW|DIR")]
+    pub path: PathBuf,
+    /// Where to listen: HOST:PORT, or PORT on 127.0.0.1; 0 picks a free port. Anything but
+    /// loopback opens the files to the network.
+    #[arg(long, default_value = crate::http::DEFAULT_BIND, value_name = "[HOST:]PORT")]
+    pub bind: String,
+    /// Which web pages may read it (CORS): an origin, '*', or none (default: '*' on loopback,
+    /// none elsewhere).
+    #[arg(long, value_name = "ORIGIN")]
+    pub cors_origin: Option<String>,
+}
+
+#[derive(Args, Debug)]
 pub struct SampleArgs {
     /// Directory to write the blocks into (created if missing).
     #[arg(value_name = "OUT")]
@@ -401,6 +441,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             slurm::slurm_command(args)
         }
         Command::Sample(args) => sample::sample_command(args),
+        Command::Serve(args) => serve::serve_command(args),
     }
 }
 

@@ -11,23 +11,44 @@ use anyhow::Context;
 use crate::array::geometry::show_shape;
 use crate::array::units::parse_shape;
 use crate::cli::report::{progress_bar, thousands};
+use crate::cli::serve::{announcement, listen, server_of};
 use crate::cli::{mem_of, MountArgs};
 use crate::format::BlockFormat;
 use crate::fuse::session;
-use crate::view::{MountRequest, PreparedView, ViewCore};
+use crate::http::ViewTree;
+use crate::view::{MountRequest, PreparedView, ViewCore, ROOT_INO};
 
 pub(super) fn mount_command(args: MountArgs) -> anyhow::Result<()> {
     session::check_mount_point(&args.view)?;
     session::check_fuse()?;
+    // Listening before the view is prepared: a port in use is refused
+    // with nothing made.
+    let listener = args.serve.as_deref().map(listen).transpose()?;
     let request = request_of(&args)?;
     let prepared = crate::view::prepare(&request)?;
     let summary = summary(&prepared, request.format);
+    let http = match listener {
+        Some(listener) => {
+            let tree = Arc::new(ViewTree::new(prepared.core.clone()));
+            Some(server_of(listener, args.cors_origin.as_deref(), tree)?)
+        }
+        None => None,
+    };
+    let serving = match &http {
+        Some(server) => {
+            let root = prepared.core.getattr(ROOT_INO);
+            let private = root.is_ok_and(|root| root.perm & 0o005 != 0o005);
+            announcement(server, "the view", private)?
+        }
+        None => String::new(),
+    };
     if args.foreground {
         let core = prepared.core.clone();
         let view = args.view.clone();
-        session::serve(prepared, move |ready| match ready {
+        session::serve(prepared, http, move |ready| match ready {
             Ok(()) => {
                 eprintln!("mounted {}: {summary}; Ctrl-C unmounts", view.display());
+                eprint!("{serving}");
                 spawn_progress(core);
             }
             Err(e) => eprintln!("rechunkfs: error: {e}"),
@@ -35,12 +56,13 @@ pub(super) fn mount_command(args: MountArgs) -> anyhow::Result<()> {
         eprintln!("unmounted {}", args.view.display());
     } else {
         let log = session::log_path(&prepared);
-        let pid = session::serve_in_background(prepared)?;
+        let pid = session::serve_in_background(prepared, http)?;
         eprintln!(
             "mounted {}: {summary}; daemon pid {pid}, log {}",
             args.view.display(),
             log.display()
         );
+        eprint!("{serving}");
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! The process that serves a view: it mounts the view with its materialiser
-//! running, serves the kernel until an unmount or a shutdown signal, and
+//! running, serves the kernel (and, with `mount --serve`, HTTP clients
+//! from the same core) until an unmount or a shutdown signal, and
 //! can fork itself into the background, writing its log beside the staging
 //! area, once the view is usable.
 //!
@@ -21,6 +22,7 @@ use nix::sys::signal::SigSet;
 use crate::error::{Error, Result};
 use crate::fuse::client::detach;
 use crate::fuse::{bad_view, RechunkFs};
+use crate::http::HttpServer;
 use crate::input::InputArray;
 use crate::sys::process::exit_now;
 use crate::view::materialise::{Materialiser, STOP_GRACE};
@@ -103,8 +105,13 @@ fn session_config(input: &InputArray, allow_other: bool) -> fuser::Config {
 }
 
 /// Mounts the view and serves it until it is unmounted or a shutdown
-/// signal arrives. `ready` is told once the view is usable (or why not).
-pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<()> {
+/// signal arrives, and over HTTP too with `http`. `ready` is told once the
+/// view is usable (or why not).
+pub fn serve(
+    prepared: PreparedView,
+    http: Option<HttpServer>,
+    ready: impl FnOnce(Result<()>),
+) -> Result<()> {
     let signals = block_shutdown_signals()?;
     let PreparedView {
         core,
@@ -141,6 +148,13 @@ pub fn serve(prepared: PreparedView, ready: impl FnOnce(Result<()>)) -> Result<(
     )?;
 
     let _unmounter = session.unmount_callable();
+    if let Some(Err(error)) = http.map(HttpServer::start) {
+        core.shutdown();
+        stop_or_exit(materialiser, 1);
+        let message = error.to_string();
+        ready(Err(error));
+        return Err(bad_view(&view, message));
+    }
     ready(Ok(()));
     let result = session.run();
     core.shutdown();
@@ -159,9 +173,10 @@ fn stop_or_exit(materialiser: Materialiser, code: i32) {
 }
 
 /// Forks a daemon that serves the view, and returns its pid once the view
-/// is mounted and usable (or the reason it could not be). Must be called
-/// before any thread is started: only the calling thread survives a fork.
-pub fn serve_in_background(prepared: PreparedView) -> Result<i32> {
+/// is mounted and usable (or the reason it could not be); it serves `http`
+/// too. Must be called before any thread is started: only the calling
+/// thread survives a fork.
+pub fn serve_in_background(prepared: PreparedView, http: Option<HttpServer>) -> Result<i32> {
     let log = log_path(&prepared);
     let (read_end, write_end) =
         nix::unistd::pipe().map_err(|e| Error::os("pipe", "starting the daemon", e.into()))?;
@@ -190,7 +205,7 @@ pub fn serve_in_background(prepared: PreparedView) -> Result<i32> {
         }
         nix::unistd::ForkResult::Child => {
             drop(read_end);
-            run_daemon(prepared, write_end, &log)
+            run_daemon(prepared, http, write_end, &log)
         }
     }
 }
@@ -208,7 +223,12 @@ fn hear_from_daemon(read_end: OwnedFd) -> Result<String> {
 
 /// The forked daemon: detached from the terminal, logging to `log`, it
 /// serves the view and writes to `write_end` whether the view came up.
-fn run_daemon(prepared: PreparedView, write_end: OwnedFd, log: &Path) -> ! {
+fn run_daemon(
+    prepared: PreparedView,
+    http: Option<HttpServer>,
+    write_end: OwnedFd,
+    log: &Path,
+) -> ! {
     use std::io::Write;
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
@@ -238,7 +258,7 @@ fn run_daemon(prepared: PreparedView, write_end: OwnedFd, log: &Path) -> ! {
     let mut pipe = fs::File::from(write_end);
     // The parent reads to end of file: the pipe must close as soon
     // as the outcome is written, so the closure owns it.
-    let result = serve(prepared, move |ready| {
+    let result = serve(prepared, http, move |ready| {
         let message = match ready {
             Ok(()) => "ok".to_string(),
             Err(e) => e.to_string(),
