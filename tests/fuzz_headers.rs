@@ -1364,6 +1364,7 @@ fn fuzzed_of(format: BlockFormat) -> Fuzzed {
         BlockFormat::Zarr => Fuzzed::Zarr2,
         BlockFormat::Zarr3 => Fuzzed::Zarr3,
         BlockFormat::Raw => panic!("raw blocks are never input"),
+        BlockFormat::Tiff => panic!("TIFF inputs are fuzzed in tests/formats_tiff.rs"),
     }
 }
 

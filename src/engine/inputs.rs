@@ -306,7 +306,7 @@ impl<'a> InputReader<'a> {
         let data_offset = match self.input.blocks[rank as usize].storage {
             Storage::Contiguous { data_offset } => data_offset,
             // Read whole, whatever part the read block needs.
-            Storage::Encoded { len, .. } => return Some((rank, 0, len)),
+            Storage::Encoded { offset, len, .. } => return Some((rank, offset, len)),
             _ => return None,
         };
         let block_box = plan.input.block(input_index);
@@ -467,9 +467,9 @@ impl<'a> InputReader<'a> {
 }
 
 /// The decoded bytes of encoded input block `block` (all of `file_box`,
-/// padding included), through its open `handle`. The file is read whole in
-/// one call, at offset 0 for its length, which is what `count` is told: one
-/// seek, as the planner predicts. An absent chunk (no handle) is the fill
+/// padding included), through its open `handle`. Its encoded bytes are read
+/// whole in one call, at their offset for their length, which is what
+/// `count` is told: one seek, as the planner predicts. An absent chunk (no handle) is the fill
 /// value, counted as an empty call at offset 0: one seek too, so that a
 /// plan's count does not depend on which chunks exist.
 pub(super) fn decoded_block(
@@ -483,10 +483,22 @@ pub(super) fn decoded_block(
             count(0, 0);
             Ok(fill.repeat(file_box.volume() as usize))
         }
-        (Storage::Encoded { decoder, len }, Some(InputHandle::Encoded(file))) => {
+        (
+            Storage::Encoded {
+                decoder,
+                offset,
+                len,
+            },
+            Some(InputHandle::Encoded(file)),
+        ) => {
             let mut encoded = vec![0u8; *len as usize];
-            read_exact_at(file, &block.path, &mut [IoSliceMut::new(&mut encoded)], 0)?;
-            count(0, *len);
+            read_exact_at(
+                file,
+                &block.path,
+                &mut [IoSliceMut::new(&mut encoded)],
+                *offset,
+            )?;
+            count(*offset, *len);
             decoder.decode(&block.path, &encoded)
         }
         _ => Err(Error::bad_input(

@@ -15,13 +15,15 @@
 //! shape's template for one block. MINC2 is read (it is HDF5 underneath) but
 //! not written; raw blocks are data only.
 
-// `hdf5` and `zarr` are named by later stages (the HDF5 reader, Zarr's
-// metadata files); the other formats are reached through this module.
+// `hdf5`, `tiff` and `zarr` are named by later stages (the HDF5 reader,
+// TIFF pages and Zarr's metadata files); the other formats are reached
+// through this module.
 pub mod decode;
 pub mod hdf5;
 mod minc;
 mod nifti;
 mod npy;
+pub mod tiff;
 pub mod zarr;
 pub mod zarr_codecs;
 
@@ -52,6 +54,9 @@ pub enum BlockFormat {
     Minc2,
     /// Data only (`.raw`), written only; a metadata file describes them.
     Raw,
+    /// TIFF and BigTIFF (`.tif`, `.tiff`): a stack of slices or a
+    /// multi-page file, read only.
+    Tiff,
     /// A Zarr v2 array: `.zarray` and uncompressed chunks named `i.j.k`.
     Zarr,
     /// A Zarr v3 array: `zarr.json` and uncompressed chunks named `c/i/j/k`.
@@ -71,6 +76,8 @@ impl BlockFormat {
             Some(BlockFormat::Minc2)
         } else if ext.eq_ignore_ascii_case("raw") {
             Some(BlockFormat::Raw)
+        } else if ext.eq_ignore_ascii_case("tif") || ext.eq_ignore_ascii_case("tiff") {
+            Some(BlockFormat::Tiff)
         } else {
             None
         }
@@ -84,6 +91,7 @@ impl BlockFormat {
             BlockFormat::Nifti => "nii",
             BlockFormat::Minc2 => "mnc",
             BlockFormat::Raw => "raw",
+            BlockFormat::Tiff => "tif",
             // A Zarr array is a directory, not files with an extension;
             // these only tell staging copies of its chunks apart.
             BlockFormat::Zarr => "zarr",
@@ -101,14 +109,16 @@ impl BlockFormat {
             BlockFormat::Nifti => "NIfTI-1",
             BlockFormat::Minc2 => "MINC2",
             BlockFormat::Raw => "raw",
+            BlockFormat::Tiff => tiff::NAME,
         }
     }
 
     /// The output format when none is asked for: the input's, except that
-    /// MINC2, which rechunkfs reads but does not write, becomes plain HDF5.
+    /// MINC2 and TIFF, which rechunkfs reads but does not write, become
+    /// plain HDF5.
     pub fn default_output(&self) -> BlockFormat {
         match self {
-            BlockFormat::Minc2 => BlockFormat::Hdf5,
+            BlockFormat::Minc2 | BlockFormat::Tiff => BlockFormat::Hdf5,
             other => *other,
         }
     }
@@ -161,7 +171,7 @@ impl FromStr for BlockFormat {
             .ok_or_else(|| {
                 Error::BadArgument(format!(
                     "'{text}' is not a block format rechunkfs knows; use h5 (or hdf5), npy, nii, \
-                     raw, zarr (Zarr v2) or zarr3 (Zarr v3); mnc is read, not written"
+                     raw, zarr (Zarr v2) or zarr3 (Zarr v3); mnc and tif are read, not written"
                 ))
             })
     }
@@ -177,11 +187,13 @@ pub enum Storage {
     /// No file at all: a Zarr chunk never written holds the fill value
     /// everywhere. `fill` is one element's bytes, in the array's byte order.
     Absent { fill: Vec<u8> },
-    /// The whole file (`len` bytes) is one encoded value, such as a
-    /// compressed or sharded Zarr chunk: it can only be read whole, in one
-    /// call, and decoded into the full (padded) block by `decoder`.
+    /// The `len` bytes at `offset` are one encoded value, such as a
+    /// compressed or sharded Zarr chunk (a whole file, at 0) or a
+    /// compressed TIFF strip: they can only be read whole, in one call, and
+    /// decoded into the full (padded) block by `decoder`.
     Encoded {
         decoder: std::sync::Arc<dyn decode::BlockDecode>,
+        offset: u64,
         len: u64,
     },
 }
@@ -223,6 +235,10 @@ pub fn probe(path: &Path, format: BlockFormat, dataset: &str) -> Result<BlockInf
             path,
             "a Zarr chunk has no header to probe: open the array's directory instead",
         )),
+        BlockFormat::Tiff => Err(Error::bad_input(
+            path,
+            "a TIFF file is read page by page as a whole array, not as one block of a grid",
+        )),
     }
 }
 
@@ -235,6 +251,7 @@ pub fn probe_space(path: &Path, format: BlockFormat, info: &BlockInfo) -> Result
         BlockFormat::Hdf5
         | BlockFormat::Npy
         | BlockFormat::Raw
+        | BlockFormat::Tiff
         | BlockFormat::Zarr
         | BlockFormat::Zarr3 => Ok(None),
     }
@@ -444,6 +461,11 @@ pub fn template_in_space(
              the MINC2 affine), h5, npy or raw"
                 .into(),
         )),
+        BlockFormat::Tiff => Err(Error::BadArgument(
+            "rechunkfs reads TIFF but does not write it; choose --format h5, npy, nii, raw, \
+             zarr or zarr3"
+                .into(),
+        )),
     }
 }
 
@@ -554,9 +576,11 @@ mod tests {
         assert_eq!("zarr".parse::<BlockFormat>().unwrap(), BlockFormat::Zarr);
         assert_eq!("Zarr2".parse::<BlockFormat>().unwrap(), BlockFormat::Zarr);
         assert_eq!("zarr3".parse::<BlockFormat>().unwrap(), BlockFormat::Zarr3);
-        let err = "tiff".parse::<BlockFormat>().unwrap_err().to_string();
+        assert_eq!("TIFF".parse::<BlockFormat>().unwrap(), BlockFormat::Tiff);
+        assert_eq!(BlockFormat::from_extension("tif"), Some(BlockFormat::Tiff));
+        let err = "png".parse::<BlockFormat>().unwrap_err().to_string();
         assert!(
-            err.contains("tiff") && err.contains("h5") && err.contains("zarr3"),
+            err.contains("png") && err.contains("h5") && err.contains("zarr3"),
             "{err}"
         );
         assert_eq!(BlockFormat::Hdf5.extension(), "h5");

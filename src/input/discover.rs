@@ -24,6 +24,9 @@ pub(super) struct NamedBlock {
 /// One block file as the whole array.
 pub(super) fn scan_single_file(path: &Path, dataset: String) -> Result<InputArray> {
     let format = format_of(path)?;
+    if format == BlockFormat::Tiff {
+        return super::tiff::scan_file(path);
+    }
     let info = format::probe(path, format, format.input_dataset(&dataset))?;
     Ok(InputArray {
         source: path.to_path_buf(),
@@ -49,7 +52,7 @@ fn format_of(path: &Path) -> Result<BlockFormat> {
             path,
             format!(
                 "unknown block file extension '.{ext}'; rechunkfs reads .h5/.hdf5 (HDF5), .npy, \
-                 .nii (NIfTI-1) and .mnc (MINC2) files"
+                 .nii (NIfTI-1), .mnc (MINC2) and .tif/.tiff (TIFF) files"
             ),
         )
     })

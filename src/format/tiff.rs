@@ -1,0 +1,651 @@
+//! TIFF and BigTIFF files, in either byte order: their pages (images), each
+//! cut into strips or tiles, read through the `tiff` crate's directory
+//! parser; and the decoding of one compressed strip or tile
+//! ([`ChunkDecode`], an implementation of [`BlockDecode`]).
+//!
+//! A page's samples are stored in the file's byte order, compressed or
+//! not; decoded chunks are put back into that order, so every block of an
+//! array keeps one dtype. Values are never inverted or scaled (a
+//! `WhiteIsZero` page is read as stored, as tifffile reads it).
+//!
+//! The `tiff` crate decodes chunks only inside a TIFF file: a compressed
+//! chunk is decoded as the one strip of a small BigTIFF made around its
+//! bytes, with the page's compression, predictor and samples. A tile is
+//! encoded exactly as a strip of the tile's width and length.
+
+use std::io::{self, BufReader, Read, Seek, SeekFrom};
+use std::path::Path;
+
+use tiff::decoder::{Decoder, Limits};
+use tiff::tags::{ByteOrder, Tag};
+
+use super::decode::BlockDecode;
+use crate::array::dtype::{DType, Endian, Kind};
+use crate::error::{Error, Result};
+
+/// The format's name in messages.
+pub const NAME: &str = "TIFF";
+
+/// The most pages one file may have: each is an entry in memory and its
+/// directory a read at the scan.
+const MAX_PAGES: usize = 1 << 20;
+
+/// The largest tag value read from a directory (a strip offset table):
+/// large enough for 2^22 BigTIFF strips, small enough that a damaged count
+/// cannot exhaust memory.
+const MAX_TAG_BYTES: usize = 32 << 20;
+
+/// How a page is cut into the pieces its file stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chunking {
+    /// Rows of the whole width, `rows` per strip (the last may have fewer).
+    Strips { rows: u64 },
+    /// Tiles of `width` × `length`, edge tiles padded to the full tile.
+    Tiles { width: u64, length: u64 },
+}
+
+/// Compression schemes decoded (TIFF's `Compression` tag), by number.
+const NONE: u16 = 1;
+const SUPPORTED_COMPRESSION: [(u16, &str); 6] = [
+    (NONE, "uncompressed"),
+    (5, "LZW"),
+    (8, "Adobe deflate"),
+    (32946, "deflate"),
+    (32773, "PackBits"),
+    (50000, "zstd"),
+];
+
+/// One page (image file directory) of a TIFF file.
+#[derive(Clone, Debug)]
+pub struct Page {
+    /// Its position among the file's pages, from 0.
+    pub number: usize,
+    pub width: u64,
+    pub height: u64,
+    /// Samples per pixel, stored interleaved (`PlanarConfiguration` 1).
+    pub samples: u64,
+    /// The samples' type, in the file's byte order.
+    pub dtype: DType,
+    pub compression: u16,
+    pub predictor: u16,
+    pub chunking: Chunking,
+    /// Where each strip or tile starts in the file, and its bytes there.
+    pub offsets: Vec<u64>,
+    pub byte_counts: Vec<u64>,
+}
+
+impl Page {
+    /// The page as an array: (height, width), or (height, width, samples).
+    pub fn shape(&self) -> Vec<u64> {
+        let mut shape = vec![self.height, self.width];
+        if self.samples > 1 {
+            shape.push(self.samples);
+        }
+        shape
+    }
+
+    /// Rows and columns of a full strip or tile.
+    pub fn chunk_extent(&self) -> (u64, u64) {
+        match self.chunking {
+            Chunking::Strips { rows } => (rows.min(self.height), self.width),
+            Chunking::Tiles { width, length } => (length, width),
+        }
+    }
+
+    /// Bytes of one pixel (all its samples).
+    pub fn pixel_bytes(&self) -> u64 {
+        self.samples * self.dtype.size as u64
+    }
+
+    /// Rows of image data chunk `chunk` holds: a strip at the bottom may
+    /// have fewer than the others; tiles always hold their full length.
+    pub fn chunk_rows(&self, chunk: usize) -> u64 {
+        let (rows, _) = self.chunk_extent();
+        match self.chunking {
+            Chunking::Strips { .. } => rows.min(self.height - chunk as u64 * rows),
+            Chunking::Tiles { .. } => rows,
+        }
+    }
+
+    /// Whether its chunks must be decoded, not read in place.
+    pub fn is_encoded(&self) -> bool {
+        self.compression != NONE || self.predictor != 1
+    }
+
+    /// The compression as people name it.
+    pub fn compression_name(&self) -> &'static str {
+        compression_name(self.compression).unwrap_or("unknown")
+    }
+
+    /// For an uncompressed page in strips that follow one another in the
+    /// file, each exactly its rows long: where the page's raw C-order bytes
+    /// start.
+    pub fn contiguous_offset(&self) -> Option<u64> {
+        if self.is_encoded() || matches!(self.chunking, Chunking::Tiles { .. }) {
+            return None;
+        }
+        let row_bytes = self.width * self.pixel_bytes();
+        let mut next = *self.offsets.first()?;
+        for (strip, (&offset, &count)) in self.offsets.iter().zip(&self.byte_counts).enumerate() {
+            let needed = self.chunk_rows(strip) * row_bytes;
+            let last = strip + 1 == self.offsets.len();
+            if offset != next || count < needed || (!last && count != needed) {
+                return None;
+            }
+            next = offset + needed;
+        }
+        self.offsets.first().copied()
+    }
+
+    /// The decoder of chunk `chunk` (its bytes at `offset`).
+    pub fn chunk_decoder(&self, chunk: usize, byte_order: Endian) -> ChunkDecode {
+        let (rows, width) = self.chunk_extent();
+        ChunkDecode {
+            page: self.number,
+            chunk,
+            tile: matches!(self.chunking, Chunking::Tiles { .. }),
+            byte_order,
+            compression: self.compression,
+            predictor: self.predictor,
+            dtype: self.dtype,
+            samples: self.samples,
+            width,
+            rows: self.chunk_rows(chunk),
+            padded_rows: rows,
+        }
+    }
+}
+
+fn compression_name(code: u16) -> Option<&'static str> {
+    SUPPORTED_COMPRESSION
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map(|(_, name)| *name)
+}
+
+/// A TIFF file's pages, in order, and the file's byte order and length.
+pub struct TiffFile {
+    pub pages: Vec<Page>,
+    pub byte_order: Endian,
+    pub len: u64,
+}
+
+fn bad(path: &Path, problem: impl Into<String>) -> Error {
+    Error::BadBlockFile {
+        path: path.to_path_buf(),
+        format: NAME,
+        problem: problem.into(),
+    }
+}
+
+/// Reads every page directory of the TIFF file at `path`. Refused, naming
+/// the file and page: what is not TIFF, a directory that cannot be parsed
+/// (a truncated file), and pages rechunkfs cannot read in place or decode
+/// (see [`read_page`]).
+pub fn read_file(path: &Path) -> Result<TiffFile> {
+    let file = crate::sys::files::open_regular(path)?;
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io(path, "stat", e))?
+        .len();
+    let mut limits = Limits::default();
+    limits.ifd_value_size = MAX_TAG_BYTES;
+    let mut decoder = Decoder::new(BufReader::new(file))
+        .map_err(|e| bad(path, directory_problem(&e, 0)))?
+        .with_limits(limits);
+    let byte_order = match decoder.byte_order() {
+        ByteOrder::LittleEndian => Endian::Little,
+        ByteOrder::BigEndian => Endian::Big,
+    };
+    let mut pages = Vec::new();
+    loop {
+        pages.push(read_page(&mut decoder, path, pages.len(), byte_order)?);
+        if !decoder.more_images() {
+            break;
+        }
+        if pages.len() == MAX_PAGES {
+            return Err(bad(
+                path,
+                format!("it has more than {MAX_PAGES} pages, more than rechunkfs lists"),
+            ));
+        }
+        decoder
+            .next_image()
+            .map_err(|e| bad(path, directory_problem(&e, pages.len())))?;
+    }
+    Ok(TiffFile {
+        pages,
+        byte_order,
+        len,
+    })
+}
+
+/// What is wrong with page `page`'s directory, from the crate's error.
+fn directory_problem(error: &tiff::TiffError, page: usize) -> String {
+    match error {
+        tiff::TiffError::IoError(e) if e.kind() == io::ErrorKind::UnexpectedEof => format!(
+            "the file ends inside the directory of page {page}: it is truncated; copy it again \
+             from its source"
+        ),
+        other => format!("page {page}: cannot read its directory: {other}"),
+    }
+}
+
+/// The page the decoder is at, checked to be one rechunkfs reads: samples
+/// of 8, 16, 32 or 64 bits (unsigned, signed or float), interleaved, with a
+/// compression it decodes.
+fn read_page<R: Read + Seek>(
+    decoder: &mut Decoder<R>,
+    path: &Path,
+    number: usize,
+    byte_order: Endian,
+) -> Result<Page> {
+    let tag_error = |e: tiff::TiffError| bad(path, directory_problem(&e, number));
+    let unsigned = |decoder: &mut Decoder<R>, tag: Tag, default: u64| -> Result<u64> {
+        Ok(decoder
+            .find_tag_unsigned::<u64>(tag)
+            .map_err(tag_error)?
+            .unwrap_or(default))
+    };
+    let (width, height) = decoder.dimensions().map_err(tag_error)?;
+    let samples = unsigned(decoder, Tag::SamplesPerPixel, 1)?;
+    let compression = unsigned(decoder, Tag::Compression, 1)? as u16;
+    let predictor = unsigned(decoder, Tag::Predictor, 1)? as u16;
+    let planar = unsigned(decoder, Tag::PlanarConfiguration, 1)?;
+    let where_ = format!("page {number}");
+    if samples > 1 && planar != 1 {
+        return Err(bad(
+            path,
+            format!(
+                "{where_} stores its {samples} samples per pixel in separate planes \
+                 (PlanarConfiguration {planar}); rechunkfs reads interleaved samples only: \
+                 rewrite it with them interleaved (tifffile: planarconfig='contig')"
+            ),
+        ));
+    }
+    if compression_name(compression).is_none() {
+        return Err(bad(
+            path,
+            format!(
+                "{where_} is compressed with scheme {compression}{}, which rechunkfs does not \
+                 decode; it reads uncompressed, LZW, deflate, PackBits and zstd pages: rewrite \
+                 the file with one of them (tifffile: compression='zlib')",
+                known_scheme(compression)
+            ),
+        ));
+    }
+    if !matches!(predictor, 1..=3) {
+        return Err(bad(
+            path,
+            format!("{where_} has predictor {predictor}, which TIFF does not define"),
+        ));
+    }
+    let dtype = page_dtype(decoder, path, &where_, byte_order)?;
+    let (chunking, offsets, byte_counts) = page_chunks(decoder, path, number)?;
+    Ok(Page {
+        number,
+        width: width.into(),
+        height: height.into(),
+        samples,
+        dtype,
+        compression,
+        predictor,
+        chunking,
+        offsets,
+        byte_counts,
+    })
+}
+
+/// Names of compression schemes refused, to say which one a file uses.
+fn known_scheme(code: u16) -> &'static str {
+    match code {
+        2..=4 => " (CCITT fax)",
+        6 | 7 => " (JPEG)",
+        34712 => " (JPEG 2000)",
+        34887 => " (LERC)",
+        34925 | 34926 => " (LZMA)",
+        34933 => " (PNG)",
+        50001 => " (WebP)",
+        50002 => " (JPEG XL)",
+        _ => "",
+    }
+}
+
+/// The page's sample type: every sample alike, 8 to 64 bits.
+fn page_dtype<R: Read + Seek>(
+    decoder: &mut Decoder<R>,
+    path: &Path,
+    where_: &str,
+    byte_order: Endian,
+) -> Result<DType> {
+    let tag_error = |e: tiff::TiffError| bad(path, format!("{where_}: {e}"));
+    let bits: Vec<u64> = decoder
+        .find_tag_unsigned_vec(Tag::BitsPerSample)
+        .map_err(tag_error)?
+        .unwrap_or_else(|| vec![1]);
+    let formats: Vec<u64> = decoder
+        .find_tag_unsigned_vec(Tag::SampleFormat)
+        .map_err(tag_error)?
+        .unwrap_or_else(|| vec![1]);
+    let (Some(&bits_0), Some(&format_0)) = (bits.first(), formats.first()) else {
+        return Err(bad(
+            path,
+            format!("{where_}: an empty BitsPerSample or SampleFormat"),
+        ));
+    };
+    if bits.iter().any(|&b| b != bits_0) || formats.iter().any(|&f| f != format_0) {
+        return Err(bad(
+            path,
+            format!(
+                "{where_} mixes sample types (bits {bits:?}, formats {formats:?}); rechunkfs \
+                 carries one type per array"
+            ),
+        ));
+    }
+    let kind = match format_0 {
+        1 | 4 => Kind::Unsigned,
+        2 => Kind::Signed,
+        3 => Kind::Float,
+        other => {
+            return Err(bad(
+                path,
+                format!(
+                    "{where_} has SampleFormat {other} (complex or unknown); rechunkfs carries \
+                     integers and floats"
+                ),
+            ))
+        }
+    };
+    if !matches!(bits_0, 8 | 16 | 32 | 64) {
+        return Err(bad(
+            path,
+            format!(
+                "{where_} has {bits_0}-bit samples; rechunkfs carries samples of 8, 16, 32 or 64 \
+                 bits: rewrite it with a wider type"
+            ),
+        ));
+    }
+    DType::new(kind, bits_0 as usize / 8, byte_order)
+        .map_err(|e| bad(path, format!("{where_}: {e}")))
+}
+
+/// How the page is cut, and where its strips or tiles are.
+fn page_chunks<R: Read + Seek>(
+    decoder: &mut Decoder<R>,
+    path: &Path,
+    number: usize,
+) -> Result<(Chunking, Vec<u64>, Vec<u64>)> {
+    let tag_error = |e: tiff::TiffError| bad(path, directory_problem(&e, number));
+    let tiles = decoder
+        .find_tag_unsigned::<u64>(Tag::TileWidth)
+        .map_err(tag_error)?;
+    let (chunking, offsets_tag, counts_tag) = match tiles {
+        Some(width) => {
+            let length = decoder
+                .find_tag_unsigned::<u64>(Tag::TileLength)
+                .map_err(tag_error)?
+                .unwrap_or(0);
+            (
+                Chunking::Tiles { width, length },
+                Tag::TileOffsets,
+                Tag::TileByteCounts,
+            )
+        }
+        None => {
+            let rows = decoder
+                .find_tag_unsigned::<u64>(Tag::RowsPerStrip)
+                .map_err(tag_error)?
+                .unwrap_or(u32::MAX.into());
+            (
+                Chunking::Strips { rows },
+                Tag::StripOffsets,
+                Tag::StripByteCounts,
+            )
+        }
+    };
+    if matches!(
+        chunking,
+        Chunking::Tiles { width: 0, .. }
+            | Chunking::Tiles { length: 0, .. }
+            | Chunking::Strips { rows: 0 }
+    ) {
+        return Err(bad(
+            path,
+            format!("page {number} has strips or tiles of no rows or columns"),
+        ));
+    }
+    let offsets = decoder.get_tag_u64_vec(offsets_tag).map_err(tag_error)?;
+    let counts = decoder.get_tag_u64_vec(counts_tag).map_err(tag_error)?;
+    Ok((chunking, offsets, counts))
+}
+
+/// Decodes one compressed strip or tile of a page into its raw C-order
+/// bytes (rows × width × samples), padded with zeros to a full chunk's
+/// rows, in the file's byte order.
+#[derive(Clone, Debug)]
+pub struct ChunkDecode {
+    page: usize,
+    chunk: usize,
+    tile: bool,
+    byte_order: Endian,
+    compression: u16,
+    predictor: u16,
+    dtype: DType,
+    samples: u64,
+    /// Pixels per row of the chunk (a strip's width is the page's).
+    width: u64,
+    /// Rows encoded (a bottom strip may hold fewer than `padded_rows`).
+    rows: u64,
+    padded_rows: u64,
+}
+
+impl ChunkDecode {
+    fn row_bytes(&self) -> u64 {
+        self.width * self.samples * self.dtype.size as u64
+    }
+
+    /// A BigTIFF holding only the header of a `rows` × `width` image of
+    /// one strip, `encoded_len` bytes at the end of the header: what the
+    /// crate needs to decode the chunk's bytes.
+    fn container(&self, encoded_len: u64) -> Vec<u8> {
+        let big = self.byte_order == Endian::Big;
+        let mut out = Vec::new();
+        let put16 = |out: &mut Vec<u8>, v: u16| {
+            out.extend(if big {
+                v.to_be_bytes()
+            } else {
+                v.to_le_bytes()
+            })
+        };
+        let put64 = |out: &mut Vec<u8>, v: u64| {
+            out.extend(if big {
+                v.to_be_bytes()
+            } else {
+                v.to_le_bytes()
+            })
+        };
+        out.extend(if big { b"MM" } else { b"II" });
+        put16(&mut out, 43);
+        put16(&mut out, 8);
+        put16(&mut out, 0);
+        put64(&mut out, 16);
+        let bits = self.dtype.size as u16 * 8;
+        let format = match self.dtype.kind {
+            Kind::Unsigned => 1,
+            Kind::Signed => 2,
+            Kind::Float => 3,
+        };
+        let samples = self.samples as u16;
+        // (tag, type: 3 SHORT / 16 LONG8, values), in tag order.
+        let mut entries: Vec<(u16, u16, Vec<u64>)> = vec![
+            (256, 16, vec![self.width]),
+            (257, 16, vec![self.rows]),
+            (258, 3, vec![bits.into(); samples.into()]),
+            (259, 3, vec![self.compression.into()]),
+            (262, 3, vec![1]),
+            (273, 16, vec![0]),
+            (277, 3, vec![samples.into()]),
+            (278, 16, vec![self.rows]),
+            (279, 16, vec![encoded_len]),
+            (284, 3, vec![1]),
+            (317, 3, vec![self.predictor.into()]),
+            (339, 3, vec![format; samples.into()]),
+        ];
+        let ifd_len = 8 + entries.len() as u64 * 20 + 8;
+        // Values longer than 8 bytes (per-sample SHORTs) follow the directory.
+        let mut extra = Vec::new();
+        let mut extra_at = 16 + ifd_len;
+        let mut fields = Vec::new();
+        for (_, kind, values) in &entries {
+            let mut bytes = Vec::new();
+            for &v in values {
+                if *kind == 3 {
+                    put16(&mut bytes, v as u16);
+                } else {
+                    put64(&mut bytes, v);
+                }
+            }
+            if bytes.len() > 8 {
+                let mut field = Vec::new();
+                put64(&mut field, extra_at);
+                extra_at += bytes.len() as u64;
+                extra.extend(bytes);
+                fields.push(field);
+            } else {
+                bytes.resize(8, 0);
+                fields.push(bytes);
+            }
+        }
+        let data_at = extra_at;
+        entries[5].2 = vec![data_at];
+        let mut strip_offset = Vec::new();
+        put64(&mut strip_offset, data_at);
+        fields[5] = strip_offset;
+        put64(&mut out, entries.len() as u64);
+        for ((tag, kind, values), field) in entries.iter().zip(&fields) {
+            put16(&mut out, *tag);
+            put16(&mut out, *kind);
+            put64(&mut out, values.len() as u64);
+            out.extend(field);
+        }
+        put64(&mut out, 0);
+        out.extend(extra);
+        out
+    }
+
+    fn decode_rows(&self, encoded: &[u8], out: &mut [u8]) -> tiff::TiffResult<()> {
+        let container = self.container(encoded.len() as u64);
+        let reader = Joined {
+            head: &container,
+            tail: encoded,
+            at: 0,
+        };
+        let mut decoder = Decoder::new(reader)?.with_limits(Limits::unlimited());
+        decoder.read_chunk_bytes(0, out)
+    }
+}
+
+impl BlockDecode for ChunkDecode {
+    fn decode(&self, path: &Path, encoded: &[u8]) -> Result<Vec<u8>> {
+        let len = self.rows * self.row_bytes();
+        let mut out = vec![0u8; self.decoded_len() as usize];
+        self.decode_rows(encoded, &mut out[..len as usize])
+            .map_err(|e| {
+                bad(
+                    path,
+                    format!(
+                        "page {}, {} {}: its {} data do not decode ({e}); the file is damaged \
+                         or truncated",
+                        self.page,
+                        if self.tile { "tile" } else { "strip" },
+                        self.chunk,
+                        compression_name(self.compression).unwrap_or("compressed"),
+                    ),
+                )
+            })?;
+        // The crate hands samples over in this machine's order.
+        let native = if cfg!(target_endian = "big") {
+            Endian::Big
+        } else {
+            Endian::Little
+        };
+        if self.byte_order != native && self.dtype.size > 1 {
+            for sample in out[..len as usize].chunks_exact_mut(self.dtype.size) {
+                sample.reverse();
+            }
+        }
+        Ok(out)
+    }
+
+    fn decoded_len(&self) -> u64 {
+        self.padded_rows * self.row_bytes()
+    }
+
+    fn describe(&self) -> String {
+        let predictor = match self.predictor {
+            2 => ", horizontal predictor",
+            3 => ", floating-point predictor",
+            _ => "",
+        };
+        format!(
+            "TIFF {}{predictor}, {} rows of {}×{} {} (page {}, {} {})",
+            compression_name(self.compression).unwrap_or("compressed"),
+            self.rows,
+            self.width,
+            self.samples,
+            self.dtype,
+            self.page,
+            if self.tile { "tile" } else { "strip" },
+            self.chunk
+        )
+    }
+}
+
+/// Two byte slices read as one seekable stream.
+struct Joined<'a> {
+    head: &'a [u8],
+    tail: &'a [u8],
+    at: u64,
+}
+
+impl Read for Joined<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let head = self.head.len() as u64;
+        let source = if self.at < head {
+            &self.head[self.at as usize..]
+        } else {
+            let from = (self.at - head).min(self.tail.len() as u64) as usize;
+            &self.tail[from..]
+        };
+        let n = source.len().min(buf.len());
+        buf[..n].copy_from_slice(&source[..n]);
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for Joined<'_> {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let end = (self.head.len() + self.tail.len()) as i128;
+        let at = match to {
+            SeekFrom::Start(at) => at as i128,
+            SeekFrom::End(delta) => end + delta as i128,
+            SeekFrom::Current(delta) => self.at as i128 + delta as i128,
+        };
+        if at < 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "seek before the start",
+            ));
+        }
+        self.at = at as u64;
+        Ok(self.at)
+    }
+}
+
+/// Whether `path` names a TIFF file by its extension (`.tif`, `.tiff`).
+pub fn is_tiff_name(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("tif") || e.eq_ignore_ascii_case("tiff"))
+}
