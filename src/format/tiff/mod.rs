@@ -1,25 +1,24 @@
 //! TIFF and BigTIFF files, in either byte order: their pages (images), each
 //! cut into strips or tiles, read through the `tiff` crate's directory
 //! parser; and the decoding of one compressed strip or tile
-//! ([`ChunkDecode`], an implementation of [`BlockDecode`]).
+//! ([`ChunkDecode`], an implementation of
+//! [`BlockDecode`](super::decode::BlockDecode)).
 //!
 //! A page's samples are stored in the file's byte order, compressed or
 //! not; decoded chunks are put back into that order, so every block of an
 //! array keeps one dtype. Values are never inverted or scaled (a
 //! `WhiteIsZero` page is read as stored, as tifffile reads it).
-//!
-//! The `tiff` crate decodes chunks only inside a TIFF file: a compressed
-//! chunk is decoded as the one strip of a small BigTIFF made around its
-//! bytes, with the page's compression, predictor and samples. A tile is
-//! encoded exactly as a strip of the tile's width and length.
 
-use std::io::{self, BufReader, Read, Seek, SeekFrom};
+mod chunk;
+
+use std::io::{self, BufReader, Read, Seek};
 use std::path::Path;
 
 use tiff::decoder::{Decoder, Limits};
 use tiff::tags::{ByteOrder, Tag};
 
-use super::decode::BlockDecode;
+pub use chunk::ChunkDecode;
+
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::error::{Error, Result};
 
@@ -43,6 +42,9 @@ pub enum Chunking {
     /// Tiles of `width` × `length`, edge tiles padded to the full tile.
     Tiles { width: u64, length: u64 },
 }
+
+/// SGI's tag for a page that is a volume of this many slices.
+const IMAGE_DEPTH: u16 = 32997;
 
 /// Compression schemes decoded (TIFF's `Compression` tag), by number.
 const NONE: u16 = 1;
@@ -280,6 +282,16 @@ fn read_page<R: Read + Seek>(
             format!("{where_} has predictor {predictor}, which TIFF does not define"),
         ));
     }
+    let depth = unsigned(decoder, Tag::Unknown(IMAGE_DEPTH), 1)?;
+    if depth != 1 {
+        return Err(bad(
+            path,
+            format!(
+                "{where_} is a volume of depth {depth} (SGI ImageDepth); rechunkfs reads 2-D \
+                 pages: rewrite it as one page per slice (tifffile: volumetric=False)"
+            ),
+        ));
+    }
     let dtype = page_dtype(decoder, path, &where_, byte_order)?;
     let (chunking, offsets, byte_counts) = page_chunks(decoder, path, number)?;
     Ok(Page {
@@ -417,230 +429,6 @@ fn page_chunks<R: Read + Seek>(
     let offsets = decoder.get_tag_u64_vec(offsets_tag).map_err(tag_error)?;
     let counts = decoder.get_tag_u64_vec(counts_tag).map_err(tag_error)?;
     Ok((chunking, offsets, counts))
-}
-
-/// Decodes one compressed strip or tile of a page into its raw C-order
-/// bytes (rows × width × samples), padded with zeros to a full chunk's
-/// rows, in the file's byte order.
-#[derive(Clone, Debug)]
-pub struct ChunkDecode {
-    page: usize,
-    chunk: usize,
-    tile: bool,
-    byte_order: Endian,
-    compression: u16,
-    predictor: u16,
-    dtype: DType,
-    samples: u64,
-    /// Pixels per row of the chunk (a strip's width is the page's).
-    width: u64,
-    /// Rows encoded (a bottom strip may hold fewer than `padded_rows`).
-    rows: u64,
-    padded_rows: u64,
-}
-
-impl ChunkDecode {
-    fn row_bytes(&self) -> u64 {
-        self.width * self.samples * self.dtype.size as u64
-    }
-
-    /// A BigTIFF holding only the header of a `rows` × `width` image of
-    /// one strip, `encoded_len` bytes at the end of the header: what the
-    /// crate needs to decode the chunk's bytes.
-    fn container(&self, encoded_len: u64) -> Vec<u8> {
-        let big = self.byte_order == Endian::Big;
-        let mut out = Vec::new();
-        let put16 = |out: &mut Vec<u8>, v: u16| {
-            out.extend(if big {
-                v.to_be_bytes()
-            } else {
-                v.to_le_bytes()
-            })
-        };
-        let put64 = |out: &mut Vec<u8>, v: u64| {
-            out.extend(if big {
-                v.to_be_bytes()
-            } else {
-                v.to_le_bytes()
-            })
-        };
-        out.extend(if big { b"MM" } else { b"II" });
-        put16(&mut out, 43);
-        put16(&mut out, 8);
-        put16(&mut out, 0);
-        put64(&mut out, 16);
-        let bits = self.dtype.size as u16 * 8;
-        let format = match self.dtype.kind {
-            Kind::Unsigned => 1,
-            Kind::Signed => 2,
-            Kind::Float => 3,
-        };
-        let samples = self.samples as u16;
-        // (tag, type: 3 SHORT / 16 LONG8, values), in tag order.
-        let mut entries: Vec<(u16, u16, Vec<u64>)> = vec![
-            (256, 16, vec![self.width]),
-            (257, 16, vec![self.rows]),
-            (258, 3, vec![bits.into(); samples.into()]),
-            (259, 3, vec![self.compression.into()]),
-            (262, 3, vec![1]),
-            (273, 16, vec![0]),
-            (277, 3, vec![samples.into()]),
-            (278, 16, vec![self.rows]),
-            (279, 16, vec![encoded_len]),
-            (284, 3, vec![1]),
-            (317, 3, vec![self.predictor.into()]),
-            (339, 3, vec![format; samples.into()]),
-        ];
-        let ifd_len = 8 + entries.len() as u64 * 20 + 8;
-        // Values longer than 8 bytes (per-sample SHORTs) follow the directory.
-        let mut extra = Vec::new();
-        let mut extra_at = 16 + ifd_len;
-        let mut fields = Vec::new();
-        for (_, kind, values) in &entries {
-            let mut bytes = Vec::new();
-            for &v in values {
-                if *kind == 3 {
-                    put16(&mut bytes, v as u16);
-                } else {
-                    put64(&mut bytes, v);
-                }
-            }
-            if bytes.len() > 8 {
-                let mut field = Vec::new();
-                put64(&mut field, extra_at);
-                extra_at += bytes.len() as u64;
-                extra.extend(bytes);
-                fields.push(field);
-            } else {
-                bytes.resize(8, 0);
-                fields.push(bytes);
-            }
-        }
-        let data_at = extra_at;
-        entries[5].2 = vec![data_at];
-        let mut strip_offset = Vec::new();
-        put64(&mut strip_offset, data_at);
-        fields[5] = strip_offset;
-        put64(&mut out, entries.len() as u64);
-        for ((tag, kind, values), field) in entries.iter().zip(&fields) {
-            put16(&mut out, *tag);
-            put16(&mut out, *kind);
-            put64(&mut out, values.len() as u64);
-            out.extend(field);
-        }
-        put64(&mut out, 0);
-        out.extend(extra);
-        out
-    }
-
-    fn decode_rows(&self, encoded: &[u8], out: &mut [u8]) -> tiff::TiffResult<()> {
-        let container = self.container(encoded.len() as u64);
-        let reader = Joined {
-            head: &container,
-            tail: encoded,
-            at: 0,
-        };
-        let mut decoder = Decoder::new(reader)?.with_limits(Limits::unlimited());
-        decoder.read_chunk_bytes(0, out)
-    }
-}
-
-impl BlockDecode for ChunkDecode {
-    fn decode(&self, path: &Path, encoded: &[u8]) -> Result<Vec<u8>> {
-        let len = self.rows * self.row_bytes();
-        let mut out = vec![0u8; self.decoded_len() as usize];
-        self.decode_rows(encoded, &mut out[..len as usize])
-            .map_err(|e| {
-                bad(
-                    path,
-                    format!(
-                        "page {}, {} {}: its {} data do not decode ({e}); the file is damaged \
-                         or truncated",
-                        self.page,
-                        if self.tile { "tile" } else { "strip" },
-                        self.chunk,
-                        compression_name(self.compression).unwrap_or("compressed"),
-                    ),
-                )
-            })?;
-        // The crate hands samples over in this machine's order.
-        let native = if cfg!(target_endian = "big") {
-            Endian::Big
-        } else {
-            Endian::Little
-        };
-        if self.byte_order != native && self.dtype.size > 1 {
-            for sample in out[..len as usize].chunks_exact_mut(self.dtype.size) {
-                sample.reverse();
-            }
-        }
-        Ok(out)
-    }
-
-    fn decoded_len(&self) -> u64 {
-        self.padded_rows * self.row_bytes()
-    }
-
-    fn describe(&self) -> String {
-        let predictor = match self.predictor {
-            2 => ", horizontal predictor",
-            3 => ", floating-point predictor",
-            _ => "",
-        };
-        format!(
-            "TIFF {}{predictor}, {} rows of {}×{} {} (page {}, {} {})",
-            compression_name(self.compression).unwrap_or("compressed"),
-            self.rows,
-            self.width,
-            self.samples,
-            self.dtype,
-            self.page,
-            if self.tile { "tile" } else { "strip" },
-            self.chunk
-        )
-    }
-}
-
-/// Two byte slices read as one seekable stream.
-struct Joined<'a> {
-    head: &'a [u8],
-    tail: &'a [u8],
-    at: u64,
-}
-
-impl Read for Joined<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let head = self.head.len() as u64;
-        let source = if self.at < head {
-            &self.head[self.at as usize..]
-        } else {
-            let from = (self.at - head).min(self.tail.len() as u64) as usize;
-            &self.tail[from..]
-        };
-        let n = source.len().min(buf.len());
-        buf[..n].copy_from_slice(&source[..n]);
-        self.at += n as u64;
-        Ok(n)
-    }
-}
-
-impl Seek for Joined<'_> {
-    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
-        let end = (self.head.len() + self.tail.len()) as i128;
-        let at = match to {
-            SeekFrom::Start(at) => at as i128,
-            SeekFrom::End(delta) => end + delta as i128,
-            SeekFrom::Current(delta) => self.at as i128 + delta as i128,
-        };
-        if at < 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "seek before the start",
-            ));
-        }
-        self.at = at as u64;
-        Ok(self.at)
-    }
 }
 
 /// Whether `path` names a TIFF file by its extension (`.tif`, `.tiff`).
