@@ -377,10 +377,44 @@ impl<'a> InputReader<'a> {
 
     /// Every byte of input `rank` the plan needs has been read (each is
     /// read once): its file is closed and its pages dropped
-    /// ([`pagecache::drop_cached_pages`]).
+    /// ([`pagecache::drop_cached_pages`]), only its own bytes' when the
+    /// file holds other blocks too (TIFF pages and strips), whose pages
+    /// may have been read ahead.
     fn finished_with_input(&mut self, rank: u64) {
-        if let Some(file) = self.handles.pop(&rank).as_ref().and_then(InputHandle::file) {
-            pagecache::drop_cached_pages(file);
+        let Some(handle) = self.handles.pop(&rank) else {
+            return;
+        };
+        let Some(file) = handle.file() else {
+            return;
+        };
+        match self.span_in_shared_file(rank) {
+            Some((offset, len)) => pagecache::drop_cached_range(file, offset, len),
+            None => pagecache::drop_cached_pages(file),
+        }
+    }
+
+    /// Where input `rank`'s bytes lie in its file, if the blocks beside it
+    /// in the grid are in the same file.
+    fn span_in_shared_file(&self, rank: u64) -> Option<(u64, u64)> {
+        let blocks = &self.input.blocks;
+        let block = &blocks[rank as usize];
+        let neighbours = [rank.checked_sub(1), rank.checked_add(1)];
+        let shared = neighbours
+            .into_iter()
+            .flatten()
+            .filter_map(|other| blocks.get(other as usize))
+            .any(|other| other.path == block.path);
+        if !shared {
+            return None;
+        }
+        match block.storage {
+            Storage::Contiguous { data_offset } => {
+                let region = self.plan.input.block(&self.plan.input.unravel(rank));
+                let file_box = self.input.files.file_box(&region);
+                Some((data_offset, file_box.volume() * self.elem))
+            }
+            Storage::Encoded { offset, len, .. } => Some((offset, len)),
+            _ => None,
         }
     }
 
