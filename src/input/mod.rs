@@ -1,6 +1,6 @@
 //! Input discovery: find the block files of an array (a directory of
-//! `{i}_{j}_{k}.h5` files, or one file), check that they form a complete,
-//! consistent grid, and describe the whole array.
+//! `{i}_{j}_{k}.h5` files, a Zarr array, TIFF pages, or one file), check
+//! that they form a complete, consistent grid, and describe the whole array.
 //!
 //! The scan never guesses: a missing or duplicated index, a block whose
 //! shape disagrees with its position, mixed dtypes, a truncated file or a
