@@ -80,90 +80,67 @@ impl ChunkDecode {
     }
 
     /// A BigTIFF holding only the header of an uncompressed `rows` ×
-    /// `width` image of one strip, `encoded_len` bytes at the end of the
+    /// `width` image of one strip, `strip_len` bytes at the end of the
     /// header: what the crate needs to undo the chunk's predictor.
-    fn container(&self, encoded_len: u64) -> Vec<u8> {
-        let big = self.byte_order == Endian::Big;
-        let mut out = Vec::new();
-        let put16 = |out: &mut Vec<u8>, v: u16| {
-            out.extend(if big {
-                v.to_be_bytes()
-            } else {
-                v.to_le_bytes()
-            })
-        };
-        let put64 = |out: &mut Vec<u8>, v: u64| {
-            out.extend(if big {
-                v.to_be_bytes()
-            } else {
-                v.to_le_bytes()
-            })
-        };
-        out.extend(if big { b"MM" } else { b"II" });
-        put16(&mut out, 43);
-        put16(&mut out, 8);
-        put16(&mut out, 0);
-        put64(&mut out, 16);
-        let bits = self.dtype.size as u16 * 8;
+    fn container(&self, strip_len: u64) -> Vec<u8> {
+        let samples = self.samples as usize;
+        let bits = self.dtype.size as u64 * 8;
         let format = match self.dtype.kind {
             Kind::Unsigned => 1,
             Kind::Signed => 2,
             Kind::Float => 3,
         };
-        let samples = self.samples as u16;
-        // (tag, type: 3 SHORT / 16 LONG8, values), in tag order.
-        let mut entries: Vec<(u16, u16, Vec<u64>)> = vec![
-            (256, 16, vec![self.width]),
-            (257, 16, vec![self.rows]),
-            (258, 3, vec![bits.into(); samples.into()]),
-            (259, 3, vec![1]),
-            (262, 3, vec![1]),
-            (273, 16, vec![0]),
-            (277, 3, vec![samples.into()]),
-            (278, 16, vec![self.rows]),
-            (279, 16, vec![encoded_len]),
-            (284, 3, vec![1]),
-            (317, 3, vec![self.predictor.into()]),
-            (339, 3, vec![format; samples.into()]),
+        // (tag, whether SHORT (else LONG8), values), in tag order.
+        let mut entries: Vec<(u16, bool, Vec<u64>)> = vec![
+            (256, false, vec![self.width]),
+            (257, false, vec![self.rows]),
+            (258, true, vec![bits; samples]),
+            (259, true, vec![1]),
+            (262, true, vec![1]),
+            (273, false, vec![0]),
+            (277, true, vec![self.samples]),
+            (278, false, vec![self.rows]),
+            (279, false, vec![strip_len]),
+            (284, true, vec![1]),
+            (317, true, vec![self.predictor.into()]),
+            (339, true, vec![format; samples]),
         ];
-        let ifd_len = 8 + entries.len() as u64 * 20 + 8;
-        // Values longer than 8 bytes (per-sample SHORTs) follow the directory.
+        let order = self.byte_order;
+        let values: Vec<Vec<u8>> = entries.iter().map(|e| encode(order, e.1, &e.2)).collect();
+        // Values longer than 8 bytes follow the directory; the strip, them.
+        let directory_end = 16 + 8 + entries.len() as u64 * 20 + 8;
+        let long: u64 = values
+            .iter()
+            .filter(|v| v.len() > 8)
+            .map(|v| v.len() as u64)
+            .sum();
+        entries[5].2 = vec![directory_end + long];
+        let values: Vec<Vec<u8>> = entries.iter().map(|e| encode(order, e.1, &e.2)).collect();
+        let mut out = if order == Endian::Big {
+            b"MM".to_vec()
+        } else {
+            b"II".to_vec()
+        };
+        out.extend(encode(order, true, &[43, 8, 0]));
+        out.extend(encode(order, false, &[16, entries.len() as u64]));
         let mut extra = Vec::new();
-        let mut extra_at = 16 + ifd_len;
-        let mut fields = Vec::new();
-        for (_, kind, values) in &entries {
-            let mut bytes = Vec::new();
-            for &v in values {
-                if *kind == 3 {
-                    put16(&mut bytes, v as u16);
-                } else {
-                    put64(&mut bytes, v);
-                }
-            }
-            if bytes.len() > 8 {
-                let mut field = Vec::new();
-                put64(&mut field, extra_at);
-                extra_at += bytes.len() as u64;
-                extra.extend(bytes);
-                fields.push(field);
+        for ((tag, short, list), value) in entries.iter().zip(values) {
+            out.extend(encode(
+                order,
+                true,
+                &[(*tag).into(), if *short { 3 } else { 16 }],
+            ));
+            out.extend(encode(order, false, &[list.len() as u64]));
+            if value.len() > 8 {
+                out.extend(encode(order, false, &[directory_end + extra.len() as u64]));
+                extra.extend(value);
             } else {
-                bytes.resize(8, 0);
-                fields.push(bytes);
+                let mut field = value;
+                field.resize(8, 0);
+                out.extend(field);
             }
         }
-        let data_at = extra_at;
-        entries[5].2 = vec![data_at];
-        let mut strip_offset = Vec::new();
-        put64(&mut strip_offset, data_at);
-        fields[5] = strip_offset;
-        put64(&mut out, entries.len() as u64);
-        for ((tag, kind, values), field) in entries.iter().zip(&fields) {
-            put16(&mut out, *tag);
-            put16(&mut out, *kind);
-            put64(&mut out, values.len() as u64);
-            out.extend(field);
-        }
-        put64(&mut out, 0);
+        out.extend(encode(order, false, &[0]));
         out.extend(extra);
         out
     }
@@ -226,6 +203,20 @@ impl BlockDecode for ChunkDecode {
             self.chunk
         )
     }
+}
+
+/// `values` as SHORTs (`short`) or LONG8s in byte order `order`.
+fn encode(order: Endian, short: bool, values: &[u64]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for &value in values {
+        match (short, order) {
+            (true, Endian::Big) => out.extend((value as u16).to_be_bytes()),
+            (true, Endian::Little) => out.extend((value as u16).to_le_bytes()),
+            (false, Endian::Big) => out.extend(value.to_be_bytes()),
+            (false, Endian::Little) => out.extend(value.to_le_bytes()),
+        }
+    }
+    out
 }
 
 /// TIFF's LZW (most significant bit first, code size switched one code
@@ -329,5 +320,60 @@ impl Seek for Joined<'_> {
         }
         self.at = at as u64;
         Ok(self.at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Apple's example stream (Technical Note TN1023).
+    #[test]
+    fn packbits_unpacks_runs_and_literals() {
+        let packed = [
+            0xFE, 0xAA, 0x02, 0x80, 0x00, 0x2A, 0xFD, 0xAA, 0x03, 0x80, 0x00, 0x2A, 0x22, 0xF7,
+            0xAA,
+        ];
+        let unpacked = [
+            0xAA, 0xAA, 0xAA, 0x80, 0x00, 0x2A, 0xAA, 0xAA, 0xAA, 0xAA, 0x80, 0x00, 0x2A, 0x22,
+            0xAA, 0xAA, 0xAA, 0xAA, 0xAA, 0xAA, 0xAA, 0xAA, 0xAA, 0xAA,
+        ];
+        assert_eq!(packbits(&packed, 100), unpacked);
+        assert_eq!(packbits(&packed, 5), unpacked[..5]);
+        // A run whose value is cut off adds nothing.
+        assert_eq!(packbits(&[0xFE], 100), Vec::<u8>::new());
+    }
+
+    /// A predicted big-endian u16 strip: the crate undoes the differences,
+    /// and the samples come back in the file's order.
+    #[test]
+    fn a_predicted_strip_comes_back_in_the_files_order() {
+        let decoder = ChunkDecode {
+            page: 0,
+            chunk: 0,
+            tile: false,
+            byte_order: Endian::Big,
+            compression: 1,
+            predictor: 2,
+            dtype: DType::new(Kind::Unsigned, 2, Endian::Big).unwrap(),
+            samples: 1,
+            width: 3,
+            rows: 1,
+            padded_rows: 2,
+        };
+        // 1000, +5, -3 as big-endian differences.
+        let encoded = [0x03, 0xE8, 0x00, 0x05, 0xFF, 0xFD];
+        let decoded = decoder.decode(Path::new("t.tif"), &encoded).unwrap();
+        assert_eq!(
+            decoded,
+            [0x03, 0xE8, 0x03, 0xED, 0x03, 0xEA, 0, 0, 0, 0, 0, 0]
+        );
+        let error = decoder
+            .decode(Path::new("t.tif"), &encoded[..4])
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("t.tif") && error.to_string().contains("need 6"),
+            "{error}"
+        );
     }
 }
