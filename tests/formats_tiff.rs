@@ -100,7 +100,9 @@ impl Input {
 }
 
 /// Checks `out` (blocks of `block`, in `format`) against tifffile's reading
-/// of `input` (of `kind`): every voxel, and the stored byte order.
+/// of `input` (of `kind`): every voxel, and the stored byte order. With
+/// `kind` "pages" (a damaged file), tifffile reads each page by its own
+/// directory, and a file it cannot read passes.
 fn tifffile_agrees(out: &Path, input: &Path, kind: &str, format: &str, block: &str) {
     let output = Command::new(python())
         .arg(FIXTURE)
@@ -112,8 +114,10 @@ fn tifffile_agrees(out: &Path, input: &Path, kind: &str, format: &str, block: &s
         .output()
         .expect("run python");
     let stdout = String::from_utf8_lossy(&output.stdout);
+    let agrees = stdout.contains("voxels equal")
+        || kind == "pages" && stdout.contains("cannot read the input page by page");
     assert!(
-        output.status.success() && stdout.contains("voxels equal"),
+        output.status.success() && agrees,
         "{} ({format}) differs from tifffile's reading of {}: {stdout}{}",
         out.display(),
         input.display(),
@@ -525,8 +529,9 @@ fn a_damaged_compressed_strip_stops_the_run_naming_it() {
     assert_refused(&input, &input, &["page 1, strip 1", "do not decode"]);
 }
 
-/// Damaged directories and truncations at every few bytes: each is refused
-/// or read, never a panic or a hang.
+/// Damaged directories and truncations: each is refused or read, never a
+/// panic or a hang; what is read equals tifffile's reading of each page by
+/// its own directory, when tifffile can read them.
 #[test]
 fn damaged_tiff_directories_never_panic() {
     require!(Readers);
@@ -541,11 +546,12 @@ fn damaged_tiff_directories_never_panic() {
             r#"{"compression": "lzw", "predictor": 2}"#,
         ),
     ];
+    let mut read = 0;
     for (number, input) in inputs.iter().enumerate() {
         let path = root.path().join(format!("good{number}.tif"));
         input.write(&path, 1);
         let good = fs::read(&path).unwrap();
-        for case in 0..40 {
+        for case in 0..30 {
             let mut bytes = good.clone();
             if case % 4 == 0 {
                 bytes.truncate(rng.below(bytes.len() as u64) as usize);
@@ -576,10 +582,18 @@ fn damaged_tiff_directories_never_panic() {
                 !message.contains("panicked") && output.status.code().is_some(),
                 "input {number}, case {case}: {message}"
             );
-            if !output.status.success() {
-                assert!(message.contains("damaged.tif"), "{message}");
+            if output.status.success() {
+                tifffile_agrees(&out, &damaged, "pages", "npy", "2,8,8");
+                read += 1;
+            } else {
+                // A damaged page count can leave one page: a 2-D array.
+                let named = message.contains("damaged.tif") || message.contains("--shape 2,8,8");
+                assert!(named, "{message}");
             }
             let _ = fs::remove_dir_all(&out);
         }
     }
+    // Damage that leaves the file readable (a tag TIFF does not need, a
+    // strip's bytes) is read, not refused.
+    assert!(read >= 10, "only {read} damaged files were read");
 }

@@ -228,6 +228,8 @@ fn assemble(source: &Path, files: &[(PathBuf, TiffFile)], squeeze: bool) -> Resu
     let depth = slices.len() as u64;
     let mut shape = vec![depth];
     shape.extend(page.shape());
+    crate::format::shape_problem(&shape, page.dtype)
+        .map_err(|problem| Error::bad_input(source, format!("as one array, {problem}")))?;
     let (mut block_shape, mut files_shape, blocks) = if whole_pages {
         let mut block = vec![1];
         block.extend(page.shape());
@@ -360,9 +362,9 @@ fn chunk_blocks(slices: &[Slice]) -> Result<(Vec<u64>, FileShape, Vec<InputBlock
                      they are uncompressed with their strips in order); rewrite the slices with \
                      one layout (tifffile: the same rowsperstrip or tile)",
                     page_prefix(slice),
-                    chunking_text(slice.page),
+                    slice.page.layout_text(),
                     first.name(),
-                    chunking_text(page)
+                    page.layout_text()
                 ),
             ));
         }
@@ -396,13 +398,6 @@ fn chunk_blocks(slices: &[Slice]) -> Result<(Vec<u64>, FileShape, Vec<InputBlock
         (false, Chunking::Strips { .. }) => FileShape::Exact,
     };
     Ok((block_shape, files, blocks))
-}
-
-fn chunking_text(page: &Page) -> String {
-    match page.chunking {
-        Chunking::Strips { .. } => format!("strips of {} rows", page.chunk_extent().0),
-        Chunking::Tiles { width, length } => format!("tiles of {length}×{width}"),
-    }
 }
 
 /// The block of strip or tile `chunk` of `slice`'s page: decoded when

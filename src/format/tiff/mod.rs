@@ -109,6 +109,15 @@ impl Page {
         }
     }
 
+    /// How it is cut, in words: "strips of 8 rows", "tiles of 16×32".
+    pub fn layout_text(&self) -> String {
+        let (rows, width) = self.chunk_extent();
+        match self.chunking {
+            Chunking::Strips { .. } => format!("strips of {rows} rows"),
+            Chunking::Tiles { .. } => format!("tiles of {rows}×{width}"),
+        }
+    }
+
     /// Whether its chunks must be decoded, not read in place.
     pub fn is_encoded(&self) -> bool {
         self.compression != NONE || self.predictor != 1
@@ -294,7 +303,7 @@ fn read_page<R: Read + Seek>(
     }
     let dtype = page_dtype(decoder, path, &where_, byte_order)?;
     let (chunking, offsets, byte_counts) = page_chunks(decoder, path, number)?;
-    Ok(Page {
+    let page = Page {
         number,
         width: width.into(),
         height: height.into(),
@@ -305,7 +314,38 @@ fn read_page<R: Read + Seek>(
         chunking,
         offsets,
         byte_counts,
-    })
+    };
+    check_layout(&page).map_err(|problem| bad(path, format!("{where_}: {problem}")))?;
+    Ok(page)
+}
+
+/// The problem with a page's sizes, if any: a page or a chunk too large
+/// to count in bytes, or strip and tile tables that do not cover the page.
+fn check_layout(page: &Page) -> std::result::Result<(), String> {
+    super::shape_problem(&page.shape(), page.dtype)?;
+    let (rows, width) = page.chunk_extent();
+    let chunk_bytes = [rows, width, page.pixel_bytes()]
+        .iter()
+        .try_fold(1u64, |bytes, &n| bytes.checked_mul(n));
+    if chunk_bytes.is_none() {
+        return Err(format!(
+            "its {rows}×{width} strips or tiles are too large to count"
+        ));
+    }
+    let chunks = match page.chunking {
+        Chunking::Strips { .. } => page.height.div_ceil(rows),
+        Chunking::Tiles { width, length } => {
+            page.height.div_ceil(length) * page.width.div_ceil(width)
+        }
+    };
+    let (offsets, counts) = (page.offsets.len() as u64, page.byte_counts.len() as u64);
+    if offsets != chunks || counts != chunks {
+        return Err(format!(
+            "it lists {offsets} offsets and {counts} byte counts where its {} needs {chunks}",
+            page.layout_text()
+        ));
+    }
+    Ok(())
 }
 
 /// Names of compression schemes refused, to say which one a file uses.
