@@ -3,7 +3,7 @@
 //! uncompressed (whole pages, strips scattered in the file, tiles) and
 //! compressed (LZW, deflate, PackBits, zstd, with the horizontal and
 //! floating-point predictors), 1- to 8-byte samples in either byte order,
-//! RGB pixels too. Each rechunks to npy, HDF5 and Zarr with seeks and peak
+//! RGB pixels too, thumbnails left out. Each rechunks to npy, HDF5 and Zarr with seeks and peak
 //! memory as planned, every voxel equal to tifffile's reading of the input
 //! and the stored byte order kept; a real FUSE view of a stack serves the
 //! same bytes. Bad input (truncated, mismatched slices, JPEG, separate
@@ -38,6 +38,8 @@ struct Input {
     bigtiff: bool,
     /// Strips moved apart in the file after writing.
     scatter: bool,
+    /// A reduced-resolution page appended to each file.
+    thumbnail: bool,
 }
 
 impl Input {
@@ -49,6 +51,7 @@ impl Input {
             options,
             bigtiff: false,
             scatter: false,
+            thumbnail: false,
         }
     }
 
@@ -73,6 +76,13 @@ impl Input {
         }
     }
 
+    const fn with_thumbnail(self) -> Input {
+        Input {
+            thumbnail: true,
+            ..self
+        }
+    }
+
     /// Writes the input at `path` with tifffile.
     fn write(&self, path: &Path, seed: u64) {
         let mut command = Command::new(python());
@@ -88,6 +98,9 @@ impl Input {
         }
         if self.scatter {
             command.arg("--scatter-strips");
+        }
+        if self.thumbnail {
+            command.arg("--thumbnail");
         }
         let output = command.output().expect("run python");
         assert!(
@@ -158,7 +171,7 @@ fn rechunk_as_planned(input: &str, out: &Path, shape: &str, format: &str) -> ser
 
 /// (input, output format, output block shape): shapes that do and do not
 /// divide the array.
-const CASES: [(Input, &str, &str); 18] = [
+const CASES: [(Input, &str, &str); 20] = [
     // Uncompressed pages, each one run of bytes: blocks of a whole page.
     (Input::file("9,37,29", "<u2", "{}"), "npy", "4,10,8"),
     (
@@ -275,6 +288,17 @@ const CASES: [(Input, &str, &str); 18] = [
         ),
         "h5",
         "3,15,7,3",
+    ),
+    // Thumbnails (reduced-resolution pages) are left out, as tifffile does.
+    (
+        Input::file("5,30,26", "<u2", r#"{"compression": "lzw"}"#).with_thumbnail(),
+        "npy",
+        "2,16,16",
+    ),
+    (
+        Input::stack("4,30,26", "|u1", "{}").with_thumbnail(),
+        "h5",
+        "3,30,9",
     ),
     // One page: a 2-D array.
     (

@@ -209,12 +209,17 @@ pub fn read_file(path: &Path) -> Result<TiffFile> {
         ByteOrder::BigEndian => Endian::Big,
     };
     let mut pages = Vec::new();
-    loop {
-        pages.push(read_page(&mut decoder, path, pages.len(), byte_order)?);
+    let mut reduced = Vec::new();
+    for number in 0.. {
+        if is_reduced(&mut decoder).map_err(|e| bad(path, directory_problem(&e, number)))? {
+            reduced.push(number);
+        } else {
+            pages.push(read_page(&mut decoder, path, number, byte_order)?);
+        }
         if !decoder.more_images() {
             break;
         }
-        if pages.len() == MAX_PAGES {
+        if number + 1 == MAX_PAGES {
             return Err(bad(
                 path,
                 format!("it has more than {MAX_PAGES} pages, more than rechunkfs lists"),
@@ -222,13 +227,34 @@ pub fn read_file(path: &Path) -> Result<TiffFile> {
         }
         decoder
             .next_image()
-            .map_err(|e| bad(path, directory_problem(&e, pages.len())))?;
+            .map_err(|e| bad(path, directory_problem(&e, number + 1)))?;
+    }
+    if pages.is_empty() {
+        return Err(bad(
+            path,
+            "every page is a reduced-resolution copy (a thumbnail or pyramid level) of an image \
+             the file does not hold",
+        ));
+    }
+    if !reduced.is_empty() {
+        log::info!(
+            "{}: pages {reduced:?} are reduced-resolution copies (NewSubfileType), left out as \
+             tifffile leaves them out",
+            path.display()
+        );
     }
     Ok(TiffFile {
         pages,
         byte_order,
         len,
     })
+}
+
+/// Whether the current page is a reduced-resolution copy of another
+/// (a thumbnail or a pyramid level: bit 0 of NewSubfileType).
+fn is_reduced<R: Read + Seek>(decoder: &mut Decoder<R>) -> tiff::TiffResult<bool> {
+    let kind = decoder.find_tag_unsigned::<u64>(Tag::NewSubfileType)?;
+    Ok(kind.unwrap_or(0) & 1 == 1)
 }
 
 /// What is wrong with page `page`'s directory, from the crate's error.
