@@ -483,6 +483,14 @@ fn bad_tiff_inputs_are_refused_naming_the_file() {
         &stack.join("slice_3.tif"),
         &["f32", "agree in size"],
     );
+    let stack = at("orders");
+    Input::stack("3,20,16", "<u2", "{}").write(&stack, 1);
+    Input::file("1,20,16", ">u2", r#"{"byteorder": ">"}"#).write(&stack.join("slice_1.tif"), 2);
+    assert_refused(
+        &stack,
+        &stack.join("slice_1.tif"),
+        &["big-endian", "little-endian", "byteorder="],
+    );
     // A multi-page file among one-page slices.
     let stack = at("pages");
     Input::stack("3,20,16", "<u2", "{}").write(&stack, 1);

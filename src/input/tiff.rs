@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{InputArray, InputBlock};
+use crate::array::dtype::{DType, Endian};
 use crate::array::geometry::{self, FileShape};
 use crate::error::{Error, Result};
 use crate::format::tiff::{self, Chunking, Page, TiffFile};
@@ -279,6 +280,14 @@ fn check_like(slice: &Slice, first: &Slice) -> Result<()> {
             first.name(),
             geometry::show_shape(&b.shape())
         )
+    } else if a.dtype != b.dtype && a.dtype.kind == b.dtype.kind && a.dtype.size == b.dtype.size {
+        format!(
+            "stores its samples {} but {} {}: rechunkfs keeps the stored byte order, so the \
+             slices must share one; rewrite them in one (tifffile: byteorder='<')",
+            byte_order_text(a.dtype),
+            first.name(),
+            byte_order_text(b.dtype)
+        )
     } else if a.dtype != b.dtype {
         format!(
             "holds {} samples but {} holds {}",
@@ -296,6 +305,13 @@ fn check_like(slice: &Slice, first: &Slice) -> Result<()> {
             page_prefix(slice)
         ),
     ))
+}
+
+fn byte_order_text(dtype: DType) -> &'static str {
+    match dtype.endian {
+        Endian::Big => "big-endian",
+        Endian::Little => "little-endian",
+    }
 }
 
 /// "page N " for a page of a multi-page file, nothing for a slice file.
