@@ -234,6 +234,7 @@ fn lzw(encoded: &[u8], cap: usize) -> std::result::Result<Vec<u8>, String> {
             Err(e) => return Err(e.to_string()),
             Ok(weezl::LzwStatus::Done | weezl::LzwStatus::NoProgress) => break,
             Ok(weezl::LzwStatus::Ok) if filled == cap || input.is_empty() => break,
+            Ok(weezl::LzwStatus::Ok) if step.consumed_in == 0 && step.consumed_out == 0 => break,
             Ok(weezl::LzwStatus::Ok) => {}
         }
     }

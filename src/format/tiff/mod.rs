@@ -289,12 +289,12 @@ fn read_page<R: Read + Seek>(
     let compression = unsigned(decoder, Tag::Compression, 1)? as u16;
     let predictor = unsigned(decoder, Tag::Predictor, 1)? as u16;
     let planar = unsigned(decoder, Tag::PlanarConfiguration, 1)?;
-    let where_ = format!("page {number}");
+    let at_page = format!("page {number}");
     if samples > 1 && planar != 1 {
         return Err(bad(
             path,
             format!(
-                "{where_} stores its {samples} samples per pixel in separate planes \
+                "{at_page} stores its {samples} samples per pixel in separate planes \
                  (PlanarConfiguration {planar}); rechunkfs reads interleaved samples only: \
                  rewrite it with them interleaved (tifffile: planarconfig='contig')"
             ),
@@ -304,7 +304,7 @@ fn read_page<R: Read + Seek>(
         return Err(bad(
             path,
             format!(
-                "{where_} is compressed with scheme {compression}{}, which rechunkfs does not \
+                "{at_page} is compressed with scheme {compression}{}, which rechunkfs does not \
                  decode; it reads uncompressed, LZW, deflate, PackBits and zstd pages: rewrite \
                  the file with one of them (tifffile: compression='zlib')",
                 known_scheme(compression)
@@ -314,7 +314,7 @@ fn read_page<R: Read + Seek>(
     if !matches!(predictor, 1..=3) {
         return Err(bad(
             path,
-            format!("{where_} has predictor {predictor}, which TIFF does not define"),
+            format!("{at_page} has predictor {predictor}, which TIFF does not define"),
         ));
     }
     let depth = unsigned(decoder, Tag::Unknown(IMAGE_DEPTH), 1)?;
@@ -322,12 +322,12 @@ fn read_page<R: Read + Seek>(
         return Err(bad(
             path,
             format!(
-                "{where_} is a volume of depth {depth} (SGI ImageDepth); rechunkfs reads 2-D \
+                "{at_page} is a volume of depth {depth} (SGI ImageDepth); rechunkfs reads 2-D \
                  pages: rewrite it as one page per slice (tifffile: volumetric=False)"
             ),
         ));
     }
-    let dtype = page_dtype(decoder, path, &where_, byte_order)?;
+    let dtype = page_dtype(decoder, path, &at_page, byte_order)?;
     let (chunking, offsets, byte_counts) = page_chunks(decoder, path, number)?;
     let page = Page {
         number,
@@ -341,7 +341,7 @@ fn read_page<R: Read + Seek>(
         offsets,
         byte_counts,
     };
-    check_layout(&page).map_err(|problem| bad(path, format!("{where_}: {problem}")))?;
+    check_layout(&page).map_err(|problem| bad(path, format!("{at_page}: {problem}")))?;
     Ok(page)
 }
 
@@ -393,10 +393,10 @@ fn known_scheme(code: u16) -> &'static str {
 fn page_dtype<R: Read + Seek>(
     decoder: &mut Decoder<R>,
     path: &Path,
-    where_: &str,
+    at_page: &str,
     byte_order: Endian,
 ) -> Result<DType> {
-    let tag_error = |e: tiff::TiffError| bad(path, format!("{where_}: {e}"));
+    let tag_error = |e: tiff::TiffError| bad(path, format!("{at_page}: {e}"));
     let bits: Vec<u64> = decoder
         .find_tag_unsigned_vec(Tag::BitsPerSample)
         .map_err(tag_error)?
@@ -408,14 +408,14 @@ fn page_dtype<R: Read + Seek>(
     let (Some(&bits_0), Some(&format_0)) = (bits.first(), formats.first()) else {
         return Err(bad(
             path,
-            format!("{where_}: an empty BitsPerSample or SampleFormat"),
+            format!("{at_page}: an empty BitsPerSample or SampleFormat"),
         ));
     };
     if bits.iter().any(|&b| b != bits_0) || formats.iter().any(|&f| f != format_0) {
         return Err(bad(
             path,
             format!(
-                "{where_} mixes sample types (bits {bits:?}, formats {formats:?}); rechunkfs \
+                "{at_page} mixes sample types (bits {bits:?}, formats {formats:?}); rechunkfs \
                  carries one type per array"
             ),
         ));
@@ -428,7 +428,7 @@ fn page_dtype<R: Read + Seek>(
             return Err(bad(
                 path,
                 format!(
-                    "{where_} has SampleFormat {other} (complex or unknown); rechunkfs carries \
+                    "{at_page} has SampleFormat {other} (complex or unknown); rechunkfs carries \
                      integers and floats"
                 ),
             ))
@@ -438,13 +438,13 @@ fn page_dtype<R: Read + Seek>(
         return Err(bad(
             path,
             format!(
-                "{where_} has {bits_0}-bit samples; rechunkfs carries samples of 8, 16, 32 or 64 \
+                "{at_page} has {bits_0}-bit samples; rechunkfs carries samples of 8, 16, 32 or 64 \
                  bits: rewrite it with a wider type"
             ),
         ));
     }
     DType::new(kind, bits_0 as usize / 8, byte_order)
-        .map_err(|e| bad(path, format!("{where_}: {e}")))
+        .map_err(|e| bad(path, format!("{at_page}: {e}")))
 }
 
 /// How the page is cut, and where its strips or tiles are.
