@@ -520,6 +520,11 @@ fn bad_tiff_inputs_are_refused_naming_the_file() {
 
     // Names: a pattern matching nothing, and TIFF beside other blocks.
     assert_refused(&at("none_*.tif"), &at("none_*.tif"), &["matches no files"]);
+    assert_refused(
+        &at("s*/slice_0.tif"),
+        &at("s*/slice_0.tif"),
+        &["in the file name only"],
+    );
     let mixed = at("mixed");
     Input::stack("2,20,16", "<u2", "{}").write(&mixed, 1);
     fs::write(mixed.join("0_0_0.npy"), b"").unwrap();

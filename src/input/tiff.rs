@@ -118,10 +118,9 @@ pub(super) fn stack_in(dir: &Path) -> Result<Option<Vec<PathBuf>>> {
     Ok(Some(tiffs))
 }
 
-/// Whether `path`'s last component is a pattern (`*`, `?`) rather than a name.
+/// Whether `path` is a pattern (holds `*` or `?`) rather than a name.
 pub(super) fn is_pattern(path: &Path) -> bool {
-    path.file_name()
-        .is_some_and(|n| n.to_string_lossy().contains(['*', '?']))
+    path.to_string_lossy().contains(['*', '?'])
 }
 
 /// The stack of TIFF files a glob `pattern` names (wildcards `*` and `?` in
@@ -131,6 +130,12 @@ pub(super) fn scan_pattern(pattern: &Path) -> Result<InputArray> {
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    if is_pattern(&dir) {
+        return Err(Error::bad_input(
+            pattern,
+            "wildcards (* and ?) work in the file name only, not in the directories above it",
+        ));
+    }
     let wanted = pattern
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
