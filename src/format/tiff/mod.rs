@@ -123,11 +123,6 @@ impl Page {
         self.compression != NONE || self.predictor != 1
     }
 
-    /// The compression as people name it.
-    pub fn compression_name(&self) -> &'static str {
-        compression_name(self.compression).unwrap_or("unknown")
-    }
-
     /// For an uncompressed page in strips that follow one another in the
     /// file, each exactly its rows long: where the page's raw C-order bytes
     /// start.
@@ -148,7 +143,7 @@ impl Page {
         self.offsets.first().copied()
     }
 
-    /// The decoder of chunk `chunk` (its bytes at `offset`).
+    /// The decoder of strip or tile `chunk`, in a file of `byte_order`.
     pub fn chunk_decoder(&self, chunk: usize, byte_order: Endian) -> ChunkDecode {
         let (rows, width) = self.chunk_extent();
         ChunkDecode {
@@ -277,72 +272,90 @@ fn read_page<R: Read + Seek>(
     number: usize,
     byte_order: Endian,
 ) -> Result<Page> {
-    let tag_error = |e: tiff::TiffError| bad(path, directory_problem(&e, number));
-    let unsigned = |decoder: &mut Decoder<R>, tag: Tag, default: u64| -> Result<u64> {
-        Ok(decoder
-            .find_tag_unsigned::<u64>(tag)
-            .map_err(tag_error)?
-            .unwrap_or(default))
-    };
-    let (width, height) = decoder.dimensions().map_err(tag_error)?;
-    let samples = unsigned(decoder, Tag::SamplesPerPixel, 1)?;
-    let compression = unsigned(decoder, Tag::Compression, 1)? as u16;
-    let predictor = unsigned(decoder, Tag::Predictor, 1)? as u16;
-    let planar = unsigned(decoder, Tag::PlanarConfiguration, 1)?;
+    let (width, height) = decoder
+        .dimensions()
+        .map_err(|e| bad(path, directory_problem(&e, number)))?;
     let at_page = format!("page {number}");
-    if samples > 1 && planar != 1 {
-        return Err(bad(
-            path,
-            format!(
-                "{at_page} stores its {samples} samples per pixel in separate planes \
-                 (PlanarConfiguration {planar}); rechunkfs reads interleaved samples only: \
-                 rewrite it with them interleaved (tifffile: planarconfig='contig')"
-            ),
-        ));
-    }
-    if compression_name(compression).is_none() {
-        return Err(bad(
-            path,
-            format!(
-                "{at_page} is compressed with scheme {compression}{}, which rechunkfs does not \
-                 decode; it reads uncompressed, LZW, deflate, PackBits and zstd pages: rewrite \
-                 the file with one of them (tifffile: compression='zlib')",
-                known_scheme(compression)
-            ),
-        ));
-    }
-    if !matches!(predictor, 1..=3) {
-        return Err(bad(
-            path,
-            format!("{at_page} has predictor {predictor}, which TIFF does not define"),
-        ));
-    }
-    let depth = unsigned(decoder, Tag::Unknown(IMAGE_DEPTH), 1)?;
-    if depth != 1 {
-        return Err(bad(
-            path,
-            format!(
-                "{at_page} is a volume of depth {depth} (SGI ImageDepth); rechunkfs reads 2-D \
-                 pages: rewrite it as one page per slice (tifffile: volumetric=False)"
-            ),
-        ));
-    }
+    let coding = read_coding(decoder, path, number)?;
     let dtype = page_dtype(decoder, path, &at_page, byte_order)?;
     let (chunking, offsets, byte_counts) = page_chunks(decoder, path, number)?;
     let page = Page {
         number,
         width: width.into(),
         height: height.into(),
-        samples,
+        samples: coding.samples,
         dtype,
-        compression,
-        predictor,
+        compression: coding.compression,
+        predictor: coding.predictor,
         chunking,
         offsets,
         byte_counts,
     };
     check_layout(&page).map_err(|problem| bad(path, format!("{at_page}: {problem}")))?;
     Ok(page)
+}
+
+/// How a page's samples are laid out and encoded.
+struct Coding {
+    samples: u64,
+    compression: u16,
+    predictor: u16,
+}
+
+/// The page's coding, refused unless rechunkfs reads it: samples
+/// interleaved, a compression and predictor it decodes, a 2-D page.
+fn read_coding<R: Read + Seek>(
+    decoder: &mut Decoder<R>,
+    path: &Path,
+    number: usize,
+) -> Result<Coding> {
+    let mut tag = |tag: Tag| -> Result<u64> {
+        Ok(decoder
+            .find_tag_unsigned::<u64>(tag)
+            .map_err(|e| bad(path, directory_problem(&e, number)))?
+            .unwrap_or(1))
+    };
+    let (samples, planar, depth) = (
+        tag(Tag::SamplesPerPixel)?,
+        tag(Tag::PlanarConfiguration)?,
+        tag(Tag::Unknown(IMAGE_DEPTH))?,
+    );
+    let (compression, predictor) = (tag(Tag::Compression)?, tag(Tag::Predictor)?);
+    let refuse = |problem: String| Err(bad(path, format!("page {number} {problem}")));
+    if samples > 1 && planar != 1 {
+        return refuse(format!(
+            "stores its {samples} samples per pixel in separate planes (PlanarConfiguration \
+             {planar}); rechunkfs reads interleaved samples only: rewrite it with them \
+             interleaved (tifffile: planarconfig='contig')"
+        ));
+    }
+    let Some(compression) = u16::try_from(compression)
+        .ok()
+        .filter(|&c| compression_name(c).is_some())
+    else {
+        return refuse(format!(
+            "is compressed with scheme {compression}{}, which rechunkfs does not decode; it \
+             reads uncompressed, LZW, deflate, PackBits and zstd pages: rewrite the file with \
+             one of them (tifffile: compression='zlib')",
+            known_scheme(compression)
+        ));
+    };
+    if !matches!(predictor, 1..=3) {
+        return refuse(format!(
+            "has predictor {predictor}, which TIFF does not define"
+        ));
+    }
+    if depth != 1 {
+        return refuse(format!(
+            "is a volume of depth {depth} (SGI ImageDepth); rechunkfs reads 2-D pages: rewrite \
+             it as one page per slice (tifffile: volumetric=False)"
+        ));
+    }
+    Ok(Coding {
+        samples,
+        compression,
+        predictor: predictor as u16,
+    })
 }
 
 /// The problem with a page's sizes, if any: a page or a chunk too large
@@ -375,7 +388,7 @@ fn check_layout(page: &Page) -> std::result::Result<(), String> {
 }
 
 /// Names of compression schemes refused, to say which one a file uses.
-fn known_scheme(code: u16) -> &'static str {
+fn known_scheme(code: u64) -> &'static str {
     match code {
         2..=4 => " (CCITT fax)",
         6 | 7 => " (JPEG)",
