@@ -52,9 +52,8 @@ impl Slice<'_> {
 /// One TIFF file: its pages along Z, or a single page as a 2-D array.
 pub(super) fn scan_file(path: &Path) -> Result<InputArray> {
     let file = tiff::read_file(path)?;
-    let files = vec![(path.to_path_buf(), file)];
-    let single_page = files[0].1.pages.len() == 1;
-    assemble(path, &files, single_page)
+    let single_page = file.pages.len() == 1;
+    assemble(path, &[(path.to_path_buf(), file)], single_page)
 }
 
 /// A stack of TIFF files, one page each, in this order along Z.
@@ -225,7 +224,9 @@ fn assemble(source: &Path, files: &[(PathBuf, TiffFile)], squeeze: bool) -> Resu
                 .map(move |page| Slice { path, file, page })
         })
         .collect();
-    let first = &slices[0];
+    let Some(first) = slices.first() else {
+        return Err(Error::bad_input(source, "holds no TIFF pages"));
+    };
     for slice in &slices[1..] {
         check_like(slice, first)?;
     }
@@ -241,7 +242,7 @@ fn assemble(source: &Path, files: &[(PathBuf, TiffFile)], squeeze: bool) -> Resu
         block.extend(page.shape());
         (block, FileShape::Exact, page_blocks(&slices)?)
     } else {
-        chunk_blocks(&slices)?
+        chunk_blocks(first, &slices)?
     };
     if squeeze {
         shape.remove(0);
@@ -365,10 +366,10 @@ fn check_within(slice: &Slice, offset: u64, len: u64, what: &str) -> Result<()> 
     Ok(())
 }
 
-/// One block per strip or tile of every page, which must all be cut alike:
-/// the block shape, how files hold blocks, and the blocks in C order.
-fn chunk_blocks(slices: &[Slice]) -> Result<(Vec<u64>, FileShape, Vec<InputBlock>)> {
-    let first = &slices[0];
+/// One block per strip or tile of every page, which must all be cut like
+/// the `first`'s: the block shape, how files hold blocks, and the blocks in
+/// C order.
+fn chunk_blocks(first: &Slice, slices: &[Slice]) -> Result<(Vec<u64>, FileShape, Vec<InputBlock>)> {
     let page = first.page;
     let (rows, width) = page.chunk_extent();
     for slice in slices {
