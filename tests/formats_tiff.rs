@@ -324,9 +324,27 @@ fn tiff_inputs_rechunk_byte_exact_as_planned() {
         });
         input.write(&path, number as u64);
         let out = root.path().join("out");
-        rechunk_as_planned(path.to_str().unwrap(), &out, block, format);
+        let report = rechunk_as_planned(path.to_str().unwrap(), &out, block, format);
         tifffile_agrees(&out, &path, input.kind, format, block);
+        if input.options.contains("compression") {
+            // Each compressed strip or tile is read once, in one call.
+            let blocks = input_blocks(&path, block);
+            assert_eq!(common::json_u64(&report, "seeks.read"), blocks, "{report}");
+        }
     }
+}
+
+/// The number of input blocks `plan` finds in `input`.
+fn input_blocks(input: &Path, block: &str) -> u64 {
+    let output = rechunkfs(&["plan", input.to_str().unwrap(), "--shape", block, "--json"]);
+    assert!(output.status.success(), "plan: {}", stderr(&output));
+    let plan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    plan["input_grid"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no input_grid in {plan}"))
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .product()
 }
 
 /// Several ways to name one stack: a quoted glob (which leaves out other
