@@ -3,11 +3,11 @@
 //! uncompressed (whole pages, strips scattered in the file, tiles) and
 //! compressed (LZW, deflate, PackBits, zstd, with the horizontal and
 //! floating-point predictors), 1- to 8-byte samples in either byte order,
-//! RGB pixels too, thumbnails left out. Each rechunks to npy, HDF5 and Zarr with seeks and peak
+//! RGB pixels too (interleaved or in planes), thumbnails left out. Each rechunks to npy, HDF5 and Zarr with seeks and peak
 //! memory as planned, every voxel equal to tifffile's reading of the input
 //! and the stored byte order kept; a real FUSE view of a stack serves the
-//! same bytes. Bad input (truncated, mismatched slices, JPEG, separate
-//! planes, damaged strips, damaged directories) is refused naming the file,
+//! same bytes. Bad input (truncated, mismatched slices, JPEG, 1-bit
+//! samples, damaged strips, damaged directories) is refused naming the file,
 //! never with a panic or a wrong block.
 
 #[macro_use]
@@ -171,7 +171,7 @@ fn rechunk_as_planned(input: &str, out: &Path, shape: &str, format: &str) -> ser
 
 /// (input, output format, output block shape): shapes that do and do not
 /// divide the array.
-const CASES: [(Input, &str, &str); 20] = [
+const CASES: [(Input, &str, &str); 23] = [
     // Uncompressed pages, each one run of bytes: blocks of a whole page.
     (Input::file("9,37,29", "<u2", "{}"), "npy", "4,10,8"),
     (
@@ -288,6 +288,36 @@ const CASES: [(Input, &str, &str); 20] = [
         ),
         "h5",
         "3,15,7,3",
+    ),
+    // RGB in separate planes: (Z, 3, Y, X).
+    (
+        Input::file(
+            "4,3,20,30",
+            "|u1",
+            r#"{"planarconfig": "separate", "photometric": "rgb"}"#,
+        ),
+        "npy",
+        "3,2,8,8",
+    ),
+    (
+        Input::file(
+            "2,3,25,22",
+            "<u2",
+            r#"{"planarconfig": "separate", "photometric": "rgb", "rowsperstrip": 7}"#,
+        )
+        .scattered(),
+        "h5",
+        "2,3,10,22",
+    ),
+    (
+        Input::stack(
+            "3,3,26,21",
+            ">u2",
+            r#"{"planarconfig": "separate", "photometric": "rgb", "compression": "zlib",
+                "predictor": 2, "tile": [16, 16], "byteorder": ">"}"#,
+        ),
+        "npy",
+        "2,1,20,21",
     ),
     // Thumbnails (reduced-resolution pages) are left out, as tifffile does.
     (
@@ -522,16 +552,11 @@ fn bad_tiff_inputs_are_refused_naming_the_file() {
         &at("jpeg.tif"),
         &["(JPEG)", "compression='zlib'"],
     );
-    Input::file(
-        "2,3,20,16",
-        "|u1",
-        r#"{"planarconfig": "separate", "photometric": "rgb"}"#,
-    )
-    .write(&at("planar.tif"), 1);
+    Input::file("2,20,16", "?", "{}").write(&at("bilevel.tif"), 1);
     assert_refused(
-        &at("planar.tif"),
-        &at("planar.tif"),
-        &["separate planes", "planarconfig='contig'"],
+        &at("bilevel.tif"),
+        &at("bilevel.tif"),
+        &["1-bit samples", "wider type"],
     );
     Input::file("2,20,16", "<c8", "{}").write(&at("complex.tif"), 1);
     assert_refused(&at("complex.tif"), &at("complex.tif"), &["SampleFormat"]);

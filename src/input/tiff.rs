@@ -1,17 +1,19 @@
 //! TIFF input: a stack of 2-D slices (a directory of `.tif` files, or a
 //! glob naming them, in natural order) or one multi-page file, as one
-//! array (Z, Y, X), or (Z, Y, X, S) for pixels of S samples. A single-page
-//! file is the 2-D array (Y, X), as tifffile reads it.
+//! array (Z, Y, X); for pixels of S samples, (Z, Y, X, S), or (Z, S, Y, X)
+//! when the samples are stored in planes. A single-page file drops Z, as
+//! tifffile reads it.
 //!
 //! Input blocks follow what the files store, so every read is one the
 //! planner predicts:
 //! - pages that are uncompressed, in strips lying one after another, are
 //!   blocks of a whole page (1, Y, X), read in place at their offset;
-//! - otherwise each strip (1, rows, X) or tile (1, length, width) is a
-//!   block: read in place when uncompressed (tiles padded at the edges, as
-//!   TIFF stores them), else read whole and decoded
-//!   ([`crate::format::tiff::ChunkDecode`]). A strip or tile of no bytes
-//!   is absent and reads as zeros, as tifffile reads it.
+//! - otherwise each strip (1, rows, X) or tile (1, length, width), of one
+//!   plane when samples are in planes, is a block: read in place when
+//!   uncompressed (tiles padded at the edges, as TIFF stores them), else
+//!   read whole and decoded ([`crate::format::tiff::ChunkDecode`]). A
+//!   strip or tile of no bytes is absent and reads as zeros, as tifffile
+//!   reads it.
 //!
 //! Several blocks share a file; each is read as if it were a file of its own.
 
@@ -276,15 +278,12 @@ fn check_like(slice: &Slice, first: &Slice) -> Result<()> {
     let (a, b) = (slice.page, first.page);
     let problem = if a.shape() != b.shape() {
         format!(
-            "is {} pixels (height×width{}) but {} is {}",
+            "is {} ({}) but {} is {} ({})",
             geometry::show_shape(&a.shape()),
-            if a.samples > 1 || b.samples > 1 {
-                "×samples"
-            } else {
-                ""
-            },
+            a.axes_text(),
             first.name(),
-            geometry::show_shape(&b.shape())
+            geometry::show_shape(&b.shape()),
+            b.axes_text()
         )
     } else if a.dtype != b.dtype && a.dtype.kind == b.dtype.kind && a.dtype.size == b.dtype.size {
         format!(
@@ -336,7 +335,7 @@ fn page_blocks(slices: &[Slice]) -> Result<Vec<InputBlock>> {
         .map(|slice| {
             let page = slice.page;
             let offset = page.contiguous_offset().unwrap_or(0);
-            let len = page.height * page.width * page.pixel_bytes();
+            let len = page.page_bytes();
             check_within(slice, offset, len, "its data")?;
             Ok(InputBlock {
                 path: slice.path.to_path_buf(),
@@ -408,9 +407,14 @@ fn chunk_blocks(first: &Slice, slices: &[Slice]) -> Result<(Vec<u64>, FileShape,
             blocks.push(chunk_block(slice, chunk, encoded)?);
         }
     }
-    let mut chunk = vec![1, rows, width];
-    let mut block_shape = vec![1, rows.min(page.height), width.min(page.width)];
-    if page.samples > 1 {
+    let (mut chunk, mut block_shape) = (vec![1], vec![1]);
+    if page.planar {
+        chunk.push(1);
+        block_shape.push(1);
+    }
+    chunk.extend([rows, width]);
+    block_shape.extend([rows.min(page.height), width.min(page.width)]);
+    if page.samples > 1 && !page.planar {
         chunk.push(page.samples);
         block_shape.push(page.samples);
     }

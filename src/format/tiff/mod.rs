@@ -64,8 +64,11 @@ pub struct Page {
     pub number: usize,
     pub width: u64,
     pub height: u64,
-    /// Samples per pixel, stored interleaved (`PlanarConfiguration` 1).
+    /// Samples per pixel.
     pub samples: u64,
+    /// Whether the samples are stored in separate planes, one after
+    /// another (`PlanarConfiguration` 2), not interleaved.
+    pub planar: bool,
     /// The samples' type, in the file's byte order.
     pub dtype: DType,
     pub compression: u16,
@@ -77,13 +80,45 @@ pub struct Page {
 }
 
 impl Page {
-    /// The page as an array: (height, width), or (height, width, samples).
+    /// The page as an array, as tifffile reads it: (height, width), or
+    /// with several samples per pixel (height, width, samples), or
+    /// (samples, height, width) when they are stored in planes.
     pub fn shape(&self) -> Vec<u64> {
-        let mut shape = vec![self.height, self.width];
-        if self.samples > 1 {
-            shape.push(self.samples);
+        match (self.samples, self.planar) {
+            (1, _) => vec![self.height, self.width],
+            (samples, false) => vec![self.height, self.width, samples],
+            (samples, true) => vec![samples, self.height, self.width],
         }
-        shape
+    }
+
+    /// The names of the axes of [`shape`](Self::shape), for messages.
+    pub fn axes_text(&self) -> &'static str {
+        match (self.samples, self.planar) {
+            (1, _) => "height×width",
+            (_, false) => "height×width×samples",
+            (_, true) => "samples×height×width",
+        }
+    }
+
+    /// Samples of a pixel in one strip or tile: one per plane when the
+    /// samples are in planes.
+    pub fn chunk_samples(&self) -> u64 {
+        if self.planar {
+            1
+        } else {
+            self.samples
+        }
+    }
+
+    /// Bytes of the whole page.
+    pub fn page_bytes(&self) -> u64 {
+        self.height * self.width * self.samples * self.dtype.size as u64
+    }
+
+    /// Strips or tiles in one plane (the whole page, unless in planes).
+    fn chunks_per_plane(&self) -> u64 {
+        let (rows, width) = self.chunk_extent();
+        self.height.div_ceil(rows) * self.width.div_ceil(width)
     }
 
     /// Rows and columns of a full strip or tile.
@@ -94,17 +129,18 @@ impl Page {
         }
     }
 
-    /// Bytes of one pixel (all its samples).
+    /// Bytes of one pixel in a strip or tile.
     pub fn pixel_bytes(&self) -> u64 {
-        self.samples * self.dtype.size as u64
+        self.chunk_samples() * self.dtype.size as u64
     }
 
     /// Rows of image data chunk `chunk` holds: a strip at the bottom may
     /// have fewer than the others; tiles always hold their full length.
     pub fn chunk_rows(&self, chunk: usize) -> u64 {
         let (rows, _) = self.chunk_extent();
+        let in_plane = chunk as u64 % self.chunks_per_plane();
         match self.chunking {
-            Chunking::Strips { .. } => rows.min(self.height - chunk as u64 * rows),
+            Chunking::Strips { .. } => rows.min(self.height - in_plane * rows),
             Chunking::Tiles { .. } => rows,
         }
     }
@@ -154,7 +190,7 @@ impl Page {
             compression: self.compression,
             predictor: self.predictor,
             dtype: self.dtype,
-            samples: self.samples,
+            samples: self.chunk_samples(),
             width,
             rows: self.chunk_rows(chunk),
             padded_rows: rows,
@@ -264,8 +300,8 @@ fn directory_problem(error: &tiff::TiffError, page: usize) -> String {
 }
 
 /// The page the decoder is at, checked to be one rechunkfs reads: samples
-/// of 8, 16, 32 or 64 bits (unsigned, signed or float), interleaved, with a
-/// compression it decodes.
+/// of 8, 16, 32 or 64 bits (unsigned, signed or float), with a compression
+/// it decodes.
 fn read_page<R: Read + Seek>(
     decoder: &mut Decoder<R>,
     path: &Path,
@@ -284,6 +320,7 @@ fn read_page<R: Read + Seek>(
         width: width.into(),
         height: height.into(),
         samples: coding.samples,
+        planar: coding.planar,
         dtype,
         compression: coding.compression,
         predictor: coding.predictor,
@@ -298,12 +335,13 @@ fn read_page<R: Read + Seek>(
 /// How a page's samples are laid out and encoded.
 struct Coding {
     samples: u64,
+    planar: bool,
     compression: u16,
     predictor: u16,
 }
 
-/// The page's coding, refused unless rechunkfs reads it: samples
-/// interleaved, a compression and predictor it decodes, a 2-D page.
+/// The page's coding, refused unless rechunkfs reads it: a compression
+/// and predictor it decodes, a 2-D page.
 fn read_coding<R: Read + Seek>(
     decoder: &mut Decoder<R>,
     path: &Path,
@@ -322,11 +360,9 @@ fn read_coding<R: Read + Seek>(
     );
     let (compression, predictor) = (tag(Tag::Compression)?, tag(Tag::Predictor)?);
     let refuse = |problem: String| Err(bad(path, format!("page {number} {problem}")));
-    if samples > 1 && planar != 1 {
+    if !matches!(planar, 1 | 2) {
         return refuse(format!(
-            "stores its {samples} samples per pixel in separate planes (PlanarConfiguration \
-             {planar}); rechunkfs reads interleaved samples only: rewrite it with them \
-             interleaved (tifffile: planarconfig='contig')"
+            "has PlanarConfiguration {planar}, which TIFF does not define"
         ));
     }
     let Some(compression) = u16::try_from(compression)
@@ -353,6 +389,7 @@ fn read_coding<R: Read + Seek>(
     }
     Ok(Coding {
         samples,
+        planar: samples > 1 && planar == 2,
         compression,
         predictor: predictor as u16,
     })
@@ -371,12 +408,8 @@ fn check_layout(page: &Page) -> std::result::Result<(), String> {
             "its {rows}×{width} strips or tiles are too large to count"
         ));
     }
-    let chunks = match page.chunking {
-        Chunking::Strips { .. } => page.height.div_ceil(rows),
-        Chunking::Tiles { width, length } => {
-            page.height.div_ceil(length) * page.width.div_ceil(width)
-        }
-    };
+    let planes = if page.planar { page.samples } else { 1 };
+    let chunks = page.chunks_per_plane() * planes;
     let (offsets, counts) = (page.offsets.len() as u64, page.byte_counts.len() as u64);
     if offsets != chunks || counts != chunks {
         return Err(format!(
