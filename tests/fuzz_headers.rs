@@ -1456,6 +1456,7 @@ fn fuzzed_of(input: &InputArray) -> Fuzzed {
         other @ (BlockFormat::Raw | BlockFormat::Nifti2 | BlockFormat::Precomputed) => {
             panic!("{other:?} is never an input format")
         }
+        BlockFormat::Tiff => panic!("TIFF inputs are fuzzed in tests/formats_tiff.rs"),
     }
 }
 

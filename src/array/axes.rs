@@ -37,8 +37,9 @@ pub enum AxisOrder {
 macro_rules! axis_order_help {
     () => {
         "Axis order: the input's format decides it for the whole run, in and out. For HDF5, \
-npy and MINC2 input, shapes (--shape, plan and report output, rechunkfs.json) and block \
-indices ({i}_{j}_{k}) are in C order, as h5py, numpy and nibabel's MINC2 reader report them: \
+npy, MINC2, Zarr and TIFF input, shapes (--shape, plan and report output, rechunkfs.json) and \
+block indices ({i}_{j}_{k}) are in C order, as h5py, numpy, nibabel's MINC2 reader, zarr-python \
+and tifffile ((Z, Y, X) for a stack of slices) report them: \
 the last number is the fastest-moving axis in the file. For NIfTI input they are in NIfTI's \
 (x, y, z) order, as nibabel reports them: the first number is the fastest-moving axis. Output \
 blocks are named in the same order whatever their format; bytes are moved, never transposed."

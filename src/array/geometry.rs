@@ -103,8 +103,10 @@ impl Region {
 /// Most formats store exactly the block, so an edge block's file is
 /// smaller. Zarr stores every chunk at the full chunk shape: an edge chunk's
 /// file is padded past the array's end, and its rows are as long as a whole
-/// chunk's. Offsets inside a file, and so which pieces of it are contiguous,
-/// follow the file's shape, not the block's.
+/// chunk's; so are TIFF tiles. Offsets inside a file, and so which pieces
+/// of it are contiguous, follow the file's shape, not the block's. A
+/// block's "file" is where its bytes are: several blocks may lie in one
+/// real file (TIFF pages, strips and tiles), each read as if alone.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FileShape {
@@ -114,9 +116,10 @@ pub enum FileShape {
     /// Every file holds a full chunk of this shape, edge chunks padded.
     Padded(Vec<u64>),
     /// Every file is one encoded value (a compressed or sharded chunk, a
-    /// gzipped NIfTI image), read whole, in one call, never in parts, that
-    /// decodes into a full chunk of `padded_to`, edge chunks padded (Zarr),
-    /// or with `None` into exactly its block.
+    /// gzipped NIfTI image, a compressed TIFF strip or tile), read whole, in
+    /// one call, never in parts, that decodes into a full chunk of
+    /// `padded_to`, edge chunks padded (Zarr, TIFF), or with `None` into
+    /// exactly its block.
     Encoded { padded_to: Option<Vec<u64>> },
 }
 

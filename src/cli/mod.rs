@@ -32,7 +32,8 @@ use crate::format::BlockFormat;
     about = "Rechunk arrays stored as grids of block files, with the fewest seeks in the memory allowed",
     long_about = "rechunkfs reads an array stored as a grid of block files ({i}_{j}_{k}.h5, .npy, \
 .nii, .nii.gz (NIfTI-1 or -2) or .mnc, one file per block, edge blocks may be smaller; or a Zarr v2/v3 array, compressed or \
-sharded too) \
+sharded too; or TIFF: a multi-page .tif, or a stack of 2-D slices as a directory or a quoted glob \
+like 'stack/z*.tif', uncompressed or LZW, deflate, PackBits or zstd) \
 and writes it as blocks of another shape (block files, or a Zarr array's chunks), \
 following the keep plan: the read and write order with the fewest disk seeks that fits in \
 --mem.\n\nExamples:\n  rechunkfs plan blocks/ --shape 256,256,256 --mem 4G\n  \
@@ -89,7 +90,8 @@ affine placing each block in the whole image (identity for HDF5 and npy input); 
 (--format raw) are data only, described by rechunkfs.json.\n\n", axis_order_help!())
 )]
 pub struct MountArgs {
-    /// Input: a directory of block files, or one file.
+    /// Input: a directory of block files, a Zarr array, TIFF slices (a directory or a quoted
+    /// glob), or one file (a multi-page TIFF too).
     #[arg(value_name = "IN")]
     pub input: PathBuf,
     /// An empty directory to mount the view on.
@@ -277,7 +279,8 @@ pub struct PlanningArgs {
 #[derive(Args, Debug)]
 #[command(after_help = AXIS_ORDER_HELP)]
 pub struct PlanArgs {
-    /// Input: a directory of block files or one file. Omit it to plan from --array/--blocks/--dtype.
+    /// Input: a directory of block files, a Zarr array, TIFF slices (a directory or a quoted
+    /// glob), or one file (a multi-page TIFF too). Omit it to plan from --array/--blocks/--dtype.
     #[arg(value_name = "IN", required_unless_present = "array")]
     pub input: Option<PathBuf>,
     #[command(flatten)]
@@ -338,7 +341,8 @@ The whole job ends by writing the array's metadata (Zarr, rechunkfs.json) and re
 record; a job in parts (--part K/N) ends with `rechunkfs finish OUT`.\n\n", axis_order_help!())
 )]
 pub struct RechunkArgs {
-    /// Input: a directory of block files, or one file (to split it).
+    /// Input: a directory of block files, a Zarr array, TIFF slices (a directory or a quoted
+    /// glob), or one file (to split it; a multi-page TIFF too).
     #[arg(value_name = "IN")]
     pub input: PathBuf,
     /// Output directory (created if missing; must be empty unless --overwrite).

@@ -333,7 +333,7 @@ impl<'a> InputReader<'a> {
         let data_offset = match self.input.blocks[rank as usize].storage {
             Storage::Contiguous { data_offset } => data_offset,
             // Read whole, whatever part the read block needs.
-            Storage::Encoded { len, .. } => return Some((rank, 0, len)),
+            Storage::Encoded { offset, len, .. } => return Some((rank, offset, len)),
             _ => return None,
         };
         let file_strides = crate::array::geometry::strides(&place.shape);
@@ -402,10 +402,44 @@ impl<'a> InputReader<'a> {
 
     /// Every byte of input `rank` the plan needs has been read (each is
     /// read once): its file is closed and its pages dropped
-    /// ([`pagecache::drop_cached_pages`]).
+    /// ([`pagecache::drop_cached_pages`]), only its own bytes' when the
+    /// file holds other blocks too (TIFF pages and strips), whose pages
+    /// may have been read ahead.
     fn finished_with_input(&mut self, rank: u64) {
-        if let Some(file) = self.handles.pop(&rank).as_ref().and_then(InputHandle::file) {
-            pagecache::drop_cached_pages(file);
+        let Some(handle) = self.handles.pop(&rank) else {
+            return;
+        };
+        let Some(file) = handle.file() else {
+            return;
+        };
+        match self.span_in_shared_file(rank) {
+            Some((offset, len)) => pagecache::drop_cached_range(file, offset, len),
+            None => pagecache::drop_cached_pages(file),
+        }
+    }
+
+    /// Where input `rank`'s bytes lie in its file, if the blocks beside it
+    /// in the grid are in the same file.
+    fn span_in_shared_file(&self, rank: u64) -> Option<(u64, u64)> {
+        let blocks = &self.input.blocks;
+        let block = &blocks[rank as usize];
+        let neighbours = [rank.checked_sub(1), rank.checked_add(1)];
+        let shared = neighbours
+            .into_iter()
+            .flatten()
+            .filter_map(|other| blocks.get(other as usize))
+            .any(|other| other.path == block.path);
+        if !shared {
+            return None;
+        }
+        match block.storage {
+            Storage::Contiguous { data_offset } => {
+                let region = self.plan.input.block(&self.plan.input.unravel(rank));
+                let file_box = self.input.files.file_box(&region);
+                Some((data_offset, file_box.volume() * self.elem))
+            }
+            Storage::Encoded { offset, len, .. } => Some((offset, len)),
+            _ => None,
         }
     }
 
@@ -492,11 +526,11 @@ impl<'a> InputReader<'a> {
 }
 
 /// The decoded bytes of encoded input block `block` (all of its file, of
-/// `file_shape`, padding included), through its open `handle`. The file is
-/// read whole in one call
+/// `file_shape`, padding included), through its open `handle`. Its encoded
+/// bytes are read whole in one call
 /// ([`BlockDecode::read_decoded`](crate::format::decode::BlockDecode::read_decoded)),
-/// at offset 0 for its length, which is what `count` is told: one seek, as
-/// the planner predicts. An absent chunk (no handle) is the fill
+/// at their offset for their length, which is what `count` is told: one
+/// seek, as the planner predicts. An absent chunk (no handle) is the fill
 /// value, counted as an empty call at offset 0: one seek too, so that a
 /// plan's count does not depend on which chunks exist.
 pub(super) fn decoded_block(
@@ -510,9 +544,16 @@ pub(super) fn decoded_block(
             count(0, 0);
             Ok(fill.repeat(crate::array::geometry::volume(file_shape) as usize))
         }
-        (Storage::Encoded { decoder, len }, Some(InputHandle::Encoded(file))) => {
-            let decoded = decoder.read_decoded(&block.path, file, *len)?;
-            count(0, *len);
+        (
+            Storage::Encoded {
+                decoder,
+                offset,
+                len,
+            },
+            Some(InputHandle::Encoded(file)),
+        ) => {
+            let decoded = decoder.read_decoded(&block.path, file, *offset, *len)?;
+            count(*offset, *len);
             Ok(decoded)
         }
         _ => Err(Error::bad_input(

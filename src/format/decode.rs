@@ -24,12 +24,12 @@ pub trait BlockDecode: Send + Sync + fmt::Debug {
     /// short or wrong block.
     fn decode(&self, path: &Path, encoded: &[u8]) -> Result<Vec<u8>>;
 
-    /// The decoded block of the file `path`, open as `file` and `len`
-    /// bytes long: by default its bytes read whole, in one call, then
-    /// [`decode`](Self::decode)d.
-    fn read_decoded(&self, path: &Path, file: &File, len: u64) -> Result<Vec<u8>> {
+    /// The decoded block whose `len` encoded bytes are at `offset` in the
+    /// file `path`, open as `file`: by default those bytes read whole, in
+    /// one call, then [`decode`](Self::decode)d.
+    fn read_decoded(&self, path: &Path, file: &File, offset: u64, len: u64) -> Result<Vec<u8>> {
         let mut encoded = vec![0u8; len as usize];
-        read_whole(file, path, &mut encoded)?;
+        read_whole(file, path, offset, &mut encoded)?;
         self.decode(path, &encoded)
     }
 
@@ -41,12 +41,12 @@ pub trait BlockDecode: Send + Sync + fmt::Debug {
     fn describe(&self) -> String;
 }
 
-/// Fills `buffer` from the start of `file`; a file shorter than that is
+/// Fills `buffer` from `offset` in `file`; a file shorter than that is
 /// refused as truncated or changed.
-fn read_whole(file: &File, path: &Path, buffer: &mut [u8]) -> Result<()> {
+fn read_whole(file: &File, path: &Path, offset: u64, buffer: &mut [u8]) -> Result<()> {
     let mut done = 0;
     while done < buffer.len() {
-        match file.read_at(&mut buffer[done..], done as u64) {
+        match file.read_at(&mut buffer[done..], offset + done as u64) {
             Ok(0) => {
                 return Err(Error::bad_input(
                     path,

@@ -17,9 +17,9 @@
 //! blocks are encoded whole instead ([`encode`]), the way [`decode`] reads
 //! encoded input blocks.
 
-// `hdf5`, `minc` and `zarr` are named by later stages (the HDF5 reader,
-// MINC2's value scaling, Zarr's metadata files); the other formats are
-// reached through this module.
+// `hdf5`, `minc`, `tiff` and `zarr` are named by later stages (the HDF5
+// reader, MINC2's value scaling, TIFF pages, Zarr's metadata files); the
+// other formats are reached through this module.
 pub mod decode;
 pub mod encode;
 pub mod hdf5;
@@ -28,6 +28,7 @@ mod nifti;
 mod npy;
 pub mod ome;
 pub mod precomputed;
+pub mod tiff;
 pub mod zarr;
 pub mod zarr_codecs;
 
@@ -62,6 +63,9 @@ pub enum BlockFormat {
     Minc2,
     /// Data only (`.raw`), written only; a metadata file describes them.
     Raw,
+    /// TIFF and BigTIFF (`.tif`, `.tiff`): a stack of slices or a
+    /// multi-page file, read only.
+    Tiff,
     /// A Zarr v2 array: `.zarray` and uncompressed chunks named `i.j.k`.
     Zarr,
     /// A Zarr v3 array: `zarr.json` and uncompressed chunks named `c/i/j/k`.
@@ -84,6 +88,8 @@ impl BlockFormat {
             Some(BlockFormat::Minc2)
         } else if ext.eq_ignore_ascii_case("raw") {
             Some(BlockFormat::Raw)
+        } else if ext.eq_ignore_ascii_case("tif") || ext.eq_ignore_ascii_case("tiff") {
+            Some(BlockFormat::Tiff)
         } else {
             None
         }
@@ -97,6 +103,7 @@ impl BlockFormat {
             BlockFormat::Nifti | BlockFormat::Nifti2 => "nii",
             BlockFormat::Minc2 => "mnc",
             BlockFormat::Raw => "raw",
+            BlockFormat::Tiff => "tif",
             // A Zarr array is a directory, not files with an extension;
             // these only tell staging copies of its chunks apart.
             BlockFormat::Zarr => "zarr",
@@ -117,14 +124,16 @@ impl BlockFormat {
             BlockFormat::Minc2 => "MINC2",
             BlockFormat::Raw => "raw",
             BlockFormat::Precomputed => "Neuroglancer precomputed",
+            BlockFormat::Tiff => tiff::NAME,
         }
     }
 
     /// The output format when none is asked for: the input's, except that
-    /// MINC2, which rechunkfs reads but does not write, becomes plain HDF5.
+    /// MINC2 and TIFF, which rechunkfs reads but does not write, become
+    /// plain HDF5.
     pub fn default_output(&self) -> BlockFormat {
         match self {
-            BlockFormat::Minc2 => BlockFormat::Hdf5,
+            BlockFormat::Minc2 | BlockFormat::Tiff => BlockFormat::Hdf5,
             other => *other,
         }
     }
@@ -190,7 +199,7 @@ impl FromStr for BlockFormat {
                 Error::BadArgument(format!(
                     "'{text}' is not a block format rechunkfs knows; use h5 (or hdf5), npy, nii \
                      (NIfTI-1), nii2 (NIfTI-2), raw, zarr (Zarr v2), zarr3 (Zarr v3) or \
-                     precomputed (Neuroglancer); mnc is read, not written"
+                     precomputed (Neuroglancer); mnc and tif are read, not written"
                 ))
             })
     }
@@ -206,12 +215,14 @@ pub enum Storage {
     /// No file at all: a Zarr chunk never written holds the fill value
     /// everywhere. `fill` is one element's bytes, in the array's byte order.
     Absent { fill: Vec<u8> },
-    /// The whole file (`len` bytes) is one encoded value, such as a
-    /// compressed or sharded Zarr chunk or a gzipped NIfTI image: it can
-    /// only be read whole, in one call, and decoded into the block (padded,
-    /// for Zarr) by `decoder`.
+    /// The `len` bytes at `offset` are one encoded value, such as a
+    /// compressed or sharded Zarr chunk or a gzipped NIfTI image (a whole
+    /// file, at 0) or a compressed TIFF strip: they can only be read whole,
+    /// in one call, and decoded into the block (padded, for Zarr and TIFF)
+    /// by `decoder`.
     Encoded {
         decoder: std::sync::Arc<dyn decode::BlockDecode>,
+        offset: u64,
         len: u64,
     },
 }
@@ -257,6 +268,10 @@ pub fn probe(path: &Path, format: BlockFormat, dataset: &str) -> Result<BlockInf
             path,
             "rechunkfs writes Neuroglancer precomputed volumes but does not read them",
         )),
+        BlockFormat::Tiff => Err(Error::bad_input(
+            path,
+            "a TIFF file is read page by page as a whole array, not as one block of a grid",
+        )),
     }
 }
 
@@ -269,6 +284,7 @@ pub fn probe_space(path: &Path, format: BlockFormat, info: &BlockInfo) -> Result
         BlockFormat::Hdf5
         | BlockFormat::Npy
         | BlockFormat::Raw
+        | BlockFormat::Tiff
         | BlockFormat::Zarr
         | BlockFormat::Zarr3
         | BlockFormat::Precomputed => Ok(None),
@@ -498,6 +514,11 @@ pub fn template_in_space(
              the MINC2 affine), h5, npy or raw"
                 .into(),
         )),
+        BlockFormat::Tiff => Err(Error::BadArgument(
+            "rechunkfs reads TIFF but does not write it; choose --format h5, npy, nii, raw, \
+             zarr or zarr3"
+                .into(),
+        )),
     }
 }
 
@@ -629,9 +650,11 @@ mod tests {
         assert_eq!("zarr".parse::<BlockFormat>().unwrap(), BlockFormat::Zarr);
         assert_eq!("Zarr2".parse::<BlockFormat>().unwrap(), BlockFormat::Zarr);
         assert_eq!("zarr3".parse::<BlockFormat>().unwrap(), BlockFormat::Zarr3);
-        let err = "tiff".parse::<BlockFormat>().unwrap_err().to_string();
+        assert_eq!("TIFF".parse::<BlockFormat>().unwrap(), BlockFormat::Tiff);
+        assert_eq!(BlockFormat::from_extension("tif"), Some(BlockFormat::Tiff));
+        let err = "png".parse::<BlockFormat>().unwrap_err().to_string();
         assert!(
-            err.contains("tiff") && err.contains("h5") && err.contains("zarr3"),
+            err.contains("png") && err.contains("h5") && err.contains("zarr3"),
             "{err}"
         );
         assert_eq!(BlockFormat::Hdf5.extension(), "h5");

@@ -25,6 +25,9 @@ pub(super) struct NamedBlock {
 /// One block file as the whole array.
 pub(super) fn scan_single_file(path: &Path, dataset: String) -> Result<InputArray> {
     let format = format_of(path)?;
+    if format == BlockFormat::Tiff {
+        return super::tiff::scan_file(path);
+    }
     let info = format::probe(path, format, format.input_dataset(&dataset))?;
     let blocks = vec![InputBlock {
         path: path.to_path_buf(),
@@ -81,7 +84,7 @@ fn format_of(path: &Path) -> Result<BlockFormat> {
             path,
             format!(
                 "unknown block file extension '.{ext}'; rechunkfs reads .h5/.hdf5 (HDF5), .npy, \
-                 .nii or .nii.gz (NIfTI-1 or -2) and .mnc (MINC2) files"
+                 .nii or .nii.gz (NIfTI-1 or -2), .mnc (MINC2) and .tif/.tiff (TIFF) files"
             ),
         )
     })

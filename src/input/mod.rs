@@ -1,6 +1,6 @@
 //! Input discovery: find the block files of an array (a directory of
-//! `{i}_{j}_{k}.h5` files, or one file), check that they form a complete,
-//! consistent grid, and describe the whole array.
+//! `{i}_{j}_{k}.h5` files, a Zarr array, TIFF pages, or one file), check
+//! that they form a complete, consistent grid, and describe the whole array.
 //!
 //! The scan never guesses: a missing or duplicated index, a block whose
 //! shape disagrees with its position, mixed dtypes, a truncated file or a
@@ -24,6 +24,7 @@
 mod discover;
 mod grid;
 mod probe;
+mod tiff;
 mod values;
 mod zarr;
 
@@ -202,7 +203,8 @@ impl InputArray {
         Ok(access)
     }
 
-    /// Scans `path` (a directory of block files or one file), reading every
+    /// Scans `path` (a directory of block files, a Zarr array, a stack of
+    /// TIFF slices or a glob naming them, or one file), reading every
     /// header; `dataset` names the HDF5 dataset (default `/data`).
     pub fn scan(path: &Path, dataset: Option<&str>) -> Result<InputArray> {
         InputArray::scan_with(path, dataset, HeaderChecks::AtScan)
@@ -215,7 +217,12 @@ impl InputArray {
         checks: HeaderChecks,
     ) -> Result<InputArray> {
         let dataset = dataset.unwrap_or(DEFAULT_DATASET).to_string();
-        let meta = fs::metadata(path).map_err(|e| Error::io(path, "reading the input", e))?;
+        let meta = match fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tiff::is_pattern(path) => {
+                return tiff::scan_pattern(path);
+            }
+            meta => meta.map_err(|e| Error::io(path, "reading the input", e))?,
+        };
         if meta.is_file() {
             return discover::scan_single_file(path, dataset);
         }
@@ -224,6 +231,9 @@ impl InputArray {
         }
         if let Some(zarr) = format::zarr::read_metadata(path)? {
             return zarr::scan_array(path, zarr);
+        }
+        if let Some(slices) = tiff::stack_in(path)? {
+            return tiff::scan_stack(path, slices);
         }
         let named = discover::list_block_files(path)?;
         grid::assemble_grid(path, named, dataset, checks)

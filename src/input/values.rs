@@ -134,7 +134,11 @@ impl InputArray {
                     minc::scaled_decoder(file_shape, self.block_shape.clone(), self.dtype)
                 })
                 .clone();
-            block.storage = Storage::Encoded { decoder, len };
+            block.storage = Storage::Encoded {
+                decoder,
+                offset: 0,
+                len,
+            };
             block.check = None;
         }
         self.dtype = minc::scaled_dtype(self.dtype);

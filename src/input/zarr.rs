@@ -128,6 +128,7 @@ fn chunk_block(path: PathBuf, meta: &ZarrArrayMeta, chunk_bytes: u64) -> Result<
             path,
             storage: Storage::Encoded {
                 decoder: decoder.clone(),
+                offset: 0,
                 len: file.len(),
             },
             check: None,

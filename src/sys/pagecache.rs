@@ -22,6 +22,12 @@ pub fn drop_cached_pages(file: &File) {
     advise(file, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
 }
 
+/// Drops the clean pages of `len` bytes of `file` at `offset`: those of
+/// one block in a file that holds others.
+pub fn drop_cached_range(file: &File, offset: u64, len: u64) {
+    advise(file, offset, len, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
+}
+
 /// Asks the kernel to start reading `len` bytes of `file` at `offset` into
 /// the page cache, so a later read finds them there. Advice only: no data
 /// is copied and nothing is counted as a seek.

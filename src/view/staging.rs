@@ -296,6 +296,25 @@ fn push_record(bytes: &mut Vec<u8>, kind: u64, payload: [u64; RECORD_WORDS]) {
     }
 }
 
+/// `input` with its links and dots resolved; a glob (a stack of TIFF
+/// slices), which names no file, by its directory.
+fn resolved_input(input: &Path) -> Result<PathBuf> {
+    match input.canonicalize() {
+        Ok(path) => Ok(path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let dir = match input.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir,
+                _ => Path::new("."),
+            };
+            let dir = dir
+                .canonicalize()
+                .map_err(|e| Error::io(dir, "resolving", e))?;
+            Ok(dir.join(input.file_name().unwrap_or_default()))
+        }
+        Err(e) => Err(Error::io(input, "resolving", e)),
+    }
+}
+
 impl Staging {
     /// The default staging directory for a view: under the user's cache
     /// directory, keyed by the input's path, the dataset, the shape and the
@@ -316,9 +335,7 @@ impl Staging {
                     "neither XDG_CACHE_HOME nor HOME is set; pass --staging DIR".into(),
                 )
             })?;
-        let canonical = input
-            .canonicalize()
-            .map_err(|e| Error::io(input, "resolving", e))?;
+        let canonical = resolved_input(input)?;
         let mut key = format!(
             "{}|{}|{}|{}",
             canonical.display(),
@@ -329,9 +346,10 @@ impl Staging {
         if values == Some(Values::Scaled) {
             key += "|scaled";
         }
-        let leaf = canonical
-            .file_name()
-            .map_or("input".into(), |n| n.to_string_lossy().into_owned());
+        // A glob's wildcards would make a name the shell expands.
+        let leaf = canonical.file_name().map_or("input".into(), |n| {
+            n.to_string_lossy().replace(['*', '?'], "_")
+        });
         Ok(cache.join("rechunkfs").join(format!(
             "{leaf}-{}-{:016x}",
             show_shape(output_block).replace('×', "x"),

@@ -15,7 +15,8 @@ use std::sync::OnceLock;
 /// One thing a test needs.
 #[derive(Clone, Copy, Debug)]
 pub enum Need {
-    /// A Python with numpy, h5py, nibabel, zarr and tensorstore.
+    /// A Python with numpy, h5py, nibabel, zarr, tensorstore, tifffile and
+    /// imagecodecs.
     Readers,
     /// `/dev/fuse`, and root or `fusermount3`, to mount a view.
     Fuse,
@@ -35,7 +36,7 @@ pub enum Need {
 }
 
 /// The modules the readers' Python must import.
-const READER_MODULES: &str = "numpy, h5py, nibabel, zarr, tensorstore";
+const READER_MODULES: &str = "numpy, h5py, nibabel, zarr, tensorstore, tifffile, imagecodecs";
 
 /// Whether every need is met. When one is not: under `./scripts/test`
 /// (`RECHUNKFS_TEST_ALL=1`) the test fails naming it; otherwise it prints

@@ -253,7 +253,7 @@ impl BlockDecode for ScaledMinc {
         })
     }
 
-    fn read_decoded(&self, path: &Path, _file: &File, _len: u64) -> Result<Vec<u8>> {
+    fn read_decoded(&self, path: &Path, _file: &File, _offset: u64, _len: u64) -> Result<Vec<u8>> {
         let reader = Hdf5BlockReader::open(path, IMAGE)?;
         if reader.shape() != self.file_shape || reader.dtype() != self.stored {
             return Err(Error::bad_input(

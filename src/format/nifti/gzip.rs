@@ -51,6 +51,7 @@ pub(super) fn read_header(
     };
     let storage = Storage::Encoded {
         decoder: Arc::new(decoder),
+        offset: 0,
         len: file_len,
     };
     Ok((header, data_len, storage))
