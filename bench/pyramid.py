@@ -101,6 +101,7 @@ def main():
     parser.add_argument("--no-drop", action="store_true", help="keep the page cache (smoke runs)")
     args = parser.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="rechunkfs-pyramid-")
+    os.makedirs(workdir, exist_ok=True)
     report = {}
     for name, levels in (("level 0", False), ("pyramid", True)):
         runs = [one_run(args.binary, args.input, workdir, levels, not args.no_drop, args.shape) for _ in range(args.runs)]
