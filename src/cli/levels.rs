@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::array::axes::AxisOrder;
 use crate::array::units::show_bytes;
 use crate::cli::pyramid;
-use crate::cli::rechunk::{step_delay, Interrupted};
+use crate::cli::rechunk::{explained_with, step_delay, Left};
 use crate::cli::report::progress_bar;
 use crate::cli::RechunkArgs;
 use crate::engine::RunStats;
@@ -207,7 +207,7 @@ fn explained(
     error: Error,
 ) -> anyhow::Error {
     let out = args.output.display();
-    let left = if created_output {
+    let removed = if created_output {
         format!("removed every file it wrote, and {out}, which it had made")
     } else if args.overwrite {
         format!(
@@ -216,30 +216,9 @@ fn explained(
     } else {
         format!("removed every file it wrote in {out}")
     };
-    match error {
-        Error::Cancelled => match signals::caught() {
-            Some(signal) => Interrupted {
-                signal,
-                message: format!(
-                    "interrupted by {signal} before {out} was complete: {left}; run the same \
-                     command again to start over"
-                ),
-            }
-            .into(),
-            None => anyhow::anyhow!("cancelled: {left}"),
-        },
-        ref error if error.is_no_space() => {
-            let free = free_at_start.map_or(String::new(), |free| {
-                format!(", and {} were free when it started", show_bytes(free))
-            });
-            anyhow::anyhow!(
-                "{out}: no space left on the output's filesystem: the array needs about {}{free}; \
-                 {left}. Free some space there, or choose another OUT, and run the same command \
-                 again. ({error})",
-                show_bytes(input.nbytes())
-            )
-        }
-        // The cause says it all; OUT is as the run found it.
-        other => other.into(),
-    }
+    let left = Left {
+        what: format!("{removed}; run the same command again to start over"),
+        with_no_space: " once there is space (free some, or choose another OUT)",
+    };
+    explained_with(args, &left, free_at_start, input, error)
 }

@@ -325,18 +325,42 @@ fn explained(
     error: Error,
 ) -> anyhow::Error {
     let out = args.output.display();
-    let left = format!(
-        "kept every block it finished in {out} and removed its temporary files; run the same \
-         command again to write the rest"
-    );
+    let left = Left {
+        what: format!(
+            "kept every block it finished in {out} and removed its temporary files; run the \
+             same command again to write the rest"
+        ),
+        with_no_space: " once there is space (free some, or move OUT with its hidden \
+                        .rechunkfs-job.json)",
+    };
+    explained_with(args, &left, free_at_start, input, error)
+}
+
+/// What a failed run left in OUT, and what to do about it (`with_no_space`
+/// when the output's filesystem filled).
+pub(super) struct Left {
+    pub(super) what: String,
+    pub(super) with_no_space: &'static str,
+}
+
+/// The error of a failed run that `left` what it says in OUT.
+pub(super) fn explained_with(
+    args: &RechunkArgs,
+    left: &Left,
+    free_at_start: Option<u64>,
+    input: &InputArray,
+    error: Error,
+) -> anyhow::Error {
+    let out = args.output.display();
+    let what = &left.what;
     match error {
         Error::Cancelled => match signals::caught() {
             Some(signal) => Interrupted {
                 signal,
-                message: format!("interrupted by {signal} before {out} was complete: {left}"),
+                message: format!("interrupted by {signal} before {out} was complete: {what}"),
             }
             .into(),
-            None => anyhow::anyhow!("cancelled: {left}"),
+            None => anyhow::anyhow!("cancelled: {what}"),
         },
         ref error if error.is_no_space() => {
             let free = free_at_start.map_or(String::new(), |free| {
@@ -344,12 +368,12 @@ fn explained(
             });
             anyhow::anyhow!(
                 "{out}: no space left on the output's filesystem: the array needs about {}{free}; \
-                 {left} once there is space (free some, or move OUT with its hidden \
-                 .rechunkfs-job.json). ({error})",
-                show_bytes(input.nbytes())
+                 {what}{}. ({error})",
+                show_bytes(input.nbytes()),
+                left.with_no_space
             )
         }
-        other => anyhow::Error::from(other).context(format!("the run stopped: {left}")),
+        other => anyhow::Error::from(other).context(format!("the run stopped: {what}")),
     }
 }
 
