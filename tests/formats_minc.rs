@@ -15,7 +15,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{json_u64, python, stderr};
+use common::{json_u64, python, run_fixture, stderr};
 
 fn rechunkfs(args: &[&str]) -> Output {
     common::run_rechunkfs(args, 0)
@@ -25,33 +25,12 @@ fn text(path: &Path) -> &str {
     path.to_str().expect("UTF-8 path")
 }
 
-/// Runs `tests/fixtures/{script}` with `args`, failing the test with its
-/// output if it fails; returns its stdout.
-fn run_script(script: &str, args: &[&str]) -> String {
-    let output = Command::new(python())
-        .arg(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures")
-                .join(script),
-        )
-        .args(args)
-        .output()
-        .expect("run python");
-    assert!(
-        output.status.success(),
-        "{script} {args:?} failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        stderr(&output)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 /// A MINC2 image made by minc-tools in `dir` (see make_minc_tools.py):
 /// `dir/whole.mnc`, and with `--blocks` also `dir/blocks/`.
 fn make_minc(dir: &Path, shape: &str, kind: &str, extra: &[&str]) {
     let mut args = vec![text(dir), "--shape", shape, "--kind", kind];
     args.extend(extra);
-    run_script("make_minc_tools.py", &args);
+    run_fixture("make_minc_tools.py", &args);
 }
 
 /// The directory of nibabel's test images.
@@ -109,7 +88,7 @@ fn rechunk_as_planned(input: &Path, out: &Path, shape: &str, extra: &[&str]) -> 
 
 /// check_minc_values.py: every block of `out` against `input`.
 fn check(out: &Path, input: &Path, block: &str, format: &str, values: &str) -> String {
-    run_script(
+    run_fixture(
         "check_minc_values.py",
         &[
             text(out),
@@ -341,7 +320,7 @@ fn big_endian_blocks_made_by_h5py_scale_alike() {
     let root = tempfile::tempdir().unwrap();
     // Laid out as libminc lays MINC2 out, big-endian, a range per slice;
     // 7×9×11 in 4×4×4 blocks leaves smaller edge blocks.
-    run_script(
+    run_fixture(
         "make_minc2.py",
         &[
             text(root.path()),
@@ -505,7 +484,7 @@ fn damaged_images_are_refused_or_scaled_right_never_a_panic() {
                 output.status
             );
             if output.status.success() {
-                let checked = run_script(
+                let checked = run_fixture(
                     "check_minc_values.py",
                     &[
                         text(&out),

@@ -22,30 +22,10 @@ use std::time::{Duration, Instant};
 
 use rechunkfs::format::BlockFormat;
 
-use common::{dtype, make_blocks, python, stderr};
+use common::{dtype, make_blocks, python, run_fixture, stderr};
 
 fn rechunkfs(args: &[&str]) -> Output {
     common::run_rechunkfs(args, 0)
-}
-
-/// Runs `tests/fixtures/{script}` with `args`, failing the test with its output if it fails.
-fn run_script(script: &str, args: &[&str]) -> String {
-    let output = Command::new(python())
-        .arg(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures")
-                .join(script),
-        )
-        .args(args)
-        .output()
-        .expect("run python");
-    assert!(
-        output.status.success(),
-        "{script} {args:?} failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        stderr(&output)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 fn text(path: &Path) -> &str {
@@ -66,12 +46,12 @@ fn make_nifti(dir: &Path, shape: &str, descr: &str, blocks: &str, scale: Option<
     if let Some(scale) = scale {
         args.extend(["--scale", scale]);
     }
-    run_script("make_nifti.py", &args);
+    run_fixture("make_nifti.py", &args);
 }
 
 /// A MINC2 image made by h5py: `DIR/whole.mnc` and `DIR/blocks/{i}_{j}_{k}.mnc`.
 fn make_minc2(dir: &Path, shape: &str, descr: &str, blocks: &str, scaling: &str) {
-    run_script(
+    run_fixture(
         "make_minc2.py",
         &[
             text(dir),
@@ -135,7 +115,7 @@ fn check(out: &Path, reference: &Path, block: Option<&str>, format: &str, extra:
         args.extend(["--block", block]);
     }
     args.extend_from_slice(extra);
-    let said = run_script("check_blocks.py", &args);
+    let said = run_fixture("check_blocks.py", &args);
     assert!(said.contains("voxels exact, placed right"), "{said}");
 }
 
@@ -647,7 +627,7 @@ fn make_nifti_as(dir: &Path, shape: &str, descr: &str, blocks: &str, options: &[
         blocks,
     ];
     args.extend_from_slice(options);
-    run_script("make_nifti.py", &args);
+    run_fixture("make_nifti.py", &args);
     let ext = if options.contains(&"--gzip") {
         "nii.gz"
     } else {

@@ -1,5 +1,6 @@
 //! The service driven without sockets: statuses, headers and bytes for
 //! files on disk, refusals, CORS, and a read that waits for its data.
+//! Compiled for tests only (`#[cfg(test)] mod tests;` in the module).
 
 use std::io::Read;
 use std::sync::mpsc::{channel, Receiver};

@@ -283,6 +283,27 @@ pub fn python() -> String {
     prerequisites::python_path().to_string_lossy().into_owned()
 }
 
+/// Runs `tests/fixtures/{script}` with the readers' Python and `args`,
+/// failing the test with its output if it fails; returns its stdout.
+pub fn run_fixture(script: &str, args: &[&str]) -> String {
+    let output = std::process::Command::new(python())
+        .arg(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(script),
+        )
+        .args(args)
+        .output()
+        .expect("run python");
+    assert!(
+        output.status.success(),
+        "{script} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        stderr(&output)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// The unsigned integer at `path` (`seeks.made`) in a JSON report; fails
 /// the test when the key is missing or holds anything else, so that two
 /// absent keys never compare equal.
