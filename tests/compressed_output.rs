@@ -17,10 +17,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
 
 use rechunkfs::format::BlockFormat;
 
+use common::mounted::MountedView;
 use common::{json_u64, python, stderr, zarr_python_writes};
 
 fn rechunkfs(args: &[&str]) -> Output {
@@ -496,59 +496,6 @@ fn combinations_that_cannot_be_written_are_refused_before_out_is_touched() {
         let message = stderr(&output);
         assert!(message.contains(says), "{args:?}: {message}");
         assert!(!out.exists(), "{args:?}: OUT was made");
-    }
-}
-
-/// A mounted view, unmounted when dropped whatever the test did.
-struct MountedView {
-    view: PathBuf,
-}
-
-impl MountedView {
-    fn new(input: &Path, root: &Path, args: &[&str], step_delay_ms: u64) -> MountedView {
-        let view = root.join("view");
-        std::fs::create_dir_all(&view).unwrap();
-        let staging = root.join("staging");
-        let mut all = vec![
-            "mount",
-            input.to_str().unwrap(),
-            view.to_str().unwrap(),
-            "--staging",
-            staging.to_str().unwrap(),
-        ];
-        all.extend(args);
-        let output = common::run_rechunkfs(&all, step_delay_ms);
-        assert!(output.status.success(), "mount failed: {}", stderr(&output));
-        MountedView { view }
-    }
-
-    fn status(&self) -> serde_json::Value {
-        let output = rechunkfs(&["status", "--json", self.view.to_str().unwrap()]);
-        assert!(output.status.success(), "status: {}", stderr(&output));
-        serde_json::from_slice(&output.stdout).unwrap()
-    }
-
-    fn wait_complete(&self) -> serde_json::Value {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let status = self.status();
-            if status["state"] == "complete" {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "not finished: {status}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for MountedView {
-    fn drop(&mut self) {
-        if rechunkfs::fuse::session::is_mounted(&self.view) {
-            let _ = rechunkfs(&["umount", self.view.to_str().unwrap()]);
-        }
-        if rechunkfs::fuse::session::is_mounted(&self.view) {
-            let _ = rechunkfs::fuse::session::detach(&self.view);
-        }
     }
 }
 

@@ -14,10 +14,10 @@
 mod common;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
 
+use common::mounted::MountedView;
 use common::{python, stderr};
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiff_cases.py");
@@ -411,22 +411,6 @@ fn a_glob_names_a_stack_and_slices_may_differ_in_compression() {
     tifffile_agrees(&out, &slices, "stack", "h5", "5,21,10");
 }
 
-/// A mounted view, unmounted when dropped whatever the test did.
-struct MountedView {
-    view: PathBuf,
-}
-
-impl Drop for MountedView {
-    fn drop(&mut self) {
-        if rechunkfs::fuse::session::is_mounted(&self.view) {
-            let _ = rechunkfs(&["umount", self.view.to_str().unwrap()]);
-        }
-        if rechunkfs::fuse::session::is_mounted(&self.view) {
-            let _ = rechunkfs::fuse::session::detach(&self.view);
-        }
-    }
-}
-
 #[test]
 fn a_view_of_a_tiff_stack_serves_its_blocks_byte_exact() {
     require!(Fuse, Readers);
@@ -438,33 +422,13 @@ fn a_view_of_a_tiff_stack_serves_its_blocks_byte_exact() {
         r#"{"compression": "lzw", "byteorder": ">"}"#,
     )
     .write(&slices, 7);
-    let view = root.path().join("view");
-    fs::create_dir_all(&view).unwrap();
-    let staging = root.path().join("staging");
-    let output = rechunkfs(&[
-        "mount",
-        slices.to_str().unwrap(),
-        view.to_str().unwrap(),
-        "--shape",
-        "4,16,16",
-        "--format",
-        "npy",
-        "--staging",
-        staging.to_str().unwrap(),
-    ]);
-    assert!(output.status.success(), "mount: {}", stderr(&output));
-    let mounted = MountedView { view };
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        let output = rechunkfs(&["status", "--json", mounted.view.to_str().unwrap()]);
-        assert!(output.status.success(), "status: {}", stderr(&output));
-        let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-        if status["state"] == "complete" {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "not finished: {status}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mounted = MountedView::new(
+        &slices,
+        root.path(),
+        &["--shape", "4,16,16", "--format", "npy"],
+        0,
+    );
+    let status = mounted.wait_complete();
     assert_eq!(
         common::json_u64(&status, "seeks_made"),
         common::json_u64(&status, "seeks_planned"),

@@ -12,12 +12,12 @@
 mod common;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
 
 use rechunkfs::format::BlockFormat;
 
+use common::mounted::MountedView;
 use common::{
     dtype, make_blocks, python, stderr, verify_output, verify_zarr_output, zarr_python_writes,
 };
@@ -71,70 +71,6 @@ fn both_readers_agree(path: &Path, array: &[u64], chunks: &[u64], dt: &str, form
     }
 }
 
-/// A mounted view, unmounted when dropped whatever the test did.
-struct MountedView {
-    view: PathBuf,
-}
-
-impl MountedView {
-    fn new(
-        input: &Path,
-        root: &Path,
-        shape: &str,
-        format: &str,
-        step_delay_ms: u64,
-    ) -> MountedView {
-        let view = root.join("view");
-        fs::create_dir_all(&view).unwrap();
-        let staging = root.join("staging");
-        let output = rechunkfs(
-            &[
-                "mount",
-                input.to_str().unwrap(),
-                view.to_str().unwrap(),
-                "--shape",
-                shape,
-                "--format",
-                format,
-                "--staging",
-                staging.to_str().unwrap(),
-            ],
-            step_delay_ms,
-        );
-        assert!(output.status.success(), "mount failed: {}", stderr(&output));
-        MountedView { view }
-    }
-
-    fn status(&self) -> serde_json::Value {
-        let output = rechunkfs(&["status", "--json", self.view.to_str().unwrap()], 0);
-        assert!(output.status.success(), "status: {}", stderr(&output));
-        serde_json::from_slice(&output.stdout).unwrap()
-    }
-
-    fn wait_complete(&self) -> serde_json::Value {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let status = self.status();
-            if status["state"] == "complete" {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "not finished: {status}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for MountedView {
-    fn drop(&mut self) {
-        if rechunkfs::fuse::session::is_mounted(&self.view) {
-            let _ = rechunkfs(&["umount", self.view.to_str().unwrap()], 0);
-        }
-        if rechunkfs::fuse::session::is_mounted(&self.view) {
-            let _ = rechunkfs::fuse::session::detach(&self.view);
-        }
-    }
-}
-
 /// (dtype, array, input blocks, output chunks): shapes that do and do not
 /// divide evenly, both byte orders.
 /// A view or rechunk case: the dtype, the array, input blocks, output chunks.
@@ -147,6 +83,22 @@ const CASES: [Case; 5] = [
     ("|u1", [20, 21, 22], [20, 21, 22], [7, 21, 8]),
     ("<f2", [9, 10, 11], [3, 4, 5], [9, 10, 11]),
 ];
+
+/// `input` mounted as blocks of `shape` in `format` (see [`MountedView::new`]).
+fn mount_as(
+    input: &Path,
+    root: &Path,
+    shape: &str,
+    format: &str,
+    step_delay_ms: u64,
+) -> MountedView {
+    MountedView::new(
+        input,
+        root,
+        &["--shape", shape, "--format", format],
+        step_delay_ms,
+    )
+}
 
 #[test]
 fn zarr_python_and_tensorstore_read_zarr_views() {
@@ -162,7 +114,7 @@ fn zarr_python_and_tensorstore_read_zarr_views() {
                 dtype(dt),
                 BlockFormat::Hdf5,
             );
-            let mounted = MountedView::new(
+            let mounted = mount_as(
                 &input,
                 root.path(),
                 &shape_text(&outb),
@@ -207,7 +159,7 @@ fn a_viewer_reads_chunks_on_demand_while_the_view_fills() {
             dtype(dt),
             BlockFormat::Hdf5,
         );
-        let mounted = MountedView::new(
+        let mounted = mount_as(
             &input,
             root.path(),
             &shape_text(&outb),
@@ -233,7 +185,7 @@ fn a_view_of_a_sharded_compressed_array_reads_shards_whole() {
         let extra = ["--codec", "blosc-zstd", "--shards", "10,18,10"];
         zarr_python_writes(&input, &array, &chunks, dt, "3", &extra);
         let shape = shape_text(&outb);
-        let mounted = MountedView::new(&input, root.path(), &shape, "zarr3", step_delay_ms);
+        let mounted = mount_as(&input, root.path(), &shape, "zarr3", step_delay_ms);
         both_readers_agree(&mounted.view, &array, &outb, dt, BlockFormat::Zarr3);
         let status = mounted.wait_complete();
         if step_delay_ms == 0 {
@@ -915,7 +867,7 @@ fn a_zarr_array_mounts_as_a_view_of_hdf5_blocks() {
         &["--drop", "1,1,1"],
     );
     // The absent chunk is zeros, every other element the source's.
-    let mounted = MountedView::new(&input, root.path(), "16,9,11", "h5", 0);
+    let mounted = mount_as(&input, root.path(), "16,9,11", "h5", 0);
     let status = mounted.wait_complete();
     assert_eq!(
         common::json_u64(&status, "seeks_made"),

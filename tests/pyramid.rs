@@ -14,6 +14,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::mounted::MountedView;
 use common::{json_u64, python, stderr};
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pyramid.py");
@@ -465,63 +466,6 @@ fn what_a_format_cannot_hold_is_refused_before_out_is_touched() {
             stderr(&output)
         );
         assert!(!out.exists(), "{extra:?} touched OUT");
-    }
-}
-
-/// A mounted view, unmounted when dropped whatever the test did.
-struct MountedView {
-    view: PathBuf,
-}
-
-impl MountedView {
-    fn new(input: &Path, root: &Path, extra: &[&str], step_delay_ms: u64) -> MountedView {
-        let view = root.join("view");
-        std::fs::create_dir_all(&view).unwrap();
-        let staging = root.join("staging");
-        let mut args = vec![
-            "mount",
-            input.to_str().unwrap(),
-            view.to_str().unwrap(),
-            "--staging",
-            staging.to_str().unwrap(),
-        ];
-        args.extend(extra);
-        let output = common::run_rechunkfs(&args, step_delay_ms);
-        assert!(output.status.success(), "mount failed: {}", stderr(&output));
-        MountedView { view }
-    }
-
-    fn status(&self) -> serde_json::Value {
-        let output = rechunkfs(&["status", "--json", self.view.to_str().unwrap()]);
-        assert!(output.status.success(), "status: {}", stderr(&output));
-        serde_json::from_slice(&output.stdout).unwrap()
-    }
-
-    /// Waits for the view to complete (`status --wait`), returning its status.
-    fn wait_complete(&self) -> serde_json::Value {
-        let output = rechunkfs(&["status", "--wait", "--json", self.view.to_str().unwrap()]);
-        assert!(
-            output.status.success(),
-            "status --wait: {}",
-            stderr(&output)
-        );
-        serde_json::from_slice(&output.stdout).unwrap()
-    }
-
-    fn unmount(&self) {
-        let output = rechunkfs(&["umount", self.view.to_str().unwrap()]);
-        assert!(output.status.success(), "umount: {}", stderr(&output));
-    }
-}
-
-impl Drop for MountedView {
-    fn drop(&mut self) {
-        if rechunkfs::fuse::session::is_mounted(&self.view) {
-            let _ = rechunkfs(&["umount", self.view.to_str().unwrap()]);
-        }
-        if rechunkfs::fuse::session::is_mounted(&self.view) {
-            let _ = rechunkfs::fuse::session::detach(&self.view);
-        }
     }
 }
 

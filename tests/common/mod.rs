@@ -5,9 +5,10 @@
 
 #![allow(dead_code)]
 
+pub mod mounted;
+pub mod oracle;
 #[macro_use]
 pub mod prerequisites;
-pub mod oracle;
 pub mod readers;
 
 use std::path::{Path, PathBuf};
