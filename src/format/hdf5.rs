@@ -396,6 +396,21 @@ impl OwnedId {
     }
 }
 
+/// A dataspace of `shape` (fixed size).
+///
+/// # Safety
+/// The library lock must be held.
+unsafe fn simple_space(shape: &[u64]) -> ::hdf5::Result<OwnedId> {
+    OwnedId::new(
+        H5Screate_simple(
+            shape.len() as i32,
+            shape.as_ptr() as *const hsize_t,
+            ptr::null(),
+        ),
+        H5Sclose,
+    )
+}
+
 impl Drop for OwnedId {
     fn drop(&mut self) {
         // SAFETY: `id` is open and owned by us. A failed close here has no
@@ -462,7 +477,6 @@ impl Hdf5BlockReader {
         if box_shape.contains(&0) {
             return Ok(());
         }
-        let rank = self.shape.len() as i32;
         let to_library = |error: ::hdf5::Error| Error::Hdf5 {
             path: self.path.clone(),
             message: format!(
@@ -481,10 +495,7 @@ impl Hdf5BlockReader {
             unsafe {
                 let file_space = OwnedId::new(H5Dget_space(self.dataset.id()), H5Sclose)?;
                 select_box(&file_space, file_origin, box_shape)?;
-                let memory_space = OwnedId::new(
-                    H5Screate_simple(rank, dest_shape.as_ptr() as *const hsize_t, ptr::null()),
-                    H5Sclose,
-                )?;
+                let memory_space = simple_space(dest_shape)?;
                 select_box(&memory_space, dest_origin, box_shape)?;
                 ::hdf5::h5check(H5Dread(
                     self.dataset.id(),
@@ -693,14 +704,7 @@ unsafe fn write_template_file(
         H5Fclose,
     )?;
     let file_type = OwnedId::new(create_datatype(dtype)?, H5Tclose)?;
-    let space = OwnedId::new(
-        H5Screate_simple(
-            shape.len() as i32,
-            shape.as_ptr() as *const hsize_t,
-            ptr::null(),
-        ),
-        H5Sclose,
-    )?;
+    let space = simple_space(shape)?;
     let (dataset_create, link_create) = dataset_properties()?;
     let data = OwnedId::new(
         H5Dcreate2(
@@ -863,14 +867,7 @@ unsafe fn deflated_image(
         H5Fclose,
     )?;
     let file_type = OwnedId::new(create_datatype(dtype)?, H5Tclose)?;
-    let space = OwnedId::new(
-        H5Screate_simple(
-            shape.len() as i32,
-            shape.as_ptr() as *const hsize_t,
-            ptr::null(),
-        ),
-        H5Sclose,
-    )?;
+    let space = simple_space(shape)?;
     let (dataset_create, link_create) = deflate_properties(shape, level)?;
     let written = OwnedId::new(
         H5Dcreate2(
