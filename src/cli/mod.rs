@@ -274,6 +274,19 @@ pub struct PlanningArgs {
     /// --shape on every side, indexed as zarr-python indexes them (views: uncompressed only).
     #[arg(long, value_name = "SHAPE")]
     pub shard: Option<String>,
+    /// Threads for CPU work (now: downsampling pyramid levels). Default: the CPUs this process may
+    /// use, from its affinity mask and its cgroup's CPU quota, so taskset and SLURM's
+    /// --cpus-per-task are honoured. The order of reads and writes, and their seeks, do not
+    /// depend on it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
+}
+
+impl PlanningArgs {
+    /// Sets the process's worker threads from `--threads`.
+    fn set_threads(&self) {
+        crate::engine::workers::set_threads(self.threads.map(usize::from));
+    }
 }
 
 #[derive(Args, Debug)]
@@ -430,10 +443,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             plan::plan_command(args)
         }
         Command::Rechunk(mut args) => {
+            args.planning.set_threads();
             args.input = chosen_array(&args.input, &args.input_args)?;
             rechunk::rechunk_command(args)
         }
         Command::Mount(mut args) => {
+            args.planning.set_threads();
             args.input = chosen_array(&args.input, &args.input_args)?;
             mount::mount_command(args)
         }

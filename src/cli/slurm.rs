@@ -93,6 +93,12 @@ fn script(args: &SlurmArgs, format: BlockFormat, task_bytes: u64) -> anyhow::Res
     if let Some(mem) = &args.planning.mem {
         rechunk += &format!(" --mem {}", quote(Path::new(mem)));
     }
+    // Each task gets the CPUs its threads use; without --threads, two (the
+    // reader and the writer), and the task uses what SLURM gives it.
+    let cpus = args.planning.threads.map_or(2, |n| n.max(2));
+    if let Some(threads) = args.planning.threads {
+        rechunk += &format!(" --threads {threads}");
+    }
     let extra: String = args
         .sbatch_args
         .iter()
@@ -112,7 +118,7 @@ offset=${{2:-0}}
 array=$(sbatch --parsable --array="$indices{running}" --export=ALL,RECHUNKFS_PART_OFFSET="$offset" <<'TASK'
 #!/bin/bash
 #SBATCH --job-name=rechunkfs
-#SBATCH --cpus-per-task=2
+#SBATCH --cpus-per-task={cpus}
 #SBATCH --mem={mib}M
 {extra}set -euo pipefail
 part=$(( SLURM_ARRAY_TASK_ID + ${{RECHUNKFS_PART_OFFSET:-0}} ))

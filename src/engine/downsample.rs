@@ -53,6 +53,7 @@ pub struct LevelBuilder<'a> {
     out: Vec<u8>,
     slab: Vec<u8>,
     scratch: Vec<u8>,
+    threads: usize,
     pub stats: PyramidStats,
 }
 
@@ -76,11 +77,19 @@ impl<'a> LevelBuilder<'a> {
             out: vec![0; out as usize],
             slab: vec![0; slab as usize],
             scratch: vec![0; scratch as usize],
+            threads: super::workers::threads(),
             stats: PyramidStats {
                 peak_bytes: out + slab + scratch,
                 ..PyramidStats::default()
             },
         }
+    }
+
+    /// Downsamples with up to `threads` threads (by default
+    /// [`workers::threads`](super::workers::threads)).
+    pub fn with_threads(mut self, threads: usize) -> LevelBuilder<'a> {
+        self.threads = threads.max(1);
+        self
     }
 
     /// Computes block `rank` of the level from `below` and writes it
@@ -126,6 +135,7 @@ impl<'a> LevelBuilder<'a> {
                 out,
                 &file_shape,
                 start,
+                self.threads,
             );
             start = end;
         }
@@ -227,7 +237,8 @@ fn copy_lines(
 
 /// Downsamples `src` (C order, `src_shape`) by `factors` into `out`, a
 /// C-order array of `out_shape`, from its row `out_row` along the first
-/// axis on.
+/// axis on, with up to `threads` threads (each takes whole rows of cells
+/// along the first axis, so the result does not depend on how many).
 #[allow(clippy::too_many_arguments)]
 pub fn downsample(
     src: &[u8],
@@ -238,30 +249,51 @@ pub fn downsample(
     out: &mut [u8],
     out_shape: &[u64],
     out_row: u64,
+    threads: usize,
 ) {
+    // One axis is downsampled as two, the second of length 1, so that
+    // every path can take a row of cells along the first axis.
+    let (src_2d, factors_2d, out_2d);
+    let (src_shape, factors, out_shape) = if src_shape.len() == 1 {
+        src_2d = [src_shape[0], 1];
+        factors_2d = [factors[0], 1];
+        out_2d = [out_shape[0], 1];
+        (&src_2d[..], &factors_2d[..], &out_2d[..])
+    } else {
+        (src_shape, factors, out_shape)
+    };
     let big = dtype.endian == Endian::Big;
     let job = Job {
         src,
         src_shape,
         factors,
         out_shape,
-        out_row,
         method,
+        big,
     };
+    let row_bytes = (volume(&out_shape[1..]) * dtype.size as u64) as usize;
+    let rows = src_shape[0].div_ceil(factors[0]);
+    let start = out_row as usize * row_bytes;
+    let out = &mut out[start..start + rows as usize * row_bytes];
     match (dtype.kind, dtype.size) {
-        (Kind::Unsigned, 1) => job.run::<u8>(out, big),
-        (Kind::Unsigned, 2) => job.run::<u16>(out, big),
-        (Kind::Unsigned, 4) => job.run::<u32>(out, big),
-        (Kind::Unsigned, _) => job.run::<u64>(out, big),
-        (Kind::Signed, 1) => job.run::<i8>(out, big),
-        (Kind::Signed, 2) => job.run::<i16>(out, big),
-        (Kind::Signed, 4) => job.run::<i32>(out, big),
-        (Kind::Signed, _) => job.run::<i64>(out, big),
-        (Kind::Float, 2) => job.run::<f16>(out, big),
-        (Kind::Float, 4) => job.run::<f32>(out, big),
-        (Kind::Float, _) => job.run::<f64>(out, big),
+        (Kind::Unsigned, 1) => job.spread::<u8>(out, rows, row_bytes, threads),
+        (Kind::Unsigned, 2) => job.spread::<u16>(out, rows, row_bytes, threads),
+        (Kind::Unsigned, 4) => job.spread::<u32>(out, rows, row_bytes, threads),
+        (Kind::Unsigned, _) => job.spread::<u64>(out, rows, row_bytes, threads),
+        (Kind::Signed, 1) => job.spread::<i8>(out, rows, row_bytes, threads),
+        (Kind::Signed, 2) => job.spread::<i16>(out, rows, row_bytes, threads),
+        (Kind::Signed, 4) => job.spread::<i32>(out, rows, row_bytes, threads),
+        (Kind::Signed, _) => job.spread::<i64>(out, rows, row_bytes, threads),
+        (Kind::Float, 2) => job.spread::<f16>(out, rows, row_bytes, threads),
+        (Kind::Float, 4) => job.spread::<f32>(out, rows, row_bytes, threads),
+        (Kind::Float, _) => job.spread::<f64>(out, rows, row_bytes, threads),
     }
 }
+
+/// Bytes of source below which a slab is downsampled on the calling
+/// thread: starting a thread costs tens of microseconds, the time to
+/// average about this much.
+const BYTES_PER_THREAD: usize = 1 << 20;
 
 /// One element type's arithmetic for the three rules.
 trait Element: Copy + PartialEq + PartialOrd {
@@ -366,12 +398,117 @@ struct Job<'a> {
     src_shape: &'a [u64],
     factors: &'a [u64],
     out_shape: &'a [u64],
-    out_row: u64,
     method: Downsample,
+    big: bool,
 }
 
 impl Job<'_> {
-    fn run<T: Element>(&self, out: &mut [u8], big: bool) {
+    /// Runs rows `0..rows` of cells along the first axis, `out` holding
+    /// them (`row_bytes` each), over scoped threads that each take a run
+    /// of whole rows.
+    fn spread<T: Element>(&self, out: &mut [u8], rows: u64, row_bytes: usize, threads: usize) {
+        let useful = self.src.len() / BYTES_PER_THREAD;
+        let threads = threads.min(useful).min(rows as usize).max(1);
+        if threads == 1 {
+            self.rows::<T>(0, out);
+            return;
+        }
+        let per_thread = rows.div_ceil(threads as u64);
+        std::thread::scope(|scope| {
+            for (i, chunk) in out.chunks_mut(per_thread as usize * row_bytes).enumerate() {
+                scope.spawn(move || self.rows::<T>(i as u64 * per_thread, chunk));
+            }
+        });
+    }
+
+    /// Computes the rows of cells along the first axis that `out` holds,
+    /// the first being row `first`.
+    fn rows<T: Element>(&self, first: u64, out: &mut [u8]) {
+        if self.method == Downsample::Mean {
+            self.mean_rows::<T>(first, out);
+        } else {
+            self.cell_by_cell::<T>(first, out);
+        }
+    }
+
+    /// The mean, summed a source line at a time into one accumulator per
+    /// cell of the output row: each cell still receives its voxels one by
+    /// one in C order (the order [`reduce`] sums in, which float sums
+    /// depend on), but the source is read once, in order, with no
+    /// per-voxel index arithmetic. Needs two axes or more.
+    fn mean_rows<T: Element>(&self, first: u64, out: &mut [u8]) {
+        let ndim = self.src_shape.len();
+        let last = ndim - 1;
+        let cells: Vec<u64> = (0..ndim)
+            .map(|d| self.src_shape[d].div_ceil(self.factors[d]))
+            .collect();
+        let src_strides = strides(self.src_shape);
+        let out_strides = strides(self.out_shape);
+        let row_bytes = out_strides[0] as usize * T::SIZE;
+        let line_bytes = self.src_shape[last] as usize * T::SIZE;
+        let run_bytes = self.factors[last] as usize * T::SIZE;
+        let row_cells = cells[last] as usize;
+        let mut sums = vec![T::zero(); volume(&cells[1..]) as usize];
+        for (r, out_row) in out.chunks_mut(row_bytes).enumerate() {
+            let lo0 = (first + r as u64) * self.factors[0];
+            let hi0 = (lo0 + self.factors[0]).min(self.src_shape[0]);
+            sums.fill(T::zero());
+            for i0 in lo0..hi0 {
+                // `at` walks the axes between the first and the last.
+                let mut at = [0u64; MAX_DIMS];
+                for _ in 0..volume(&self.src_shape[1..last]) {
+                    let mut from = i0 * src_strides[0];
+                    let mut cell_line = 0u64;
+                    for d in 1..last {
+                        from += at[d] * src_strides[d];
+                        cell_line = cell_line * cells[d] + at[d] / self.factors[d];
+                    }
+                    let from = from as usize * T::SIZE;
+                    let line = &self.src[from..from + line_bytes];
+                    let cell_line = cell_line as usize * row_cells;
+                    let sums = &mut sums[cell_line..cell_line + row_cells];
+                    for (sum, run) in sums.iter_mut().zip(line.chunks(run_bytes)) {
+                        for bytes in run.chunks_exact(T::SIZE) {
+                            *sum = T::add(*sum, T::load(bytes, self.big));
+                        }
+                    }
+                    for d in (1..last).rev() {
+                        at[d] += 1;
+                        if at[d] < self.src_shape[d] {
+                            break;
+                        }
+                        at[d] = 0;
+                    }
+                }
+            }
+            // Each cell's voxel count is the product of its extents.
+            let extent = |d: usize, c: u64| {
+                let lo = c * self.factors[d];
+                (lo + self.factors[d]).min(self.src_shape[d]) - lo
+            };
+            let mut cell = [0u64; MAX_DIMS];
+            for &sum in sums.iter() {
+                let mut count = hi0 - lo0;
+                let mut at = 0u64;
+                for d in 1..ndim {
+                    count *= extent(d, cell[d]);
+                    at += cell[d] * out_strides[d];
+                }
+                let at = at as usize * T::SIZE;
+                T::mean(sum, count).store(&mut out_row[at..at + T::SIZE], self.big);
+                for d in (1..ndim).rev() {
+                    cell[d] += 1;
+                    if cell[d] < cells[d] {
+                        break;
+                    }
+                    cell[d] = 0;
+                }
+            }
+        }
+    }
+
+    /// Mode and nearest: each cell's values gathered and reduced.
+    fn cell_by_cell<T: Element>(&self, first: u64, out: &mut [u8]) {
         let ndim = self.src_shape.len();
         let mut cells = [1u64; MAX_DIMS];
         for (cell, (&len, &f)) in cells
@@ -382,29 +519,33 @@ impl Job<'_> {
         }
         let src_strides = strides(self.src_shape);
         let out_strides = strides(self.out_shape);
+        let row_bytes = out_strides[0] as usize * T::SIZE;
         let mut values: Vec<T> = Vec::with_capacity(self.factors.iter().product::<u64>() as usize);
-        let mut cell = [0u64; MAX_DIMS];
-        for _ in 0..volume(&cells[..ndim]) {
-            let (mut lo, mut hi) = ([0u64; MAX_DIMS], [0u64; MAX_DIMS]);
-            for d in 0..ndim {
-                lo[d] = cell[d] * self.factors[d];
-                hi[d] = (lo[d] + self.factors[d]).min(self.src_shape[d]);
-            }
-            values.clear();
-            self.cell_values(&lo[..ndim], &hi[..ndim], &src_strides, big, &mut values);
-            let value = reduce(self.method, &mut values);
-            let mut at = self.out_row * out_strides[0];
-            for d in 0..ndim {
-                at += cell[d] * out_strides[d];
-            }
-            let at = at as usize * T::SIZE;
-            value.store(&mut out[at..at + T::SIZE], big);
-            for d in (0..ndim).rev() {
-                cell[d] += 1;
-                if cell[d] < cells[d] {
-                    break;
+        for (r, out_row) in out.chunks_mut(row_bytes).enumerate() {
+            let mut cell = [0u64; MAX_DIMS];
+            cell[0] = first + r as u64;
+            for _ in 0..volume(&cells[1..ndim]) {
+                let (mut lo, mut hi) = ([0u64; MAX_DIMS], [0u64; MAX_DIMS]);
+                for d in 0..ndim {
+                    lo[d] = cell[d] * self.factors[d];
+                    hi[d] = (lo[d] + self.factors[d]).min(self.src_shape[d]);
                 }
-                cell[d] = 0;
+                values.clear();
+                self.cell_values(&lo[..ndim], &hi[..ndim], &src_strides, &mut values);
+                let value = reduce(self.method, &mut values);
+                let mut at = 0;
+                for d in 1..ndim {
+                    at += cell[d] * out_strides[d];
+                }
+                let at = at as usize * T::SIZE;
+                value.store(&mut out_row[at..at + T::SIZE], self.big);
+                for d in (1..ndim).rev() {
+                    cell[d] += 1;
+                    if cell[d] < cells[d] {
+                        break;
+                    }
+                    cell[d] = 0;
+                }
             }
         }
     }
@@ -416,7 +557,6 @@ impl Job<'_> {
         lo: &[u64],
         hi: &[u64],
         src_strides: &[u64],
-        big: bool,
         values: &mut Vec<T>,
     ) {
         let last = lo.len() - 1;
@@ -426,11 +566,14 @@ impl Job<'_> {
             let line: u64 = (0..last).map(|d| at[d] * src_strides[d]).sum();
             let (start, end) = ((line + lo[last]) as usize, (line + hi[last]) as usize);
             if self.method == Downsample::Nearest {
-                values.push(T::load(&self.src[start * T::SIZE..], big));
+                values.push(T::load(&self.src[start * T::SIZE..], self.big));
                 return;
             }
             let run = &self.src[start * T::SIZE..end * T::SIZE];
-            values.extend(run.chunks_exact(T::SIZE).map(|bytes| T::load(bytes, big)));
+            values.extend(
+                run.chunks_exact(T::SIZE)
+                    .map(|bytes| T::load(bytes, self.big)),
+            );
             let mut d = last;
             loop {
                 if d == 0 {
@@ -486,7 +629,9 @@ mod tests {
             .collect();
         let mut out = vec![0u8; volume(&out_shape) as usize];
         let dtype = DType::new(Kind::Unsigned, 1, Endian::Little).unwrap();
-        downsample(src, shape, factors, dtype, method, &mut out, &out_shape, 0);
+        downsample(
+            src, shape, factors, dtype, method, &mut out, &out_shape, 0, 1,
+        );
         out
     }
 
@@ -527,5 +672,116 @@ mod tests {
                 "{sum}/{count}"
             );
         }
+    }
+
+    /// Each cell gathered and reduced one by one: the rule, written plainly.
+    fn reference(
+        src: &[u8],
+        shape: &[u64],
+        factors: &[u64],
+        dtype: DType,
+        out_shape: &[u64],
+    ) -> Vec<u8> {
+        let mut out = vec![0u8; (volume(out_shape) * dtype.size as u64) as usize];
+        let big = dtype.endian == Endian::Big;
+        let (shape, factors, out_shape2) = if shape.len() == 1 {
+            (
+                vec![shape[0], 1],
+                vec![factors[0], 1],
+                vec![out_shape[0], 1],
+            )
+        } else {
+            (shape.to_vec(), factors.to_vec(), out_shape.to_vec())
+        };
+        let job = Job {
+            src,
+            src_shape: &shape,
+            factors: &factors,
+            out_shape: &out_shape2,
+            method: Downsample::Mean,
+            big,
+        };
+        match (dtype.kind, dtype.size) {
+            (Kind::Unsigned, 2) => job.cell_by_cell::<u16>(0, &mut out),
+            (Kind::Signed, 4) => job.cell_by_cell::<i32>(0, &mut out),
+            (Kind::Float, 2) => job.cell_by_cell::<f16>(0, &mut out),
+            (Kind::Float, 4) => job.cell_by_cell::<f32>(0, &mut out),
+            _ => job.cell_by_cell::<u8>(0, &mut out),
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn line_sums_equal_cell_by_cell_means(
+            shape in proptest::collection::vec(1u64..9, 1..5),
+            factor_seed in proptest::collection::vec(1u64..5, 4),
+            kind in 0usize..5,
+            big in proptest::bool::ANY,
+            seed in 0u64..1000,
+        ) {
+            let factors: Vec<u64> = factor_seed[..shape.len()].to_vec();
+            let endian = if big { Endian::Big } else { Endian::Little };
+            let (k, size) = [(Kind::Unsigned, 1), (Kind::Unsigned, 2), (Kind::Signed, 4),
+                (Kind::Float, 2), (Kind::Float, 4)][kind];
+            let dtype = DType::new(k, size, endian).unwrap();
+            let mut state = seed;
+            let src: Vec<u8> = (0..volume(&shape) * size as u64)
+                .map(|_| {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    // Keep float exponents tame: no NaNs, whose bits may differ.
+                    ((state >> 33) as u8) & if k == Kind::Float { 0x3f } else { 0xff }
+                })
+                .collect();
+            let out_shape: Vec<u64> =
+                shape.iter().zip(&factors).map(|(&s, &f)| s.div_ceil(f)).collect();
+            let mut out = vec![0u8; (volume(&out_shape) * size as u64) as usize];
+            downsample(&src, &shape, &factors, dtype, Downsample::Mean, &mut out, &out_shape, 0, 1);
+            proptest::prop_assert_eq!(out, reference(&src, &shape, &factors, dtype, &out_shape));
+        }
+    }
+
+    #[test]
+    fn any_number_of_threads_gives_the_same_bytes() {
+        let shape = [70u64, 130, 120];
+        let dtype = DType::new(Kind::Unsigned, 2, Endian::Little).unwrap();
+        let src: Vec<u8> = (0..volume(&shape) * 2)
+            .map(|i| (i.wrapping_mul(2654435761) >> 7) as u8)
+            .collect();
+        let factors = [2u64, 3, 2];
+        let out_shape: Vec<u64> = shape
+            .iter()
+            .zip(&factors)
+            .map(|(&s, &f)| s.div_ceil(f))
+            .collect();
+        for method in [Downsample::Mean, Downsample::Mode, Downsample::Nearest] {
+            let run = |threads| {
+                let mut out = vec![0u8; (volume(&out_shape) * 2) as usize];
+                downsample(
+                    &src, &shape, &factors, dtype, method, &mut out, &out_shape, 0, threads,
+                );
+                out
+            };
+            let one = run(1);
+            for threads in [2, 3, 8] {
+                assert_eq!(run(threads), one, "{method:?} with {threads} threads");
+            }
+        }
+        let mut threaded = vec![0u8; (volume(&out_shape) * 2) as usize];
+        downsample(
+            &src,
+            &shape,
+            &factors,
+            dtype,
+            Downsample::Mean,
+            &mut threaded,
+            &out_shape,
+            0,
+            4,
+        );
+        assert_eq!(
+            threaded,
+            reference(&src, &shape, &factors, dtype, &out_shape)
+        );
     }
 }

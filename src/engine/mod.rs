@@ -30,6 +30,7 @@ mod pieces;
 mod pool;
 pub mod seekio;
 mod sink;
+pub mod workers;
 mod writer;
 
 use std::sync::atomic::{AtomicBool, Ordering};
