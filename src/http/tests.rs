@@ -210,6 +210,29 @@ fn a_configured_origin_is_named_and_other_hosts_are_refused() {
 }
 
 #[test]
+fn several_hosts_or_an_absolute_target_naming_another_host_are_bad_requests() {
+    let (_dir, service, bytes) = served_dir(10);
+    let asked = |target, hosts: &[&'static str]| {
+        let request = Request {
+            method: "GET",
+            target,
+            headers: hosts.iter().map(|host| ("Host", *host)).collect(),
+        };
+        service.respond(&request).status
+    };
+    // Judged by either header, one of these would be let through.
+    assert_eq!(asked("/c/0/1", &["localhost", "attacker.example"]), 400);
+    assert_eq!(asked("/c/0/1", &["attacker.example", "localhost"]), 400);
+    assert_eq!(asked("http://attacker.example/c/0/1", &["localhost"]), 400);
+    assert_eq!(asked("http://localhost:8000/c/0/1", &["127.0.0.1:8000"]), 400);
+    // The absolute form names the host when no Host header does.
+    assert_eq!(asked("http://attacker.example/c/0/1", &[]), 403);
+    assert_eq!(asked("http://LOCALHOST:8000/c/0/1", &["localhost:8000"]), 200);
+    let absolute = service.respond(&request("GET", "http://127.0.0.1:8000/c/0/1", &[]));
+    assert_eq!(body(absolute), bytes);
+}
+
+#[test]
 fn bind_addresses_cors_defaults_and_urls() {
     let loopback = parse_bind("0").unwrap();
     assert!(loopback.ip().is_loopback());
