@@ -726,7 +726,11 @@ fn more_parked_requests_than_threads_starve_no_other_and_all_end_with_exact_byte
         let what = format!("reader {n} of the wait file");
         let (status, body) = raw_response(stream, &what).expect("a response");
         let status_json: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
-        assert_eq!((status, &status_json["state"]), (200, &serde_json::json!("complete")), "{what}");
+        assert_eq!(
+            (status, &status_json["state"]),
+            (200, &serde_json::json!("complete")),
+            "{what}"
+        );
     }
     assert!(materialiser.stop(Duration::from_secs(60)));
 }
@@ -746,9 +750,12 @@ fn a_request_past_the_waiting_limit_is_busy_and_a_client_leaving_frees_its_place
         .iter()
         .map(|path| raw_client(address, &raw_get(path)))
         .collect();
-    wait_until("both requests are parked", || core.status().waiting_reads == 2);
+    wait_until("both requests are parked", || {
+        core.status().waiting_reads == 2
+    });
     let mut third = raw_client(address, &raw_get("/0.0.0"));
-    let (status, _) = raw_response(&mut third, "a third request of a pending block").expect("a response");
+    let (status, _) =
+        raw_response(&mut third, "a third request of a pending block").expect("a response");
     assert_eq!(status, 503, "no place is left to wait in");
     let mut wait_file = raw_client(address, &raw_get("/.rechunkfs-wait.json"));
     let (status, _) = raw_response(&mut wait_file, "a read of the wait file").expect("a response");
@@ -762,19 +769,28 @@ fn a_request_past_the_waiting_limit_is_busy_and_a_client_leaving_frees_its_place
     let mut parked = None;
     wait_until("a request parks in a place a departed client freed", || {
         let mut client = raw_client(address, &raw_get("/0.0.0"));
-        client.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
         let mut head = [0u8; 12];
         match client.read(&mut head) {
             // Busy still: try again.
             Ok(_) => false,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
                 parked = Some(client);
                 true
             }
             Err(e) => panic!("a request after the waiting clients left: {e}"),
         }
     });
-    wait_until("the new request is parked", || core.status().waiting_reads == 3);
+    wait_until("the new request is parked", || {
+        core.status().waiting_reads == 3
+    });
     let mut parked = parked.expect("a parked client");
     parked.set_read_timeout(Some(PATIENCE)).unwrap();
     let materialiser = rechunkfs::view::materialise::Materialiser::start(
@@ -787,7 +803,10 @@ fn a_request_past_the_waiting_limit_is_busy_and_a_client_leaving_frees_its_place
     .unwrap();
     let (status, body) = raw_response(&mut parked, "the parked request").expect("a response");
     assert_eq!(status, 200);
-    assert!(body == expected_chunk(&[0, 0, 0]), "the waited-for chunk equals the source");
+    assert!(
+        body == expected_chunk(&[0, 0, 0]),
+        "the waited-for chunk equals the source"
+    );
     assert!(materialiser.stop(Duration::from_secs(60)));
 }
 
@@ -883,14 +902,19 @@ fn connections_past_the_limit_are_answered_busy_until_one_closes() {
         .map(|_| {
             let mut stream = raw_client(address, "GET /file HTTP/1.1\r\nHost: localhost\r\n\r\n");
             let mut head = [0u8; 12];
-            stream.read_exact(&mut head).expect("an answer to a connection within the limit");
+            stream
+                .read_exact(&mut head)
+                .expect("an answer to a connection within the limit");
             assert_eq!(&head, b"HTTP/1.1 200");
             stream
         })
         .collect();
     let mut past = raw_client(address, &raw_get("/file"));
     let answer = raw_response(&mut past, "a connection past the limit");
-    assert!(answer.as_ref().is_none_or(|(status, _)| *status == 503), "{answer:?}");
+    assert!(
+        answer.as_ref().is_none_or(|(status, _)| *status == 503),
+        "{answer:?}"
+    );
     // One closes: its place is another connection's.
     drop(open.pop());
     wait_until("a new connection is answered once one closed", || {
@@ -905,15 +929,31 @@ fn two_hosts_or_an_absolute_target_naming_another_host_are_bad_requests() {
     let root = tempfile::tempdir().unwrap();
     let served = Served::new(root.path(), &[]);
     fs::write(root.path().join("file"), b"bytes").unwrap();
-    let address: SocketAddr = served.url["http://".len()..].trim_end_matches('/').parse().unwrap();
+    let address: SocketAddr = served.url["http://".len()..]
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
     for (request, expected) in [
-        ("GET /file HTTP/1.1\r\nHost: localhost\r\nHost: attacker.example\r\n", 400),
-        ("GET http://attacker.example/file HTTP/1.1\r\nHost: localhost\r\n", 400),
+        (
+            "GET /file HTTP/1.1\r\nHost: localhost\r\nHost: attacker.example\r\n",
+            400,
+        ),
+        (
+            "GET http://attacker.example/file HTTP/1.1\r\nHost: localhost\r\n",
+            400,
+        ),
         ("GET http://attacker.example/file HTTP/1.1\r\n", 403),
-        ("GET http://localhost/file HTTP/1.1\r\nHost: localhost\r\n", 200),
+        (
+            "GET http://localhost/file HTTP/1.1\r\nHost: localhost\r\n",
+            200,
+        ),
     ] {
         let mut client = raw_client(address, &format!("{request}Connection: close\r\n\r\n"));
         let answer = raw_response(&mut client, request);
-        assert_eq!(answer.map(|(status, _)| status), Some(expected), "{request:?}");
+        assert_eq!(
+            answer.map(|(status, _)| status),
+            Some(expected),
+            "{request:?}"
+        );
     }
 }

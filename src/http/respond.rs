@@ -307,7 +307,10 @@ impl Service {
             Err(why) => return Some(text(400, why)),
         };
         if self.hosts == Hosts::Loopback && !host.is_none_or(is_loopback_host) {
-            return Some(text(403, "this server answers requests for localhost only\n"));
+            return Some(text(
+                403,
+                "this server answers requests for localhost only\n",
+            ));
         }
         None
     }

@@ -232,11 +232,7 @@ impl Shared {
     /// holding a waiting place and no thread, once it is called back.
     /// [`Stopped::Busy`] when it would wait and `limited` places are all
     /// taken (a body already under way waits without one).
-    async fn ready<W: Wait>(
-        &self,
-        mut thing: W,
-        limited: bool,
-    ) -> std::result::Result<W, Stopped> {
+    async fn ready<W: Wait>(&self, mut thing: W, limited: bool) -> std::result::Result<W, Stopped> {
         let (called, ready) = oneshot::channel::<()>();
         let places = self.waiting.clone();
         let (thing, waits) = self
