@@ -8,7 +8,8 @@
 mod common;
 
 use std::fs;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -23,6 +24,10 @@ const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/http_c
 /// How long anything here may take before the test gives up on it (a
 /// bound against hanging, not a measurement).
 const PATIENCE: Duration = Duration::from_secs(180);
+
+/// How long a raw client waits for an answer that should come at once (a
+/// bound against hanging, far above the time it takes).
+const ANSWER_PATIENCE: Duration = Duration::from_secs(30);
 
 /// A `rechunkfs serve` process, stopped when dropped.
 struct Served {
@@ -651,23 +656,21 @@ fn a_read_parked_when_the_view_stops_is_an_error_status() {
 }
 
 #[test]
-fn more_parked_requests_than_threads_all_end_with_exact_bytes() {
+fn more_parked_requests_than_threads_starve_no_other_and_all_end_with_exact_bytes() {
     require!(Readers);
     let root = tempfile::tempdir().unwrap();
     // Served from a view's core whose materialiser is started only once
     // the requests are parked: every block stays pending until then.
     let (prepared, service) = view_service(root.path());
     let core = prepared.core.clone();
-    let listener = rechunkfs::http::bind(rechunkfs::http::parse_bind("0").unwrap()).unwrap();
-    let url = rechunkfs::http::root_url(listener.local_addr().unwrap());
-    rechunkfs::http::HttpServer::new(listener, service)
-        .start()
-        .unwrap();
+    let address = start_server(service, Default::default());
+    let url = rechunkfs::http::root_url(address);
     let names = ["2.3.0", "2.3.1", "2.3.2", "0.0.0"];
     let bodies = root.path().join("bodies");
     fs::create_dir_all(&bodies).unwrap();
     let threads = rechunkfs::http::server::MAX_ANSWERING;
-    let clients = (threads + 44).to_string();
+    let parked = threads + 44;
+    let clients = parked.to_string();
     let (out, client_url) = (bodies.clone(), url.clone());
     let requests = std::thread::spawn(move || {
         let args = [
@@ -679,10 +682,29 @@ fn more_parked_requests_than_threads_all_end_with_exact_bytes() {
         ];
         run_client(&[&args[..], &names].concat())
     });
-    // Every thread that answers requests is parked, and more requests wait.
-    wait_until("as many reads are parked as there are threads", || {
-        core.status().waiting_reads >= threads as u64
-    });
+    // More requests than there are threads wait, holding none.
+    wait_until(
+        &format!("all {parked} requests of pending blocks are parked"),
+        || core.status().waiting_reads >= parked as u64,
+    );
+    // And readers of the wait file wait (within the limits on waiting
+    // requests and on connections).
+    let mut end_waiters: Vec<TcpStream> = (0..64)
+        .map(|_| raw_client(address, &raw_get("/.rechunkfs-wait.json")))
+        .collect();
+    for stream in &mut end_waiters {
+        // Until the view is complete, then beyond the read timeout.
+        stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    }
+    // Meanwhile, requests that need not wait are answered.
+    let mut answerable = raw_client(address, &raw_get("/.zarray"));
+    let (status, zarray) = raw_response(
+        &mut answerable,
+        &format!("a GET of .zarray while {} requests wait", parked + 64),
+    )
+    .expect("a response");
+    assert_eq!(status, 200);
+    assert!(zarray.starts_with(b"{"));
     assert!(!requests.is_finished());
     let materialiser = rechunkfs::view::materialise::Materialiser::start(
         core.clone(),
@@ -700,5 +722,238 @@ fn more_parked_requests_than_threads_all_end_with_exact_bytes() {
         let body = fs::read(bodies.join(name)).unwrap();
         assert!(body == expected_chunk(&index), "{name} equals the source");
     }
+    for (n, stream) in end_waiters.iter_mut().enumerate() {
+        let what = format!("reader {n} of the wait file");
+        let (status, body) = raw_response(stream, &what).expect("a response");
+        let status_json: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(
+            (status, &status_json["state"]),
+            (200, &serde_json::json!("complete")),
+            "{what}"
+        );
+    }
     assert!(materialiser.stop(Duration::from_secs(60)));
+}
+
+#[test]
+fn a_request_past_the_waiting_limit_is_busy_and_a_client_leaving_frees_its_place() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    let (prepared, service) = view_service(root.path());
+    let core = prepared.core.clone();
+    let limits = rechunkfs::http::server::Limits {
+        waiting: 2,
+        ..Default::default()
+    };
+    let address = start_server(service, limits);
+    let waiting: Vec<TcpStream> = ["/2.3.2", "/2.3.1"]
+        .iter()
+        .map(|path| raw_client(address, &raw_get(path)))
+        .collect();
+    wait_until("both requests are parked", || {
+        core.status().waiting_reads == 2
+    });
+    let mut third = raw_client(address, &raw_get("/0.0.0"));
+    let (status, _) =
+        raw_response(&mut third, "a third request of a pending block").expect("a response");
+    assert_eq!(status, 503, "no place is left to wait in");
+    let mut wait_file = raw_client(address, &raw_get("/.rechunkfs-wait.json"));
+    let (status, _) = raw_response(&mut wait_file, "a read of the wait file").expect("a response");
+    assert_eq!(status, 503, "no place is left to wait in");
+    let mut answerable = raw_client(address, &raw_get("/.zarray"));
+    let answer = raw_response(&mut answerable, "a GET of .zarray while two wait");
+    assert_eq!(answer.map(|(status, _)| status), Some(200));
+    // The waiting clients leave: their places are free again, though
+    // their reads stay parked in the view until their blocks are done.
+    drop(waiting);
+    let mut parked = None;
+    wait_until("a request parks in a place a departed client freed", || {
+        let mut client = raw_client(address, &raw_get("/0.0.0"));
+        client
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut head = [0u8; 12];
+        match client.read(&mut head) {
+            // Busy still: try again.
+            Ok(_) => false,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                parked = Some(client);
+                true
+            }
+            Err(e) => panic!("a request after the waiting clients left: {e}"),
+        }
+    });
+    wait_until("the new request is parked", || {
+        core.status().waiting_reads == 3
+    });
+    let mut parked = parked.expect("a parked client");
+    parked.set_read_timeout(Some(PATIENCE)).unwrap();
+    let materialiser = rechunkfs::view::materialise::Materialiser::start(
+        core.clone(),
+        prepared.input.clone(),
+        prepared.plan.clone(),
+        None,
+        true,
+    )
+    .unwrap();
+    let (status, body) = raw_response(&mut parked, "the parked request").expect("a response");
+    assert_eq!(status, 200);
+    assert!(
+        body == expected_chunk(&[0, 0, 0]),
+        "the waited-for chunk equals the source"
+    );
+    assert!(materialiser.stop(Duration::from_secs(60)));
+}
+
+/// A client speaking HTTP/1.1 by hand, on loopback: it sends `request`
+/// (whole, or the start of one) and reads with a deadline.
+fn raw_client(address: SocketAddr, request: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(address).expect("connect to the server");
+    stream.set_read_timeout(Some(ANSWER_PATIENCE)).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    stream
+}
+
+/// A GET of `path` that closes the connection after its response.
+fn raw_get(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+}
+
+/// The status and body of the response `stream` reads until the server
+/// closes it; `None` when it closes with no response. Panics, naming
+/// `what`, when nothing ends within the stream's read timeout.
+fn raw_response(stream: &mut TcpStream, what: &str) -> Option<(u16, Vec<u8>)> {
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 64 << 10];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => received.extend_from_slice(&buffer[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => panic!("{what}: no end within {ANSWER_PATIENCE:?} ({e})"),
+        }
+    }
+    let end = received.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&received[..end]).into_owned();
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok())?;
+    Some((status, received[end + 4..].to_vec()))
+}
+
+/// Starts `service` on a free loopback port with `limits`; its address.
+fn start_server(
+    service: rechunkfs::http::Service,
+    limits: rechunkfs::http::server::Limits,
+) -> SocketAddr {
+    let listener = rechunkfs::http::bind(rechunkfs::http::parse_bind("0").unwrap()).unwrap();
+    let address = listener.local_addr().unwrap();
+    rechunkfs::http::HttpServer::new(listener, service)
+        .with_limits(limits)
+        .start()
+        .unwrap();
+    address
+}
+
+/// The service of a directory holding `file` (5 bytes).
+fn dir_service(root: &Path) -> rechunkfs::http::Service {
+    use rechunkfs::http::{Cors, DirTree, Hosts, Service};
+    fs::write(root.join("file"), b"bytes").unwrap();
+    let tree = DirTree::new(root).unwrap();
+    Service::new(std::sync::Arc::new(tree), Cors::Any, Hosts::Loopback)
+}
+
+#[test]
+fn a_connection_that_never_ends_its_headers_or_stays_idle_is_closed() {
+    let root = tempfile::tempdir().unwrap();
+    let limits = rechunkfs::http::server::Limits {
+        header_timeout: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let address = start_server(dir_service(root.path()), limits);
+    // Slow loris: the headers are never finished.
+    let mut loris = raw_client(address, "GET /file HTTP/1.1\r\nHost: local");
+    let answer = raw_response(&mut loris, "a request whose headers never end");
+    assert!(
+        answer.as_ref().is_none_or(|(status, _)| *status == 408),
+        "{answer:?}"
+    );
+    // Idle: one request answered, then nothing.
+    let mut idle = raw_client(address, "GET /file HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    let (status, body) =
+        raw_response(&mut idle, "an idle keep-alive connection").expect("a response");
+    assert_eq!((status, body), (200, b"bytes".to_vec()));
+}
+
+#[test]
+fn connections_past_the_limit_are_answered_busy_until_one_closes() {
+    let root = tempfile::tempdir().unwrap();
+    let limits = rechunkfs::http::server::Limits {
+        connections: 4,
+        ..Default::default()
+    };
+    let address = start_server(dir_service(root.path()), limits);
+    // Keep-alive connections, each answered once and left open.
+    let mut open: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut stream = raw_client(address, "GET /file HTTP/1.1\r\nHost: localhost\r\n\r\n");
+            let mut head = [0u8; 12];
+            stream
+                .read_exact(&mut head)
+                .expect("an answer to a connection within the limit");
+            assert_eq!(&head, b"HTTP/1.1 200");
+            stream
+        })
+        .collect();
+    let mut past = raw_client(address, &raw_get("/file"));
+    let answer = raw_response(&mut past, "a connection past the limit");
+    assert!(
+        answer.as_ref().is_none_or(|(status, _)| *status == 503),
+        "{answer:?}"
+    );
+    // One closes: its place is another connection's.
+    drop(open.pop());
+    wait_until("a new connection is answered once one closed", || {
+        let mut again = raw_client(address, &raw_get("/file"));
+        raw_response(&mut again, "a connection after one closed").is_some_and(|(s, _)| s == 200)
+    });
+    drop(open);
+}
+
+#[test]
+fn two_hosts_or_an_absolute_target_naming_another_host_are_bad_requests() {
+    let root = tempfile::tempdir().unwrap();
+    let served = Served::new(root.path(), &[]);
+    fs::write(root.path().join("file"), b"bytes").unwrap();
+    let address: SocketAddr = served.url["http://".len()..]
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    for (request, expected) in [
+        (
+            "GET /file HTTP/1.1\r\nHost: localhost\r\nHost: attacker.example\r\n",
+            400,
+        ),
+        (
+            "GET http://attacker.example/file HTTP/1.1\r\nHost: localhost\r\n",
+            400,
+        ),
+        ("GET http://attacker.example/file HTTP/1.1\r\n", 403),
+        (
+            "GET http://localhost/file HTTP/1.1\r\nHost: localhost\r\n",
+            200,
+        ),
+    ] {
+        let mut client = raw_client(address, &format!("{request}Connection: close\r\n\r\n"));
+        let answer = raw_response(&mut client, request);
+        assert_eq!(
+            answer.map(|(status, _)| status),
+            Some(expected),
+            "{request:?}"
+        );
+    }
 }

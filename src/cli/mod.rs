@@ -391,9 +391,11 @@ pub struct RechunkArgs {
 or -suffix; a request for several ranges gets the whole file), exact Content-Length, and CORS \
 headers; OPTIONS answers CORS preflights. Everything else is refused: other methods (405), paths \
 with . or .. (plain or %-encoded) or an encoded slash, symbolic links leading out of the \
-directory (403), directories (404). On loopback, only requests naming localhost are answered (a \
-defence against DNS rebinding). Serving a mounted view through its directory, a request for a \
-pending block waits for it like any read; `mount --serve` serves straight from the view.\n\n\
+directory and absolute ones (403), directories (404), several Host headers (400). On loopback, \
+only requests naming localhost are answered (a defence against DNS rebinding). Serving a mounted \
+view through its directory, a request for a pending block waits for it like any read; `mount \
+--serve` serves straight from the view. At most 512 connections and 384 requests waiting for \
+data at once (more are answered 503); a connection is closed after 30 s sending headers or idle.\n\n\
 Examples:\n  rechunkfs serve out/                       (http://127.0.0.1:8000/)\n  \
 rechunkfs serve view/ --bind 127.0.0.1:0   (any free port; the URL is printed)\n  \
 rechunkfs serve out/ --bind 0.0.0.0:8000 --cors-origin https://neuroglancer-demo.appspot.com"

@@ -4,8 +4,9 @@
 //!
 //! The request-to-response logic ([`respond`]: which file, which bytes,
 //! which status and headers) knows nothing of sockets and is tested
-//! directly; [`server`] is the thin socket layer over hyper, one
-//! blocking thread per request being answered. What is served is a [`tree::Tree`]:
+//! directly; [`server`] is the thin socket layer over hyper, with the
+//! limits and timeouts that keep hostile clients from starving the rest.
+//! What is served is a [`tree::Tree`]:
 //! a directory (a mounted view's too, through the filesystem), or a view's
 //! core, whose reads of pending blocks wait exactly as through FUSE.
 

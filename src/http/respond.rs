@@ -1,13 +1,19 @@
 //! From a request to its response, without sockets: which file, which
 //! bytes, which status and headers. The socket layer ([`super::server`])
 //! only moves these across the network, so tests drive this directly.
+//!
+//! Waiting is a step of its own: [`Service::would_wait`] and
+//! [`Service::when_ready`] before the file is opened (a view's wait file),
+//! [`Body::would_wait`] and [`Body::when_ready`] before each chunk is read
+//! (a pending block). The socket layer waits there holding no thread;
+//! [`Service::respond`] runs the same steps, blocking.
 
 use std::io::Read;
 use std::sync::Arc;
 
 use crate::http::range::{wanted, Wanted};
-use crate::http::target::{path_names, BadTarget};
-use crate::http::tree::{Content, Tree, Unreadable};
+use crate::http::target::{absolute_form, path_names, BadTarget};
+use crate::http::tree::{Content, Ready, Tree, Unreadable};
 
 /// Bytes read from a file at once: a request holds at most this much.
 const CHUNK: usize = 256 << 10;
@@ -16,6 +22,9 @@ const CHUNK: usize = 256 << 10;
 const PREFLIGHT_MAX_AGE: &str = "86400";
 
 const ALLOWED_METHODS: &str = "GET, HEAD, OPTIONS";
+
+/// Seconds a client refused for being one too many is told to wait.
+const RETRY_AFTER: &str = "1";
 
 /// Which web pages' scripts may read the responses (CORS).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,6 +121,46 @@ impl Body {
         self.len == 0
     }
 
+    /// Where and how many bytes the next chunk is read from, when it is
+    /// read from a file (`None`: at the end, or buffered already).
+    fn next_read(&self) -> Option<(u64, usize)> {
+        let Source::File { start, .. } = &self.source else {
+            return None;
+        };
+        if self.sent == self.len || self.consumed < self.buffer.len() {
+            return None;
+        }
+        let want = (self.len - self.sent).min(CHUNK as u64) as usize;
+        Some((start + self.sent, want))
+    }
+
+    /// Whether reading the next chunk would wait for data not there yet.
+    pub fn would_wait(&self) -> bool {
+        match (&self.source, self.next_read()) {
+            (Source::File { content, .. }, Some((offset, len))) => content.would_wait(offset, len),
+            _ => false,
+        }
+    }
+
+    /// Calls `ready` once the next chunk can be read without waiting.
+    pub fn when_ready(&mut self, ready: Ready) {
+        match (self.next_read(), &mut self.source) {
+            (Some((offset, len)), Source::File { content, .. }) => {
+                content.when_ready(offset, len, ready)
+            }
+            _ => ready(),
+        }
+    }
+
+    /// Reads the next chunk now, unless it is buffered already: a read
+    /// that fails before the status line is still an error status.
+    pub fn read_ahead(&mut self) -> std::io::Result<()> {
+        if self.next_read().is_some() {
+            self.refill()?;
+        }
+        Ok(())
+    }
+
     /// The next bytes of the body: what is left of the buffer, or the next
     /// chunk read; `None` at its end.
     pub fn next_chunk(&mut self) -> std::io::Result<Option<Vec<u8>>> {
@@ -185,17 +234,90 @@ impl Service {
         &self.cors
     }
 
-    /// The response to `request`. A GET of bytes of a pending block
-    /// returns once the first chunk of them is there.
+    /// The response to `request`, its first chunk read (for a GET): the
+    /// steps the socket layer takes, each wait blocking the caller.
     pub fn respond(&self, request: &Request) -> Response {
+        wait_blocking(|ready| self.when_ready(request, ready));
+        let mut response = self.begin(request);
+        if request.method == "GET" {
+            wait_blocking(|ready| response.body.when_ready(ready));
+            if let Err(e) = response.body.read_ahead() {
+                return self.read_failed(request, &e);
+            }
+        }
+        response
+    }
+
+    /// Whether opening the file `request` asks for would wait (a view's
+    /// wait file while the view is being made).
+    pub fn would_wait(&self, request: &Request) -> bool {
+        self.names_to_open(request)
+            .is_some_and(|names| self.tree.would_wait(&names))
+    }
+
+    /// Calls `ready` once the file `request` asks for can be opened
+    /// without waiting; at once for every other request.
+    pub fn when_ready(&self, request: &Request, ready: Ready) {
+        match self.names_to_open(request) {
+            Some(names) => self.tree.when_ready(&names, ready),
+            None => ready(),
+        }
+    }
+
+    /// The response to `request`, its body not read yet: call
+    /// [`Body::read_ahead`] before sending a GET's status line.
+    pub fn begin(&self, request: &Request) -> Response {
         let mut response = self.answer(request);
         self.add_cors(request, &mut response);
         response
     }
 
+    /// The response to `request` when its body's first chunk could not be read.
+    pub fn read_failed(&self, request: &Request, error: &std::io::Error) -> Response {
+        let mut response = text(500, &format!("cannot read it: {error}\n"));
+        self.add_cors(request, &mut response);
+        response
+    }
+
+    /// The response to a request that would wait when too many wait
+    /// already, or to a connection past the limit.
+    pub fn busy(&self, request: &Request) -> Response {
+        let mut response = text(
+            503,
+            "too many requests are waiting for data not made yet; try again shortly\n",
+        );
+        response.headers.push(("Retry-After", RETRY_AFTER.into()));
+        self.add_cors(request, &mut response);
+        response
+    }
+
+    /// The path names a GET or HEAD that will be answered from the tree
+    /// asks for; `None` for any request refused before that.
+    fn names_to_open(&self, request: &Request) -> Option<Vec<String>> {
+        let reads = matches!(request.method, "GET" | "HEAD");
+        (reads && self.refusal(request).is_none())
+            .then(|| path_names(request.target).ok())
+            .flatten()
+    }
+
+    /// Why `request` is refused whatever it asks for: the host it names.
+    fn refusal(&self, request: &Request) -> Option<Response> {
+        let host = match named_host(request) {
+            Ok(host) => host,
+            Err(why) => return Some(text(400, why)),
+        };
+        if self.hosts == Hosts::Loopback && !host.is_none_or(is_loopback_host) {
+            return Some(text(
+                403,
+                "this server answers requests for localhost only\n",
+            ));
+        }
+        None
+    }
+
     fn answer(&self, request: &Request) -> Response {
-        if self.hosts == Hosts::Loopback && !request.header("host").is_none_or(is_loopback_host) {
-            return text(403, "this server answers requests for localhost only\n");
+        if let Some(refusal) = self.refusal(request) {
+            return refusal;
         }
         match request.method {
             "GET" | "HEAD" => self.read(request),
@@ -239,18 +361,10 @@ impl Service {
         if status == 206 {
             headers.push(("Content-Range", format!("bytes {start}-{}/{len}", end - 1)));
         }
-        let mut body = Body::file(content, start, end - start);
-        if request.method == "GET" && !body.is_empty() {
-            // The first chunk before the status line: a read that fails
-            // (the view failed or stopped) is still an error status.
-            if let Err(e) = body.refill() {
-                return text(500, &format!("cannot read it: {e}\n"));
-            }
-        }
         Response {
             status,
             headers,
-            body,
+            body: Body::file(content, start, end - start),
         }
     }
 
@@ -322,6 +436,39 @@ impl Service {
             ));
         }
     }
+}
+
+/// The host `request` names: the authority of a target in absolute form,
+/// else its `Host` header (RFC 9112 §3.2). Several `Host` headers, or an
+/// absolute target naming another host than `Host`, are bad requests:
+/// judging either by one of them would let the other through.
+fn named_host<'r>(request: &Request<'r>) -> Result<Option<&'r str>, &'static str> {
+    let mut hosts = request
+        .headers
+        .iter()
+        .filter(|(name, _)| name.eq_ignore_ascii_case("host"))
+        .map(|(_, value)| *value);
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err("several Host headers\n");
+    }
+    match absolute_form(request.target) {
+        Some((authority, _)) if host.is_some_and(|host| !host.eq_ignore_ascii_case(authority)) => {
+            Err("the target names another host than the Host header\n")
+        }
+        Some((authority, _)) => Ok(Some(authority)),
+        None => Ok(host),
+    }
+}
+
+/// Runs `start`, then blocks until the [`Ready`] it was given is called
+/// (or dropped: nothing is left to wait for).
+fn wait_blocking(start: impl FnOnce(Ready)) {
+    let (done, ready) = std::sync::mpsc::sync_channel(1);
+    start(Box::new(move || {
+        let _ = done.send(());
+    }));
+    let _ = ready.recv();
 }
 
 /// Whether `host` (a `Host` header: name or address, maybe a port) names

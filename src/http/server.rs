@@ -1,18 +1,31 @@
 //! The socket layer: hyper parses requests and writes responses on a
-//! small tokio runtime that only moves bytes; each request is answered by
-//! [`Service::respond`] on a blocking thread of its own, which then reads
-//! the body a chunk at a time into a channel the connection sends from.
+//! small tokio runtime that only moves bytes and waits; the steps of
+//! [`Service`] that touch files (opening, reading a chunk) run on blocking
+//! threads, one step at a time, and a body flows through a channel the
+//! connection sends from.
 //!
-//! A request waiting for a pending block holds its blocking thread, and
-//! only it: other requests go on being answered. At most [`MAX_ANSWERING`]
-//! requests are answered at once; the next ones wait for a thread. That
-//! cannot deadlock: a request waits only for the view's materialiser,
-//! which ends every wait (with the bytes, or an error when the view fails
-//! or stops), never for another request. A client that disconnects drops
-//! its channel: the thread's next send fails, and it ends. A read that
-//! fails after the headers were sent ends the body short, and hyper closes
-//! the connection: the client sees a response cut short, or none, never
-//! wrong bytes.
+//! Waiting holds no thread. A request for data not made yet (a view's
+//! pending block, its wait file) is parked in the view with a callback,
+//! and its task sleeps until called; meanwhile the blocking threads go on
+//! answering the rest. So that the waiting cannot crowd out the rest, each
+//! kind has its limit ([`Limits`]): at most `waiting` requests wait at
+//! once (the next one is answered 503 with `Retry-After`), at most
+//! [`MAX_ANSWERING`] steps run on threads at once (more queue, briefly:
+//! none of them waits for data), and at most `connections` connections
+//! are open (the next one is answered 503 and closed, so descriptors
+//! cannot run out). A connection that takes longer than `header_timeout`
+//! to send a request's headers, or stays idle that long between requests,
+//! is closed. This cannot deadlock: a parked request waits only for the
+//! view's materialiser, which ends every wait (with the bytes, or an error
+//! when the view fails or stops), never for another request.
+//!
+//! A client that disconnects while its request waits frees its place at
+//! once (hyper drops the request's task when it sees the connection end);
+//! while its body is sent, the next send fails and the task ends. A read
+//! that fails after the headers were sent ends the body short, and hyper
+//! closes the connection: the client sees a response cut short, or none,
+//! never wrong bytes. A directory's reads through a mounted view wait in
+//! the kernel, on a blocking thread: `mount --serve` waits holding none.
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener};
@@ -22,14 +35,27 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::body::{Body as HttpBody, Bytes, Frame, Incoming, SizeHint};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
-use crate::http::respond::{Body, Request, Service};
+use crate::http::respond::{Body, Request, Response, Service};
+use crate::http::tree::Ready;
 
-/// Requests answered at once (each holds a blocking thread and at most a
-/// chunk or two of bytes; parked ones hold no bytes).
+/// Steps run on threads at once (each holds a blocking thread and at most
+/// a chunk of bytes).
 pub const MAX_ANSWERING: usize = 256;
+
+/// Connections open at once, by default: half the usual limit of 1,024
+/// descriptors, the rest left to the view.
+pub const MAX_CONNECTIONS: usize = 512;
+
+/// Requests waiting for data at once, by default: enough for many
+/// viewers, while leaving connections for requests that need not wait.
+pub const MAX_WAITING: usize = 384;
+
+/// How long a connection may take to send a request's headers, or stay
+/// idle between requests, by default.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Threads moving bytes between sockets and channels.
 const IO_THREADS: usize = 2;
@@ -40,11 +66,39 @@ const THREAD_STACK: usize = 512 << 10;
 /// Chunks read ahead of the socket per response.
 const CHUNKS_AHEAD: usize = 1;
 
+/// What a connection past the limit is told before it is closed.
+const TOO_MANY_CONNECTIONS: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+    Retry-After: 1\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\
+    Content-Length: 25\r\n\r\ntoo many connections open";
+
+/// How much a server lets its clients hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once; the next is answered 503 and closed.
+    pub connections: usize,
+    /// Requests waiting for data at once; the next is answered 503.
+    pub waiting: usize,
+    /// How long a connection may take to send a request's headers, or
+    /// stay idle between requests, before it is closed.
+    pub header_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            connections: MAX_CONNECTIONS,
+            waiting: MAX_WAITING,
+            header_timeout: HEADER_TIMEOUT,
+        }
+    }
+}
+
 /// A listening socket and what answers on it: the server, not yet started
 /// (so that it can be made before a daemon forks, and started after).
 pub struct HttpServer {
     listener: TcpListener,
     service: Arc<Service>,
+    limits: Limits,
 }
 
 impl HttpServer {
@@ -52,7 +106,13 @@ impl HttpServer {
         HttpServer {
             listener,
             service: Arc::new(service),
+            limits: Limits::default(),
         }
+    }
+
+    /// The same server, letting its clients hold `limits`.
+    pub fn with_limits(self, limits: Limits) -> HttpServer {
+        HttpServer { limits, ..self }
     }
 
     pub fn address(&self) -> Result<SocketAddr> {
@@ -80,10 +140,21 @@ impl HttpServer {
         self.listener
             .set_nonblocking(true)
             .map_err(|e| failed("fcntl", e))?;
-        let HttpServer { listener, service } = self;
+        let HttpServer {
+            listener,
+            service,
+            limits,
+        } = self;
+        let shared = Arc::new(Shared {
+            service,
+            answering: Arc::new(Semaphore::new(MAX_ANSWERING)),
+            waiting: Arc::new(Semaphore::new(limits.waiting)),
+            header_timeout: limits.header_timeout,
+        });
+        let connections = Arc::new(Semaphore::new(limits.connections));
         std::thread::Builder::new()
             .name("http-accept".into())
-            .spawn(move || runtime.block_on(accept(listener, service)))
+            .spawn(move || runtime.block_on(accept(listener, shared, connections)))
             .map_err(|e| failed("thread spawn", e))?;
         Ok(())
     }
@@ -97,8 +168,102 @@ impl HttpServer {
     }
 }
 
-/// Accepts connections and serves each on its own task.
-async fn accept(listener: TcpListener, service: Arc<Service>) {
+/// What every connection's requests share: the service and the places
+/// of each kind.
+struct Shared {
+    service: Arc<Service>,
+    answering: Arc<Semaphore>,
+    waiting: Arc<Semaphore>,
+    header_timeout: Duration,
+}
+
+/// Something that may have to wait before its next step: the file a
+/// request asks for, or a body's next chunk.
+trait Wait: Send + 'static {
+    fn would_wait(&self) -> bool;
+    fn when_ready(&mut self, ready: Ready);
+}
+
+impl Wait for (Arc<Service>, Arc<Asked>) {
+    fn would_wait(&self) -> bool {
+        self.0.would_wait(&self.1.request())
+    }
+
+    fn when_ready(&mut self, ready: Ready) {
+        self.0.when_ready(&self.1.request(), ready)
+    }
+}
+
+impl Wait for Body {
+    fn would_wait(&self) -> bool {
+        Body::would_wait(self)
+    }
+
+    fn when_ready(&mut self, ready: Ready) {
+        Body::when_ready(self, ready)
+    }
+}
+
+/// What a step yields when it cannot: the task panicked (a bug), or no
+/// place was left to wait in.
+enum Stopped {
+    Failed,
+    Busy,
+}
+
+impl Shared {
+    /// Runs `job` on a blocking thread, with one of the answering places.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> std::result::Result<T, Stopped> {
+        let place = self.answering.clone().acquire_owned().await;
+        let place = place.map_err(|_| Stopped::Failed)?;
+        tokio::task::spawn_blocking(move || {
+            let out = job();
+            drop(place);
+            out
+        })
+        .await
+        .map_err(|_| Stopped::Failed)
+    }
+
+    /// Returns `thing` once its next step would not wait: at once, or,
+    /// holding a waiting place and no thread, once it is called back.
+    /// [`Stopped::Busy`] when it would wait and `limited` places are all
+    /// taken (a body already under way waits without one).
+    async fn ready<W: Wait>(&self, mut thing: W, limited: bool) -> std::result::Result<W, Stopped> {
+        let (called, ready) = oneshot::channel::<()>();
+        let places = self.waiting.clone();
+        let (thing, waits) = self
+            .blocking(move || {
+                if !thing.would_wait() {
+                    return (thing, Ok(None));
+                }
+                let place = match places.try_acquire_owned() {
+                    Ok(place) => Some(place),
+                    Err(_) if limited => return (thing, Err(Stopped::Busy)),
+                    Err(_) => None,
+                };
+                thing.when_ready(Box::new(move || {
+                    let _ = called.send(());
+                }));
+                (thing, Ok(Some(place)))
+            })
+            .await?;
+        let waits: Option<Option<OwnedSemaphorePermit>> = waits?;
+        if let Some(_place) = waits {
+            // An error when the callback was dropped uncalled: nothing is
+            // left to wait for.
+            let _ = ready.await;
+        }
+        Ok(thing)
+    }
+}
+
+/// Accepts connections and serves each on its own task, while there are
+/// places for them.
+async fn accept(listener: TcpListener, shared: Arc<Shared>, connections: Arc<Semaphore>) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(listener) => listener,
         Err(e) => return log::error!("HTTP server: cannot listen: {e}"),
@@ -106,10 +271,19 @@ async fn accept(listener: TcpListener, service: Arc<Service>) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
+                let Ok(place) = connections.clone().try_acquire_owned() else {
+                    // Said if the socket takes it at once; closed either way.
+                    let _ = stream.try_write(TOO_MANY_CONNECTIONS);
+                    continue;
+                };
                 // Headers and body go out as soon as written (no 40 ms
                 // wait for the client's delayed ACK between them).
                 let _ = stream.set_nodelay(true);
-                tokio::spawn(connection(stream, service.clone()));
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    connection(stream, shared).await;
+                    drop(place);
+                });
             }
             Err(e) => {
                 // Out of descriptors, most likely: wait for some to close.
@@ -121,10 +295,14 @@ async fn accept(listener: TcpListener, service: Arc<Service>) {
 }
 
 /// Serves one connection's requests (HTTP/1.1, kept alive).
-async fn connection(stream: tokio::net::TcpStream, service: Arc<Service>) {
+async fn connection(stream: tokio::net::TcpStream, shared: Arc<Shared>) {
     let io = hyper_util::rt::TokioIo::new(stream);
-    let answer = hyper::service::service_fn(move |request| answer(request, service.clone()));
+    let header_timeout = shared.header_timeout;
+    let answer = hyper::service::service_fn(move |request| answer(request, shared.clone()));
     if let Err(e) = hyper::server::conn::http1::Builder::new()
+        // Also runs while the connection is idle between requests.
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_timeout)
         .serve_connection(io, answer)
         .await
     {
@@ -132,59 +310,73 @@ async fn connection(stream: tokio::net::TcpStream, service: Arc<Service>) {
     }
 }
 
-/// What the blocking thread hands back first: the status, headers and
-/// body length.
-type Head = (u16, Vec<(&'static str, String)>, u64);
+/// A request as the service reads it, owned so that it can move between
+/// threads.
+struct Asked {
+    method: String,
+    target: String,
+    headers: Vec<(String, String)>,
+}
 
-/// Answers one request: [`Service::respond`] on a blocking thread, whose
-/// body then flows through a channel.
-async fn answer(
-    request: hyper::Request<Incoming>,
-    service: Arc<Service>,
-) -> std::result::Result<hyper::Response<Streamed>, Infallible> {
-    let method = request.method().as_str().to_string();
-    let target = request
-        .uri()
-        .path_and_query()
-        .map_or_else(|| request.uri().to_string(), |p| p.as_str().to_string());
-    let headers: Vec<(String, String)> = request
-        .headers()
-        .iter()
-        .map(|(name, value)| {
-            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-            (name.as_str().to_string(), value)
-        })
-        .collect();
-    let (head_sender, head) = oneshot::channel::<Head>();
-    let (chunk_sender, chunks) = mpsc::channel(CHUNKS_AHEAD);
-    let head_only = method == "HEAD";
-    tokio::task::spawn_blocking(move || {
-        let response = service.respond(&Request {
-            method: &method,
-            target: &target,
-            headers: headers
+impl Asked {
+    fn of(request: &hyper::Request<Incoming>) -> Asked {
+        Asked {
+            method: request.method().as_str().to_string(),
+            // Whole, so that an absolute-form target keeps its host.
+            target: request.uri().to_string(),
+            headers: request
+                .headers()
+                .iter()
+                .map(|(name, value)| {
+                    let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+                    (name.as_str().to_string(), value)
+                })
+                .collect(),
+        }
+    }
+
+    fn request(&self) -> Request<'_> {
+        Request {
+            method: &self.method,
+            target: &self.target,
+            headers: self
+                .headers
                 .iter()
                 .map(|(n, v)| (n.as_str(), v.as_str()))
                 .collect(),
-        });
-        let len = response.body.len();
-        if head_sender
-            .send((response.status, response.headers, len))
-            .is_ok()
-            && !head_only
-        {
-            send_body(response.body, &chunk_sender, &method, &target);
         }
-    });
-    let Ok((status, fields, len)) = head.await else {
-        // The thread panicked: a bug, answered as one.
-        let mut failed = hyper::Response::new(Streamed::empty());
-        *failed.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
-        return Ok(failed);
+    }
+}
+
+/// Answers one request: each step of [`Service`] on a blocking thread,
+/// each wait on none; the body then flows through a channel.
+async fn answer(
+    request: hyper::Request<Incoming>,
+    shared: Arc<Shared>,
+) -> std::result::Result<hyper::Response<Streamed>, Infallible> {
+    let asked = Arc::new(Asked::of(&request));
+    let head_only = asked.method == "HEAD";
+    let response = match respond(&shared, asked.clone()).await {
+        Ok(response) => response,
+        Err(Stopped::Busy) => shared.service.busy(&asked.request()),
+        Err(Stopped::Failed) => {
+            // A step panicked: a bug, answered as one.
+            let mut failed = hyper::Response::new(Streamed::empty());
+            *failed.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
+            return Ok(failed);
+        }
     };
-    let body = if head_only {
+    let Response {
+        status,
+        headers: fields,
+        body,
+    } = response;
+    let len = body.len();
+    let body = if head_only || body.is_empty() {
         Streamed::empty()
     } else {
+        let (chunk_sender, chunks) = mpsc::channel(CHUNKS_AHEAD);
+        tokio::spawn(send_body(shared, body, chunk_sender, asked));
         Streamed { chunks, left: len }
     };
     let mut response = hyper::Response::new(body);
@@ -200,14 +392,60 @@ async fn answer(
     Ok(response)
 }
 
+/// The response to `asked`, a GET's first chunk read.
+async fn respond(shared: &Shared, asked: Arc<Asked>) -> std::result::Result<Response, Stopped> {
+    let service = shared.service.clone();
+    shared.ready((service.clone(), asked.clone()), true).await?;
+    let (service_now, asked_now) = (service.clone(), asked.clone());
+    let mut response = shared
+        .blocking(move || service_now.begin(&asked_now.request()))
+        .await?;
+    if asked.method != "GET" {
+        return Ok(response);
+    }
+    let body = shared.ready(response.body, true).await?;
+    let (body, read) = shared
+        .blocking(move || {
+            let mut body = body;
+            let read = body.read_ahead();
+            (body, read)
+        })
+        .await?;
+    if let Err(e) = read {
+        return Ok(service.read_failed(&asked.request(), &e));
+    }
+    response.body = body;
+    Ok(response)
+}
+
 /// Reads `body` a chunk at a time into `chunks`, until it ends, a read
 /// fails (the body ends short) or the client is gone.
-fn send_body(mut body: Body, chunks: &mpsc::Sender<Bytes>, method: &str, target: &str) {
+async fn send_body(
+    shared: Arc<Shared>,
+    mut body: Body,
+    chunks: mpsc::Sender<Bytes>,
+    asked: Arc<Asked>,
+) {
+    let (method, target) = (&asked.method, &asked.target);
     loop {
-        match body.next_chunk() {
+        let Ok(ready) = shared.ready(body, false).await else {
+            return;
+        };
+        let Ok((next, chunk)) = shared
+            .blocking(move || {
+                let mut body = ready;
+                let chunk = body.next_chunk();
+                (body, chunk)
+            })
+            .await
+        else {
+            return;
+        };
+        body = next;
+        match chunk {
             Ok(None) => return,
             Ok(Some(chunk)) => {
-                if chunks.blocking_send(Bytes::from(chunk)).is_err() {
+                if chunks.send(Bytes::from(chunk)).await.is_err() {
                     log::info!("HTTP {method} {target}: the client went away");
                     return;
                 }

@@ -3,12 +3,14 @@
 //! split at its slashes, so that an encoded slash (`%2f`) cannot join two
 //! names; `.` and `..`, written plainly or encoded (`%2e%2e`), are refused
 //! outright rather than resolved, so no target names anything above the
-//! root. Empty names (`a//b`, a trailing slash) are skipped.
+//! root. Empty names (`a//b`, a trailing slash) are skipped. A target in
+//! absolute form (`http://host/c/0`) names its path the same way; which
+//! host it names is the caller's to judge ([`absolute_form`]).
 
 /// Why a target names no path inside the root.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BadTarget {
-    /// Not a path (`*`, `http://host/...`), a bad `%` escape, a name
+    /// Not a path (`*`, `ftp://host/...`), a bad `%` escape, a name
     /// that is not UTF-8 or holds a NUL: 400.
     Malformed(&'static str),
     /// A `.` or `..` name, or an encoded slash inside a name: 403.
@@ -17,9 +19,16 @@ pub enum BadTarget {
 
 /// The names of the path `target` asks for, from the root down.
 pub fn path_names(target: &str) -> Result<Vec<String>, BadTarget> {
+    let (target, absolute) = match absolute_form(target) {
+        Some((_, path)) => (path, true),
+        None => (target, false),
+    };
     let path = target.split(['?', '#']).next().unwrap_or("");
-    let Some(path) = path.strip_prefix('/') else {
-        return Err(BadTarget::Malformed("the target is not a path"));
+    let path = match path.strip_prefix('/') {
+        Some(path) => path,
+        // `http://host` and `http://host?x` name the root (RFC 9112 §3.2.2).
+        None if absolute && path.is_empty() => "",
+        None => return Err(BadTarget::Malformed("the target is not a path")),
     };
     let mut names = Vec::new();
     for raw in path.split('/').filter(|raw| !raw.is_empty()) {
@@ -36,6 +45,17 @@ pub fn path_names(target: &str) -> Result<Vec<String>, BadTarget> {
         names.push(name);
     }
     Ok(names)
+}
+
+/// A target in absolute form (`http://host:port/path?query`) as its
+/// authority (`host:port`) and the rest (`/path?query`, maybe empty);
+/// `None` for any other form.
+pub fn absolute_form(target: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = target.split_once("://")?;
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return None;
+    }
+    Some(rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len())))
 }
 
 /// `raw` with its `%XX` escapes decoded.
@@ -77,6 +97,13 @@ mod tests {
         assert_eq!(names("/a%20b/%41?x=/../#frag"), ["a b", "A"]);
         assert_eq!(names("/0.1.2"), ["0.1.2"]);
         assert_eq!(names("/...."), ["...."]);
+        assert_eq!(names("http://localhost:8000/c/0"), ["c", "0"]);
+        assert_eq!(names("HTTP://localhost"), Vec::<String>::new());
+        assert_eq!(
+            absolute_form("http://a.example:80/x?y"),
+            Some(("a.example:80", "/x?y"))
+        );
+        assert_eq!(absolute_form("/http://a/x"), None);
     }
 
     #[test]
@@ -90,6 +117,7 @@ mod tests {
             "/.%2e/secret",
             "/a/.",
             "/a%2fb",
+            "http://localhost/../secret",
             "/..%2fsecret",
             "/%2e%2e%2fsecret",
         ] {
@@ -104,7 +132,8 @@ mod tests {
     fn malformed_targets_are_bad_requests() {
         for target in [
             "*",
-            "http://host/a",
+            "ftp://host/a",
+            "http:/a",
             "",
             "/a%",
             "/a%2",

@@ -48,6 +48,8 @@ fn served_dir(len: usize) -> (tempfile::TempDir, Service, Vec<u8>) {
     std::os::unix::fs::symlink(top.path().join("secret"), root.join("out")).unwrap();
     std::os::unix::fs::symlink("../../secret", root.join("c/up")).unwrap();
     std::os::unix::fs::symlink("0/1", root.join("c/in")).unwrap();
+    // Absolute, and inside: refused all the same (docs/serve.md, Security).
+    std::os::unix::fs::symlink(root.join("c/0/1"), root.join("c/absolute")).unwrap();
     let tree = Arc::new(DirTree::new(&root).unwrap());
     let service = Service::new(tree, Cors::Any, Hosts::Loopback);
     (top, service, bytes)
@@ -111,6 +113,7 @@ fn paths_out_of_the_root_are_refused_and_links_inside_followed() {
         "/c%2f0%2f1",
         "/out",
         "/c/up",
+        "/c/absolute",
     ] {
         let response = service.respond(&request("GET", target, &[]));
         assert_eq!(response.status, 403, "{target}");
@@ -207,6 +210,35 @@ fn a_configured_origin_is_named_and_other_hosts_are_refused() {
     let get = open.respond(&rebound);
     assert_eq!(get.status, 200);
     assert!(header(&get, "access-control-allow-origin").is_none());
+}
+
+#[test]
+fn several_hosts_or_an_absolute_target_naming_another_host_are_bad_requests() {
+    let (_dir, service, bytes) = served_dir(10);
+    let asked = |target, hosts: &[&'static str]| {
+        let request = Request {
+            method: "GET",
+            target,
+            headers: hosts.iter().map(|host| ("Host", *host)).collect(),
+        };
+        service.respond(&request).status
+    };
+    // Judged by either header, one of these would be let through.
+    assert_eq!(asked("/c/0/1", &["localhost", "attacker.example"]), 400);
+    assert_eq!(asked("/c/0/1", &["attacker.example", "localhost"]), 400);
+    assert_eq!(asked("http://attacker.example/c/0/1", &["localhost"]), 400);
+    assert_eq!(
+        asked("http://localhost:8000/c/0/1", &["127.0.0.1:8000"]),
+        400
+    );
+    // The absolute form names the host when no Host header does.
+    assert_eq!(asked("http://attacker.example/c/0/1", &[]), 403);
+    assert_eq!(
+        asked("http://LOCALHOST:8000/c/0/1", &["localhost:8000"]),
+        200
+    );
+    let absolute = service.respond(&request("GET", "http://127.0.0.1:8000/c/0/1", &[]));
+    assert_eq!(body(absolute), bytes);
 }
 
 #[test]

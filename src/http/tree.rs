@@ -2,7 +2,11 @@
 //! A directory on disk ([`DirTree`], which may be a mounted view: its
 //! reads then wait for pending blocks in the kernel) or a view's core
 //! ([`ViewTree`], whose reads of pending blocks are parked like the FUSE
-//! adapter's, and answered on this request's thread once done).
+//! adapter's). What may wait says so beforehand (`would_wait`) and can
+//! call back once it need not (`when_ready`), so that a request waiting
+//! for a view holds no thread: a view's reads are parked with a callback.
+//! A directory's reads cannot be: one through a mounted view waits in the
+//! kernel, on the thread that reads.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -12,8 +16,13 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use crate::error::{Error, Result};
-use crate::view::{NodeKind, ViewCore, ROOT_INO};
+use crate::view::{Errno, NodeAttr, NodeKind, ViewCore, ROOT_INO, STATE_XATTR, WAIT_INO};
+
+/// Called once what was asked for can be had without waiting.
+pub type Ready = Box<dyn FnOnce() + Send>;
 
 /// Why a path cannot be read.
 #[derive(Debug)]
@@ -34,12 +43,32 @@ pub trait Content: Send {
     /// Up to `len` bytes at `offset` (fewer only at the end); waits for
     /// data that is not there yet (a pending block).
     fn read_at(&mut self, offset: u64, len: usize) -> std::io::Result<Vec<u8>>;
+    /// Whether `read_at(offset, len)` would wait for data not there yet;
+    /// reads nothing.
+    fn would_wait(&self, _offset: u64, _len: usize) -> bool {
+        false
+    }
+    /// Calls `ready` once `read_at(offset, len)` would not wait, holding
+    /// no thread meanwhile; at once unless it would.
+    fn when_ready(&mut self, _offset: u64, _len: usize, ready: Ready) {
+        ready()
+    }
 }
 
 /// A tree of files to serve.
 pub trait Tree: Send + Sync {
     /// Opens the file at `names` (checked path names, from the root down).
     fn open(&self, names: &[String]) -> std::result::Result<Box<dyn Content>, Unreadable>;
+    /// Whether opening `names` would wait (a view's wait file while the
+    /// view is made); looks nothing up on disk.
+    fn would_wait(&self, _names: &[String]) -> bool {
+        false
+    }
+    /// Calls `ready` once opening `names` would not wait, holding no
+    /// thread meanwhile; at once unless it would.
+    fn when_ready(&self, _names: &[String], ready: Ready) {
+        ready()
+    }
 }
 
 /// Whether `tree` has a file at `names`.
@@ -167,8 +196,8 @@ impl ViewTree {
     }
 }
 
-impl Tree for ViewTree {
-    fn open(&self, names: &[String]) -> std::result::Result<Box<dyn Content>, Unreadable> {
+impl ViewTree {
+    fn node(&self, names: &[String]) -> std::result::Result<NodeAttr, Unreadable> {
         let mut node = self.core.getattr(ROOT_INO).map_err(view_error)?;
         for name in names {
             node = self
@@ -176,6 +205,41 @@ impl Tree for ViewTree {
                 .lookup(node.ino, OsStr::new(name))
                 .map_err(view_error)?;
         }
+        Ok(node)
+    }
+}
+
+impl Tree for ViewTree {
+    fn would_wait(&self, names: &[String]) -> bool {
+        self.node(names).is_ok_and(|node| node.ino == WAIT_INO)
+            && self.core.status().state == "materialising"
+    }
+
+    fn when_ready(&self, names: &[String], ready: Ready) {
+        // A read of the wait file is parked until materialising ends.
+        let wait_file = self.node(names).is_ok_and(|node| node.ino == WAIT_INO);
+        let Some(handle) = wait_file
+            .then(|| self.core.open(WAIT_INO, false).ok())
+            .flatten()
+            .map(|(handle, _)| handle)
+        else {
+            return ready();
+        };
+        let core = self.core.clone();
+        self.core.read(
+            WAIT_INO,
+            handle,
+            0,
+            0,
+            Box::new(move |_| {
+                core.release(handle);
+                ready();
+            }),
+        );
+    }
+
+    fn open(&self, names: &[String]) -> std::result::Result<Box<dyn Content>, Unreadable> {
+        let node = self.node(names)?;
         if node.kind == NodeKind::Directory {
             return Err(Unreadable::Directory);
         }
@@ -185,6 +249,7 @@ impl Tree for ViewTree {
             ino: node.ino,
             handle,
             len: node.size,
+            early: Arc::new(Mutex::new(None)),
         };
         if self.core.changes(node.ino) {
             // The status files: their length is that of the snapshot read.
@@ -212,6 +277,16 @@ struct ViewFile {
     ino: u64,
     handle: u64,
     len: u64,
+    /// A read made by [`Content::when_ready`], answered (or not yet),
+    /// for `read_at` to take.
+    early: Arc<Mutex<Option<Early>>>,
+}
+
+/// A read answered before it was asked for.
+struct Early {
+    offset: u64,
+    len: usize,
+    result: std::result::Result<Vec<u8>, Errno>,
 }
 
 impl Content for ViewFile {
@@ -219,7 +294,37 @@ impl Content for ViewFile {
         self.len
     }
 
+    fn would_wait(&self, _offset: u64, _len: usize) -> bool {
+        // A pending block's header bytes would not wait, but asking for
+        // them is not worth telling apart.
+        self.core
+            .getxattr(self.ino, OsStr::new(STATE_XATTR))
+            .is_ok_and(|state| state == b"pending")
+    }
+
+    fn when_ready(&mut self, offset: u64, len: usize, ready: Ready) {
+        let early = self.early.clone();
+        self.core.read(
+            self.ino,
+            self.handle,
+            offset,
+            u32::try_from(len).unwrap_or(u32::MAX),
+            Box::new(move |result| {
+                *early.lock() = Some(Early {
+                    offset,
+                    len,
+                    result,
+                });
+                ready();
+            }),
+        );
+    }
+
     fn read_at(&mut self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        let early = self.early.lock().take();
+        if let Some(early) = early.filter(|e| (e.offset, e.len) == (offset, len)) {
+            return early.result.map_err(std::io::Error::from_raw_os_error);
+        }
         let (send, answer) = sync_channel(1);
         let size = u32::try_from(len).unwrap_or(u32::MAX);
         self.core.read(
