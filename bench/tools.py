@@ -305,12 +305,13 @@ def run_one(inp, out, w, tool, cap, mem, ctx):
             cmd = ctx.cgroups.wrap(group, cmd)
             rec["cgroup"] = str(group)
         rec["cache_dropped"] = ctx.dropper.drop()
-        # The harness waits for no other child meanwhile, so the children's
-        # CPU time grows by this run's alone.
-        cpu0 = children_cpu()
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
+        # Until it is reaped the harness waits for no other child, so the
+        # children's CPU time grows by this run's alone (taken after Popen,
+        # which may reap an earlier child itself).
+        cpu0 = children_cpu()
         try:
             stdout, stderr = proc.communicate(timeout=ctx.timeout)
             wall = time.monotonic() - t0
