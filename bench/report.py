@@ -224,6 +224,8 @@ def cpu_table(rows, wl):
     for r in rows:
         table.setdefault((r["workload"], r["cap_bytes"], r["tool"]), {})[r.get("cores")] = r
     for (name, _, tool), by_cores in table.items():
+        if not any(r["status"] == "ok" for r in by_cores.values()):
+            continue        # never ran here: the results table says why
         first = next(iter(by_cores.values()))
         cells = [name, cap_label(dict(first, cores=None)), label(tool)]
         for c in sets:

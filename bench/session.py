@@ -5,6 +5,7 @@ rounds per workload and cap, on each set of cores asked for (a tmpfs
 workload inside a tmpfs mounted for its rounds alone), check every run's
 output, and save and report the results."""
 import json
+import os
 import random
 import shutil
 
@@ -409,6 +410,10 @@ class Session:
                          + ", ".join(f"{k} {show_bytes(v)}" for k, v in self.mems.items())
                          + ("" if self.a.budget else " (what rechunkfs keep's plan holds without --mem, or one"
                             " input or output block if that is more)"))
+        if self.cores != [None]:
+            notes.append("every tool ran on each core set, pinned with taskset, the core sets side by side in the same"
+                         " rounds: " + ", ".join(cores_label(c) for c in self.cores)
+                         + f" (this machine: {os.cpu_count()} CPUs)")
         if not self.dropper.failed:
             notes.append("page cache dropped (sync; echo 3 > /proc/sys/vm/drop_caches) before every run")
         for r in aggregate(self.records):
