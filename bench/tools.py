@@ -26,7 +26,6 @@ NOT_COMPRESSED = {
     "baseline": "writes an output block in pieces; a compressed block is encoded whole",
     "view": "a view's sizes must be exact before its data exist; a compressed block's are not",
     "limit": "writes files the sizes of the output's, which a compressed output has only once written",
-    "levels": "runs on W1-levels only",
     "rechunker-python": "not set up for compressed Zarr v3",
     "rechunker-dask": "not set up for compressed Zarr v3",
     "h5repack": "reads HDF5, not Zarr",
