@@ -12,7 +12,7 @@ from .common import MIB, PUBLISH_DIR, ROOT, die, parse_size, show_bytes
 from .report import published_suffix, saved_workloads, write_results
 from .session import Session
 from .system import MemoryCgroups
-from .tools import OPTIONAL, Interrupted, parse_peers
+from .tools import OPTIONAL, Interrupted, cores_arg, parse_peers
 from .view import umount
 from .workloads import choose
 
@@ -109,12 +109,23 @@ Workloads (--workload, comma-separated, or "all"; default W1):
          35^3 chunks, into 50^3 zstd Zarr v3 chunks; every tool reads the same
          array (rechunkfs with --format zarr3 --compress zstd:3); keep,
          TensorStore and zarrs_reencode only (only when named or with "all").
+  W1-image
+         W1-zstd's geometry and codecs with image-like content: smooth
+         structure plus noise (bench/peers/content.py), which zstd:3 stores in
+         about 0.6 of its raw bytes, as it does real scans; a 700^3 uint16
+         zstd Zarr v3 array in 35^3 chunks written by TensorStore, into 50^3
+         zstd:3 Zarr v3 chunks; keep, TensorStore and zarrs_reencode only (only
+         when named or with "all").
+  W1-levels
+         W1 into 50^3 Zarr v2 chunks, level 0 alone (keep: rechunk --format
+         zarr) against the pyramid (rechunk --format zarr --levels auto, 5
+         levels), side by side; rechunkfs only (only when named or with "all").
   W2     1750^3 uint16 in 175^3 blocks -> 250^3 blocks (10.7 GB; only when
          named or with "all"; skipped with a message if the disk cannot hold
          its inputs, the peers' copies and the largest output).
   split  one 350^3 HDF5 file -> 50^3 blocks.
   merge  a 350^3 array in 35^3 blocks -> one file (--shape = the array).
---quick shrinks them for a smoke run: W1, W1-tmpfs, W1-zstd 350^3 in 35^3 -> 50^3, W2 350^3 in
+--quick shrinks them for a smoke run: W1, W1-tmpfs, W1-zstd, W1-image, W1-levels 350^3 in 35^3 -> 50^3, W2 350^3 in
 70^3 -> 100^3, split one 250^3 file -> 50^3, merge 350^3 in 35^3 -> one file.
 
 Memory cap: a child of this process's memory cgroup per capped run, limit
@@ -131,6 +142,15 @@ each round in its own order (seeded, so a rerun repeats it), so the
 machine's drift over minutes and what one run leaves to the next fall on
 all tools alike.
 
+Cores (--cores 1,all): every tool runs once per core set, pinned with
+taskset -c to the first N cores this process may use (1: taskset -c 0; all:
+taskset -c 0-(n-1)), the core sets side by side in the same rounds. Each
+run's CPU time (user + system, from wait4's rusage; a Python tool's from
+its go, a view's from its daemon) is reported per GiB of the array, and for
+each tool run on 1 and on n cores the parallel fraction measured with
+Amdahl's law, p = (1 - Tn/T1) / (1 - 1/n), and the speed-ups it projects
+for 16 and 64 cores, 1 / ((1 - p) + p/N). Without --cores nothing is pinned.
+
 Results: printed, and written to WORKDIR/results.md with WORKDIR/chart.svg
 (with --publish: docs/bench/results.md and docs/bench/chart.svg in the
 repository, replacing the ones there; a run without W1 publishes under its
@@ -142,6 +162,8 @@ Examples:
   bench/run --quick --no-peers --repeat 1     # keep vs baseline only, fast
   bench/run --workload all --publish          # everything, for the README
   bench/run --workload W1 --peers limit,tensorstore,zarrs --cap 512M
+  bench/run --workload W1-image --peers tensorstore,zarrs --cores 1,all --cap 0
+  bench/run --workload W1-levels,W1-tmpfs --peers limit --cap 0   # pyramid vs level 0; tmpfs vs the limit
 
 Blocks on demand are measured apart: bench/run on-demand --help.
 """
@@ -150,7 +172,8 @@ Blocks on demand are measured apart: bench/run on-demand --help.
 def parser():
     ap = argparse.ArgumentParser(prog="bench/run", description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="W1",
-                    help="W1, W1-tmpfs, W1-zstd, W2, split, merge, a comma-separated list, or all (default: W1)")
+                    help="W1, W1-tmpfs, W1-zstd, W1-image, W1-levels, W2, split, merge, a comma-separated list, or all"
+                         " (default: W1)")
     ap.add_argument("--quick", action="store_true", help="smaller variants for a fast smoke run")
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench-out",
                     help="where data, outputs, the peers' venv and results go (default: bench-out/ in the repo)")
@@ -176,6 +199,10 @@ def parser():
     ap.add_argument("--repeat", type=int, default=2,
                     help="runs per configuration, 5 at least when a run takes under 1 s, 15 under 0.5 s; the table shows the"
                          " median wall time (min–max) (default 2)")
+    ap.add_argument("--cores", type=cores_arg, default=None, metavar="N,N|all",
+                    help="run every tool on each of these core sets (taskset -c to the first N cores; all: every"
+                         " core this process may use), side by side, e.g. 1,all; reports CPU s per GiB and keep's"
+                         " parallel fraction (default: not pinned)")
     ap.add_argument("--no-verify", action="store_true", help="do not check outputs")
     ap.add_argument("--no-build", action="store_true",
                     help="use the existing release binary ($CARGO_TARGET_DIR/release/rechunkfs, else "
@@ -231,7 +258,7 @@ def main(argv=None):
     (workdir / "logs").mkdir(exist_ok=True)
 
     cgroups = MemoryCgroups()
-    session = Session(a, wl, optional, cap, mem, workdir, cgroups)
+    session = Session(a, wl, optional, cap, mem, workdir, cgroups, a.cores)
 
     def on_term(signum, frame):
         raise Interrupted(f"signal {signum}")

@@ -32,7 +32,8 @@ class Peers:
     def __init__(self, workdir, wanted, compressed=False):
         self.workdir = workdir
         self.wanted = wanted
-        # A compressed workload's input is written by TensorStore, for every tool.
+        # A compressed workload's input is written by TensorStore, for every
+        # tool; a pyramid's levels are checked with TensorStore's downsample.
         self.compressed = compressed
         self.venv = workdir / "venv"
         self.vpy = self.venv / "bin" / "python"
@@ -170,9 +171,12 @@ class Peers:
 
     def needs(self, w):
         """Which peer inputs this workload needs: subset of {'zarr', 'zarr3', 'h5'}.
-        A compressed workload's Zarr v3 input is every tool's, rechunkfs's too."""
+        A compressed workload's Zarr v3 input is every tool's, rechunkfs's too;
+        a pyramid workload runs rechunkfs alone."""
         if w.codec:
             return {"zarr3"}
+        if w.levels:
+            return set()
         out = set()
         if any(t in self.wanted and t not in self.unavailable for t in ZARR_TOOLS):
             out.add("zarr")
@@ -190,7 +194,7 @@ class Peers:
         except (OSError, ValueError):
             return False
         return (m.get("array") == w.array and m.get("chunks") == w.blocks and m.get("codec") == w.codec
-                and path.exists())
+                and m.get("content", "splitmix") == w.content and path.exists())
 
     def prepare(self, w):
         for kind in sorted(self.needs(w)):
@@ -202,22 +206,28 @@ class Peers:
             path.parent.mkdir(exist_ok=True)
             what = {"zarr": "Zarr v2 array", "h5": "chunked HDF5 file",
                     "zarr3": f"{w.codec} Zarr v3 array written by TensorStore"}[kind]
+            if w.content != "splitmix":
+                what += f", {w.content} content"
             say(f"writing the peers' input {path.name}: a {what}, chunks {cube(w.blocks)} ({show_bytes(w.nbytes)})...")
             t0 = time.monotonic()
             log = self.workdir / "logs" / f"prepare-{path.name}.log"
             codec = ["--codec", w.codec] if w.codec else []
             with open(log, "w") as f:
                 r = subprocess.run([str(self.vpy), str(PEERS_DIR / "prepare.py"), kind, str(path),
-                                    "--array", shape_str(w.array), "--chunks", shape_str(w.blocks), *codec],
+                                    "--array", shape_str(w.array), "--chunks", shape_str(w.blocks), *codec,
+                                    "--content", w.content],
                                    stdout=f, stderr=subprocess.STDOUT)
             if r.returncode != 0:
                 self.prepared[(w.name, kind)] = f"!input not prepared: {last_lines(log, 1)} (log: {log})"
                 say(f"  FAILED: {last_lines(log, 2)}")
                 continue
             write_text(self._marker(path), json.dumps({"array": w.array, "chunks": w.blocks, "dtype": NUMPY_DTYPE,
-                                                       "codec": w.codec, "made": time.time()}) + "\n")
+                                                       "codec": w.codec, "content": w.content,
+                                                       "made": time.time()}) + "\n")
             self.prepared[(w.name, kind)] = path
             say(f"  done in {time.monotonic() - t0:.1f} s")
+            if w.codec:
+                say(f"  {stored_ratio(path, w.nbytes)}")
 
     def input_of(self, w, tool):
         """(path, None) or (None, reason)."""
@@ -239,8 +249,14 @@ class Peers:
 
     def verify(self, kind, path, w):
         cmd = [str(self.vpy), str(PEERS_DIR / "verify_peer.py"), kind, str(path), "--array", shape_str(w.array),
-               "--chunks", shape_str(out_block(w))]
+               "--chunks", shape_str(out_block(w)), "--content", w.content]
         t0 = time.monotonic()
         r = subprocess.run(cmd, capture_output=True, text=True)
         return r.returncode == 0, (r.stdout + r.stderr).strip(), time.monotonic() - t0
 
+
+
+def stored_ratio(path, nbytes):
+    """How much of the array's raw bytes a compressed array's chunk files hold."""
+    stored = sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+    return f"stored in {show_bytes(stored)}, {stored / max(nbytes, 1):.2f} of the raw {show_bytes(nbytes)}"

@@ -1,6 +1,7 @@
-"""What a run reports: one row per workload, tool and cap from the runs'
-records, the results table (with each tool's memory budget and
-durability), keep against the physical limit, the view-read and targets
+"""What a run reports: one row per workload, tool, cap and core set from
+the runs' records, the results table (with each tool's memory budget and
+durability), keep against the physical limit, CPU time per GiB and the
+parallel fraction measured across core sets, the view-read and targets
 tables, results.md, the chart (chart.svg), and the printed summary. It
 reads only the records, so a saved results.json renders again without
 running anything."""
@@ -18,12 +19,20 @@ WALL_HEADING = "wall s (warm start → exit + syncfs)"
 
 
 def cap_label(rec):
-    """The cap and the run's memory budget (none: h5repack holding the whole array)."""
+    """The cap and the run's memory budget (none: h5repack holding the
+    whole array), and the cores it was pinned to, if it was."""
+    cores = f", {cores_label((rec['cores'], rec.get('cpu_list')))}" if rec.get("cores") else ""
     if rec["cap_bytes"] is None:
-        return "none" if rec.get("mem_bytes") is None else f"none (budget {show_bytes(rec['mem_bytes'])})"
+        return ("none" if rec.get("mem_bytes") is None else f"none (budget {show_bytes(rec['mem_bytes'])})") + cores
     if rec.get("mem_bytes") is None:
-        return show_bytes(rec["cap_bytes"])
-    return f"{show_bytes(rec['cap_bytes'])} (--mem {show_bytes(rec['mem_bytes'])})"
+        return show_bytes(rec["cap_bytes"]) + cores
+    return f"{show_bytes(rec['cap_bytes'])} (--mem {show_bytes(rec['mem_bytes'])})" + cores
+
+
+def cores_label(cores):
+    """(count, CPU list) -> '1 core (taskset -c 0)'."""
+    n, cpus = cores
+    return f"{n} core{'s' if n != 1 else ''}" + (f" (taskset -c {cpus})" if cpus else "")
 
 
 def storage_label(name):
@@ -37,7 +46,7 @@ def aggregate(records):
     groups = {}
     for r in records:
         if not r.get("superseded"):
-            groups.setdefault((r["workload"], r["tool"], r["cap_bytes"]), []).append(r)
+            groups.setdefault((r["workload"], r["tool"], r["cap_bytes"], r.get("cores")), []).append(r)
     rows = []
     for runs in groups.values():
         bad = [r for r in runs if r["status"] != "ok"]
@@ -47,6 +56,8 @@ def aggregate(records):
             row["wall_seconds"] = statistics.median(walls)
             rss = [r["peak_rss_bytes"] for r in runs if r.get("peak_rss_bytes")]
             row["peak_rss_bytes"] = max(rss) if rss else None
+            cpu = [r["cpu_seconds"] for r in runs if r.get("cpu_seconds") is not None]
+            row["cpu_seconds"] = statistics.median(cpu) if len(cpu) == len(runs) else None
         checks = [r.get("verified") for r in runs]
         row["verified"] = False if False in checks else (True if True in checks else None)
         texts = [r.get("verify_text") for r in runs if r.get("verify_text")]
@@ -62,7 +73,7 @@ def aggregate(records):
     for r in records:
         if r["workload"] not in names:
             names.append(r["workload"])
-    rows.sort(key=lambda r: (names.index(r["workload"]), r["cap_bytes"] or 0, order[r["tool"]]))
+    rows.sort(key=lambda r: (names.index(r["workload"]), r["cap_bytes"] or 0, r.get("cores") or 0, order[r["tool"]]))
     return rows
 
 
@@ -115,7 +126,7 @@ def limit_text(rec):
 
 def keep_row(rows, r):
     for k in rows:
-        if k["workload"] == r["workload"] and k["cap_bytes"] == r["cap_bytes"] and k["tool"] == "keep":
+        if group_key(k) == group_key(r) and k["tool"] == "keep":
             return k
     return None
 
@@ -159,8 +170,9 @@ def limit_table(rows):
     out = [f"| workload | cap (memory budget) | physical limit, {WALL_HEADING} | keep, {WALL_HEADING} | keep / limit |"
            " the limit's pages |",
            "|---|---|---:|---:|---:|---|"]
-    for name, cap in groups_of(rows):
-        g = {r["tool"]: r for r in rows if r["workload"] == name and r["cap_bytes"] == cap}
+    for key in groups_of(rows):
+        name = key[0]
+        g = {r["tool"]: r for r in rows if group_key(r) == key}
         lim, keep = g.get("limit"), g.get("keep")
         if not lim or not keep:
             continue
@@ -172,6 +184,79 @@ def limit_table(rows):
         out.append(f"| {storage_label(name)} | {cap_label(keep)} | {status_text(lim, 0)} | {status_text(keep, 0)} |"
                    f" {ratio} | {pages} |")
     return out if len(out) > 2 else []
+
+
+GIB = 1 << 30
+# The core counts keep's measured parallel fraction is projected to.
+PROJECT_TO = (16, 64)
+
+
+def amdahl(t1, tn, n):
+    """The parallel fraction p that Amdahl's law gives from the wall times
+    on 1 core (t1) and on n cores (tn): tn = t1 * ((1 - p) + p / n)."""
+    return (1 - tn / t1) / (1 - 1 / n)
+
+
+def speedup(p, n):
+    """The speed-up on n cores of work whose parallel fraction is p."""
+    return 1 / ((1 - p) + p / n)
+
+
+def cpu_table(rows, wl):
+    """Per workload, cap and tool: wall time and CPU seconds (user + system)
+    per GiB of the array on each core set; with 1 and n > 1 cores, the
+    speed-up, the parallel fraction it measures and what that projects for
+    PROJECT_TO cores. Empty when no row has CPU time."""
+    if not any(r.get("cpu_seconds") is not None for r in rows):
+        return []
+    sets = sorted({r.get("cores") for r in rows}, key=lambda c: c or 0)
+    nbytes = {w.name: w.nbytes for w in wl}
+    head = ["workload", "cap (memory budget)", "tool"]
+    for c in sets:
+        name = "not pinned" if c is None else f"{c} core{'s' if c != 1 else ''}"
+        head += [f"wall s, {name}", f"CPU s/GiB, {name}"]
+    n = max((c for c in sets if c), default=None)
+    scaling = 1 in sets and n and n > 1
+    if scaling:
+        head += [f"1 → {n} cores", "parallel fraction p"] + [f"p projects, {k} cores" for k in PROJECT_TO]
+    out = ["| " + " | ".join(head) + " |", "|---|---|---|" + "---:|" * (len(head) - 3)]
+    table = {}
+    for r in rows:
+        table.setdefault((r["workload"], r["cap_bytes"], r["tool"]), {})[r.get("cores")] = r
+    for (name, _, tool), by_cores in table.items():
+        if not any(r["status"] == "ok" for r in by_cores.values()):
+            continue        # never ran here: the results table says why
+        first = next(iter(by_cores.values()))
+        cells = [name, cap_label(dict(first, cores=None)), label(tool)]
+        for c in sets:
+            r = by_cores.get(c)
+            ok = r is not None and r["status"] == "ok"
+            cells.append(f"{r['wall_seconds']:.2f}" if ok else "—")
+            cpu = r.get("cpu_seconds") if ok else None
+            cells.append(f"{cpu / (nbytes[name] / GIB):.2f}" if cpu is not None and name in nbytes else "—")
+        if scaling:
+            one, many = by_cores.get(1), by_cores.get(n)
+            if one and many and one["status"] == "ok" and many["status"] == "ok":
+                t1, tn = one["wall_seconds"], many["wall_seconds"]
+                p = amdahl(t1, tn, n)
+                # Noise can put a measured p outside [0, 1]; the projections take the nearest possible p.
+                q = min(1.0, max(0.0, p))
+                clamp = "" if q == p else f" (from p = {q:.2f})"
+                cells += [ratio_text(t1 / tn), f"{p:.2f}"] + [ratio_text(speedup(q, k)) + clamp for k in PROJECT_TO]
+            else:
+                cells += ["—"] * (2 + len(PROJECT_TO))
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+CPU_ABOUT = ("CPU s/GiB: the run's user plus system CPU seconds (wait4's rusage of the tool's process and the"
+             " children it waited for; a Python tool's counted from its go, as its wall time is; the view's"
+             " from its daemon, /proc/PID/stat), median over its runs, per GiB of the array (raw bytes, for a"
+             " compressed workload too). With --cores every tool runs pinned with taskset -c to the first N"
+             " cores, the core sets side by side in the same rounds. 1 → n cores: the wall time on 1 core over"
+             " that on n. parallel fraction p: Amdahl's law solved for p from those two times, p = (1 - Tn/T1)"
+             " / (1 - 1/n); p projects: the speed-up over 1 core that p gives on that many cores,"
+             " 1 / ((1 - p) + p/N), a projection from 2 measured points, not a measurement.")
 
 
 def mbps(d):
@@ -207,11 +292,16 @@ def read_table(rows):
     return out if n else []
 
 
+def group_key(r):
+    """What a row is compared within: (workload, cap, cores)."""
+    return r["workload"], r["cap_bytes"], r.get("cores")
+
+
 def groups_of(rows):
-    """The (workload, cap) pairs of rows, in row order."""
+    """The (workload, cap, cores) groups of rows, in row order."""
     groups = []
     for r in rows:
-        key = (r["workload"], r["cap_bytes"])
+        key = group_key(r)
         if key not in groups:
             groups.append(key)
     return groups
@@ -224,8 +314,9 @@ def wall_ratio(a, b):
 def targets(rows, mems):
     """(workload, cap label, check, value text, target text, met: True/False/None)."""
     out = []
-    for name, cap in groups_of(rows):
-        g = {r["tool"]: r for r in rows if r["workload"] == name and r["cap_bytes"] == cap}
+    for key in groups_of(rows):
+        name, cap = key[0], key[1]
+        g = {r["tool"]: r for r in rows if group_key(r) == key}
         keep = g.get("keep")
         cl = cap_label(keep) if keep else ("none" if cap is None else show_bytes(cap))
 
@@ -260,6 +351,9 @@ def time_targets(name, cap, g, keep, add):
     if view and view["status"] == "ok":
         x = wall_ratio(view, keep)
         add("view materialisation / keep (wall)", ratio_text(x), "≤ 1.1×", x <= 1.1)
+    levels = g.get("levels")
+    if levels and levels["status"] == "ok":
+        add("rechunk --levels auto / level 0 alone (wall)", ratio_text(wall_ratio(levels, keep)), "—", None)
 
 
 def peer_targets(g, keep, add):
@@ -364,6 +458,9 @@ def report_text(header, machine, notes, records, timeout, wl, mems, chart_name):
     lt = limit_table(rows)
     if lt:
         lines += ["## keep against the physical limit", "", LIMIT_ABOUT, ""] + lt + [""]
+    ct = cpu_table(rows, wl)
+    if ct:
+        lines += ["## CPU time and cores", "", CPU_ABOUT, ""] + ct + [""]
     rt = read_table(rows)
     if rt:
         lines += ["## View read throughput", "",
@@ -403,12 +500,15 @@ def chart_svg(rows, title, wl):
     plot_w = width - left - right
     y = 46
     parts = []
-    for name, cap in groups_of(rows):
-        g = [r for r in rows if r["workload"] == name and r["cap_bytes"] == cap]
+    for key in groups_of(rows):
+        name, cap = key[0], key[1]
+        g = [r for r in rows if group_key(r) == key]
         # Scale to the runs that finished; a run killed at the timeout is drawn clipped at the right edge.
         top = max([r["wall_seconds"] for r in g if r["status"] == "ok" and r["wall_seconds"]] or
                   [r["wall_seconds"] for r in g if r["status"] == "timeout" and r["wall_seconds"]] or [1])
         capt = "no memory cap" if cap is None else f"memory cap {show_bytes(cap)} (page cache included)"
+        if key[2]:
+            capt += f", {cores_label((key[2], g[0].get('cpu_list')))}"
         about = next((x.label() for x in wl if x.name == name), name)
         parts.append(f'<text x="10" y="{y}" font-weight="bold">{escape(about)}, {escape(capt)}</text>')
         y += 10
@@ -498,6 +598,10 @@ def write_results(saved, dest, json_path, suffix=""):
     if lt:
         say("")
         say("\n".join(lt))
+    ct = cpu_table(rows, wl)
+    if ct:
+        say("")
+        say("\n".join(ct))
     rt = read_table(rows)
     if rt:
         say("")

@@ -1,18 +1,19 @@
 """One benchmark run, step by step: build and stage rechunkfs, describe the
 machine, install the peers, check the disk, prepare every input, set up the
 memory cgroups and every tool's memory budget, run every tool in seeded
-rounds per workload and cap (a tmpfs workload inside a tmpfs mounted for
-its rounds alone), check every run's output, and save and report the
-results."""
+rounds per workload and cap, on each set of cores asked for (a tmpfs
+workload inside a tmpfs mounted for its rounds alone), check every run's
+output, and save and report the results."""
 import json
+import os
 import random
 import shutil
 
 from .common import MARKER, MIB, PUBLISH_DIR, die, remove_path, say, show_bytes
 from .peer_setup import Peers
-from .report import READER_LABELS, aggregate, cap_label, mbps, published_suffix, write_results
+from .report import READER_LABELS, aggregate, cap_label, cores_label, mbps, published_suffix, write_results
 from .system import CacheDropper, CgroupError, machine_lines, mount_tmpfs, umount_tmpfs
-from .tools import (COMPRESSED_TOOLS, H5REPACK_TOOLS, MEM_KNOB, NOT_COMPRESSED, REPEATS_FOR_SHORT_RUNS, TOOLS,
+from .tools import (COMPRESSED_TOOLS, H5REPACK_TOOLS, LEVELS_TOOLS, MEM_KNOB, NOT_COMPRESSED, REPEATS_FOR_SHORT_RUNS, TOOLS,
                     Context, build, check_limit, ensure_python, label, new_record, plan, run_one, run_peer,
                     stage_binary, verify)
 from .view import run_view
@@ -22,8 +23,9 @@ from .workloads import TMPFS_SIZE, data_path, data_ready, disk_need, generate, i
 class Session:
     """A run's options, its state between steps, and the steps themselves."""
 
-    def __init__(self, a, wl, optional, cap, mem, workdir, cgroups):
+    def __init__(self, a, wl, optional, cap, mem, workdir, cgroups, cores=None):
         self.a = a
+        self.cores = cores or [None]      # the core sets each tool runs on: None = not pinned
         self.wl = wl
         self.optional = optional
         self.tools = ["keep", "baseline"] + optional
@@ -61,7 +63,7 @@ class Session:
         self.dropper = CacheDropper()
         self.ctx = Context(self.workdir, self.cgroups, self.dropper, self.a.timeout, self.peers)
         self.memory_budgets(caps)
-        self.total = sum(len(self.caps_of(w, caps)) for w in self.wl) * len(self.tools)
+        self.total = sum(len(self.caps_of(w, caps)) * len(self.tools_of(w)) for w in self.wl) * len(self.cores)
         n = 0
         for w in self.wl:
             if not self.caps_of(w, caps):
@@ -90,7 +92,7 @@ class Session:
         say("")
 
     def setup_peers(self):
-        self.peers = Peers(self.workdir, self.optional, compressed=any(w.codec for w in self.wl))
+        self.peers = Peers(self.workdir, self.optional, compressed=any(w.codec or w.levels for w in self.wl))
         self.peers.setup()
         for t, why in self.peers.unavailable.items():
             say(f"NOTE: {label(t)}: {why}")
@@ -184,6 +186,10 @@ class Session:
                 say(f"warning: could not unmount the tmpfs at {self.tmpfs}: {why}")
             self.tmpfs = None
 
+    def tools_of(self, w):
+        """The tools w runs: a pyramid workload, level 0 alone against the pyramid; the others, every tool."""
+        return list(LEVELS_TOOLS) if w.levels else self.tools
+
     def caps_of(self, w, caps):
         """The caps w runs under: a tmpfs workload runs uncapped only, since
         its files' pages would count against the cgroup."""
@@ -221,17 +227,22 @@ class Session:
     # -- the runs
 
     def run_rounds(self, w, inp, c, n):
-        """Every tool's runs for one workload and cap; returns the running configuration count."""
+        """Every tool's runs for one workload and cap, on every core set;
+        returns the running configuration count."""
         capname = "no cap" if c is None else f"cap {show_bytes(c)}"
         # Every tool's first run, then every tool's second, and so
         # on, each round in its own order: the machine's drift over
         # minutes (other guests, the host's memory) and whatever a
         # run leaves to the next fall on all tools alike, not on one.
-        order = random.Random(f"{w.name} {c}")
+        # A tool on each core set is one more tool of the round, so a
+        # 1-core run and an all-core run are measured side by side.
+        pinned = self.cores != [None]
+        order = random.Random(f"{w.name} {c}" + (f" cores {self.cores}" if pinned else ""))
         states = []
-        for tool in self.tools:
-            n += 1
-            states.append(self.new_state(tool, n, w, c))
+        for cores in self.cores:
+            for tool in self.tools_of(w):
+                n += 1
+                states.append(dict(self.new_state(tool, n, w, c), cores=cores))
         while True:
             due = [st for st in states if not st["stopped"] and st["done"] < st["runs"]]
             if not due:
@@ -253,8 +264,9 @@ class Session:
                 "retries": self.a.oom_retries if (c is not None and tool in MEM_KNOB) else 0}
 
     def run_next(self, w, inp, c, capname, st):
-        """The next run of one tool in one workload and cap (st: its state)."""
+        """The next run of one tool in one workload, cap and core set (st: its state)."""
         tool, repeat = st["tool"], st["done"]
+        self.ctx.cores = st["cores"]
         found = self.attempt(w, inp, c, capname, st)
         if found is None:
             return
@@ -265,9 +277,9 @@ class Session:
             say(f"    killed after {self.a.timeout:g} s (timeout)")
         else:
             say(f"    {rec['status'].upper()} (exit {rec.get('returncode')}): {rec.get('stderr', '')}")
-        if target is not None and not (tool in ("keep", "baseline") and self.a.keep_output):
+        if target is not None and not (tool in ("keep", "baseline", "levels") and self.a.keep_output):
             remove_path(target)
-            if tool not in ("keep", "baseline"):
+            if tool not in ("keep", "baseline", "levels"):
                 shutil.rmtree(storage_dir(self.workdir, w) / "out-peer", ignore_errors=True)
         if rec["status"] != "ok":
             st["stopped"] = True    # no point repeating a timeout or a failure
@@ -281,9 +293,11 @@ class Session:
             runs = st["runs"]
             m = st["m"]
             tag = f" (run {repeat + 1})" if runs > 1 else ""
-            say(f"[{st['n']}/{self.total}] {w.label()}: {label(tool)}, {capname}{tag} ...")
+            cores = f", {cores_label(st['cores'])}" if st["cores"] else ""
+            say(f"[{st['n']}/{self.total}] {w.label()}: {label(tool)}, {capname}{cores}{tag} ...")
             runtag = f"{'nocap' if c is None else 'cap'}-{repeat + 1}" + \
-                (f"-budget{m >> 20}M" if m is not None and tool in MEM_KNOB else "")
+                (f"-budget{m >> 20}M" if m is not None and tool in MEM_KNOB else "") + \
+                (f"-cores{st['cores'][0]}" if st["cores"] else "")
             rec, target = self.run_tool(w, inp, c, m, tool, runtag, repeat)
             rec["repeat"] = repeat
             if self.dropper.failed and "drop_caches" not in " ".join(self.notes):
@@ -303,10 +317,10 @@ class Session:
         """One timed run of any tool; (record, output to check and remove, or None).
         The view's output is checked here, while it is mounted."""
         if w.codec and tool not in COMPRESSED_TOOLS:
-            rec = new_record(w, tool, c, m)
+            rec = new_record(w, tool, c, m, self.ctx.cores)
             rec.update(status="unavailable", reason=f"not for a compressed workload: {NOT_COMPRESSED[tool]}")
             return rec, None
-        if tool in ("keep", "baseline"):
+        if tool in ("keep", "baseline", "levels"):
             out = storage_dir(self.workdir, w) / "out"
             return run_one(inp, out, w, tool, c, m, self.ctx), out
         if tool == "view":
@@ -334,6 +348,8 @@ class Session:
                 st["runs"] = max(st["runs"], at_least)
                 break
         extra = ""
+        if rec.get("cpu_seconds") is not None:
+            extra += f", CPU {rec['cpu_seconds']:.2f} s"
         if rec.get("seeks_made") is not None:
             extra += f", {rec['seeks_made']:,} seeks (planned {rec.get('seeks_planned') or 0:,})"
         if rec.get("peak_held_bytes"):
@@ -358,7 +374,11 @@ class Session:
             return
         if target is None:
             return
-        if tool in ("keep", "baseline") and not w.codec:
+        if tool == "levels":
+            ok, text, secs = self.peers.verify("pyramid", target, w)
+        elif w.levels:
+            ok, text, secs = self.peers.verify("zarr", target, w)
+        elif tool in ("keep", "baseline") and not w.codec:
             ok, text, secs = verify(target, w)
         elif w.codec:
             ok, text, secs = self.peers.verify("zarr", target, w)
@@ -390,6 +410,10 @@ class Session:
                          + ", ".join(f"{k} {show_bytes(v)}" for k, v in self.mems.items())
                          + ("" if self.a.budget else " (what rechunkfs keep's plan holds without --mem, or one"
                             " input or output block if that is more)"))
+        if self.cores != [None]:
+            notes.append("every tool ran on each core set, pinned with taskset, the core sets side by side in the same"
+                         " rounds: " + ", ".join(cores_label(c) for c in self.cores)
+                         + f" (this machine: {os.cpu_count()} CPUs)")
         if not self.dropper.failed:
             notes.append("page cache dropped (sync; echo 3 > /proc/sys/vm/drop_caches) before every run")
         for r in aggregate(self.records):

@@ -1,9 +1,11 @@
 """The tools under test and how each one runs and is timed: building and
-staging rechunkfs, `rechunkfs rechunk` (keep, baseline), the peers and the
-physical limit as processes in an optional memory cgroup, each from a
-dropped page cache, and checking an output voxel by voxel."""
+staging rechunkfs, `rechunkfs rechunk` (keep, baseline, keep with a
+pyramid), the peers and the physical limit as processes in an optional
+memory cgroup and on an optional set of cores, each from a dropped page
+cache, with their CPU time, and checking an output voxel by voxel."""
 import json
 import os
+import resource
 import shutil
 import select
 import signal
@@ -33,6 +35,7 @@ NOT_COMPRESSED = {
 # Every tool, in table order: key -> (label, kind).
 TOOLS = {
     "keep": ("rechunkfs keep", "rechunkfs"),
+    "levels": ("rechunkfs keep, --levels auto", "rechunkfs"),
     "baseline": ("rechunkfs baseline", "rechunkfs"),
     "view": ("rechunkfs view (mount)", "rechunkfs"),
     "limit": ("physical limit", "limit"),
@@ -43,7 +46,9 @@ TOOLS = {
     "h5repack": ("h5repack", "peer"),
     "h5repack-whole": ("h5repack (whole-array buffer)", "peer"),
 }
-OPTIONAL = [k for k in TOOLS if k not in ("keep", "baseline")]
+OPTIONAL = [k for k in TOOLS if k not in ("keep", "baseline", "levels")]
+# The tools of a pyramid workload (W1-levels): level 0 alone against the pyramid.
+LEVELS_TOOLS = ("keep", "levels")
 ALIASES = {"rechunker": ["rechunker-python", "rechunker-dask"], "physical": ["limit"], "ts": ["tensorstore"],
            "zarrs_reencode": ["zarrs"], "zarrs_tools": ["zarrs"], "mount": ["view"]}
 ZARR_TOOLS = ("tensorstore", "rechunker-python", "rechunker-dask", "zarrs")
@@ -58,6 +63,7 @@ WARM = ("limit", "tensorstore", "rechunker-python", "rechunker-dask")
 # costs more than rechunkfs's batched syncfs.
 DURABILITY = {
     "keep": "syncfs per 256 MiB",
+    "levels": "syncfs per 256 MiB",
     "baseline": "syncfs per 256 MiB",
     "view": "syncfs per batch + journal",
     "limit": "syncfs per 256 MiB",
@@ -155,14 +161,24 @@ def verify(out, w):
     return r.returncode == 0, (r.stdout + r.stderr).strip(), time.monotonic() - t0
 
 
-def output_args(w):
-    """rechunkfs's output options for w: a compressed workload writes Zarr v3 compressed as its input is."""
-    return ["--format", "zarr3", "--compress", w.codec] if w.codec else []
+def output_args(w, tool="keep"):
+    """rechunkfs's output options for w: a compressed workload writes Zarr v3
+    compressed as its input is; a pyramid workload writes Zarr v2, level 0
+    alone (keep) or with every level (levels)."""
+    if w.codec:
+        return ["--format", "zarr3", "--compress", w.codec]
+    if w.levels:
+        return ["--format", "zarr"] + (["--levels", "auto"] if tool == "levels" else [])
+    return []
 
 
-def plan(inp, w, strategy, mem):
-    cmd = [str(Binary.path), "plan", str(inp), "--shape", shape_str(w.shape), "--strategy", strategy, "--json",
-           *output_args(w)]
+def strategy_of(tool):
+    return "baseline" if tool == "baseline" else "keep"
+
+
+def plan(inp, w, tool, mem):
+    cmd = [str(Binary.path), "plan", str(inp), "--shape", shape_str(w.shape), "--strategy", strategy_of(tool),
+           "--json", *output_args(w, tool)]
     if mem is not None:
         cmd += ["--mem", str(mem)]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -192,11 +208,68 @@ class Context:
         self.timeout = timeout
         self.peers = peers
         self.mounted = set()      # views to unmount on the way out
+        self.cores = None         # (count, CPU list for taskset -c) the runs are pinned to, or None
+
+    def pin(self, cmd):
+        """cmd on the cores of the runs (taskset -c LIST), or as it is when they are not pinned."""
+        return ["taskset", "-c", self.cores[1], *cmd] if self.cores else cmd
 
 
-def new_record(w, tool, cap, mem):
-    return {"workload": w.name, "tool": tool, "cap_bytes": cap, "mem_bytes": mem, "status": None,
-            "wall_seconds": None, "peak_rss_bytes": None, "verified": None}
+def cores_arg(text):
+    """--cores: a list of core counts (1, 2, ..., or all), each a set of the
+    first cores this process may use; [(count, taskset CPU list)], once each."""
+    mine = sorted(os.sched_getaffinity(0))
+    out = []
+    for item in [x.strip().lower() for x in text.split(",") if x.strip()]:
+        if item == "all":
+            n = len(mine)
+        else:
+            try:
+                n = int(item)
+            except ValueError:
+                die(f"--cores: '{item}' is neither a number of cores nor all")
+            if not 1 <= n <= len(mine):
+                die(f"--cores: {n} cores asked for, this process may use {len(mine)} ({cpu_list(mine)})")
+        if n not in [c for c, _ in out]:
+            out.append((n, cpu_list(mine[:n])))
+    if not out:
+        die("--cores: no core count given (e.g. --cores 1,all)")
+    return out
+
+
+def cpu_list(cpus):
+    """[0, 1, 2, 5] -> '0-2,5', as taskset -c takes it."""
+    runs = []
+    for c in cpus:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def children_cpu():
+    """User plus system CPU seconds of this process's waited-for children so far."""
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
+
+
+def process_cpu(pid):
+    """User plus system CPU seconds a live process has used so far (all its threads), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def new_record(w, tool, cap, mem, cores=None):
+    rec = {"workload": w.name, "tool": tool, "cap_bytes": cap, "mem_bytes": mem, "status": None,
+           "wall_seconds": None, "peak_rss_bytes": None, "verified": None}
+    if cores:
+        rec["cores"], rec["cpu_list"] = cores
+    return rec
 
 
 def oom_or_error(rec, group, returncode):
@@ -212,15 +285,16 @@ def kill_group(proc):
         pass
 
 
-def run_one(inp, out, w, strategy, cap, mem, ctx):
-    """One timed `rechunkfs rechunk` run; returns a record dict."""
-    rec = new_record(w, strategy, cap, mem)
-    note_plan(rec, inp, w, strategy, mem)
+def run_one(inp, out, w, tool, cap, mem, ctx):
+    """One timed `rechunkfs rechunk` run of keep, baseline or levels; returns a record dict."""
+    rec = new_record(w, tool, cap, mem, ctx.cores)
+    note_plan(rec, inp, w, tool, mem)
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [str(Binary.path), "rechunk", str(inp), str(out), "--shape", shape_str(w.shape), "--strategy", strategy,
-           "--json", "--quiet", *output_args(w)]
+    cmd = [str(Binary.path), "rechunk", str(inp), str(out), "--shape", shape_str(w.shape), "--strategy",
+           strategy_of(tool), "--json", "--quiet", *output_args(w, tool)]
     if mem is not None:
         cmd += ["--mem", str(mem)]
+    cmd = ctx.pin(cmd)
     rec["command"] = " ".join(cmd)
     group = None
     proc = None
@@ -233,9 +307,14 @@ def run_one(inp, out, w, strategy, cap, mem, ctx):
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
+        # Until it is reaped the harness waits for no other child, so the
+        # children's CPU time grows by this run's alone (taken after Popen,
+        # which may reap an earlier child itself).
+        cpu0 = children_cpu()
         try:
             stdout, stderr = proc.communicate(timeout=ctx.timeout)
             wall = time.monotonic() - t0
+            rec["cpu_seconds"] = children_cpu() - cpu0
         except subprocess.TimeoutExpired:
             wall = time.monotonic() - t0
             os.killpg(proc.pid, signal.SIGKILL)
@@ -262,9 +341,9 @@ def run_one(inp, out, w, strategy, cap, mem, ctx):
             ctx.cgroups.remove(group)
 
 
-def note_plan(rec, inp, w, strategy, mem):
+def note_plan(rec, inp, w, tool, mem):
     """What rechunkfs's plan predicts for the run, or why it could not say."""
-    p, err = plan(inp, w, strategy, mem)
+    p, err = plan(inp, w, tool, mem)
     if p:
         rec["planned_seeks"] = p.get("seeks", {}).get("planned")
         rec["planned_peak_memory_bytes"] = p.get("peak_memory_bytes")
@@ -291,10 +370,11 @@ def take_report(rec, stdout, stderr):
 def run_process(rec, cmd, cap, ctx, log_stem, keep_group=False, warm=False):
     """Runs cmd from a dropped page cache (in a fresh memory cgroup when
     cap), stdout/stderr to log_stem.out/.err, warm or not (see start);
-    fills rec: status, wall (process only), peak RSS (wait4's ru_maxrss of
-    the process and the children it waited for), cgroup peak and OOM
-    kills. With keep_group the cgroup outlives the process (for a daemon
+    fills rec: status, wall (process only), CPU time and peak RSS (wait4's
+    rusage of the process and the children it waited for; CPU from the go
+    for a warm one), cgroup peak and OOM kills. With keep_group the cgroup outlives the process (for a daemon
     it leaves behind): the caller removes it."""
+    cmd = ctx.pin(cmd)
     rec["command"] = " ".join(str(c) for c in cmd)
     group = None
     proc = None
@@ -317,6 +397,7 @@ def run_process(rec, cmd, cap, ctx, log_stem, keep_group=False, warm=False):
         rec["wall_seconds"] = result["t"] - t0
         rec["returncode"] = proc.returncode
         rec["peak_rss_bytes"] = usage.ru_maxrss * 1024
+        rec["cpu_seconds"] = usage.ru_utime + usage.ru_stime - rec.pop("cpu_before_go", 0.0)
         if group is not None:
             rec["cgroup_peak_bytes"], rec["cgroup_oom_kills"] = ctx.cgroups.stats(group)
         if proc.returncode != 0 or rec.get("not_ready"):
@@ -367,6 +448,8 @@ def start(rec, cmd, fo, fe, ctx, warm):
         rec["not_ready"] = True
         kill_group(proc)
         return proc, time.monotonic()
+    # The interpreter's start-up and imports are no more in its CPU time than in its wall time.
+    rec["cpu_before_go"] = process_cpu(proc.pid) or 0.0
     rec["cache_dropped"] = ctx.dropper.drop()
     t0 = time.monotonic()
     try:
@@ -429,7 +512,7 @@ def peer_command(tool, w, src, out, tmp, mem, peers):
 
 def run_peer(tool, w, cap, mem, ctx, tag):
     """One timed run of a peer (or of the physical limit); the output stays for verification."""
-    rec = new_record(w, tool, cap, mem)
+    rec = new_record(w, tool, cap, mem, ctx.cores)
     outdir = storage_dir(ctx.workdir, w) / "out-peer"
     shutil.rmtree(outdir, ignore_errors=True)
     outdir.mkdir()

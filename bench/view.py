@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .common import FORMAT, PEERS_DIR, Binary, last_lines, parse_json, read_text, say, shape_str, write_text
 from .system import timed_sync
-from .tools import new_record, run_process, verify
+from .tools import new_record, process_cpu, run_process, verify
 from .workloads import input_arg, storage_dir
 
 # View reads: repeat (view, staging, staging, view) for each reader until
@@ -74,7 +74,7 @@ def read_files(ctx, files, label, advice):
 
 def run_view(w, cap, mem, ctx, tag, measure_read, check):
     """Mount a view, time it until complete, read it, check it, unmount it."""
-    rec = new_record(w, "view", cap, mem)
+    rec = new_record(w, "view", cap, mem, ctx.cores)
     view = ctx.workdir / "view"
     staging = storage_dir(ctx.workdir, w) / "staging"
     if view in ctx.mounted or os.path.ismount(view):
@@ -95,6 +95,8 @@ def run_view(w, cap, mem, ctx, tag, measure_read, check):
             note_failure(rec, st, pid, view, staging, cap, ctx)
             return rec
         note_complete(rec, st, pid, staging, ctx)
+        # The daemon's, before the reads below add to it; the shell's is not the view's.
+        rec["cpu_seconds"] = process_cpu(pid) if pid else None
         if measure_read:
             reads = measure_reads(ctx, w, view, staging)
             if reads:
@@ -131,7 +133,7 @@ def mount_and_wait(rec, w, view, staging, cap, mem, ctx, log_stem):
     script = " ".join(shlex.quote(str(c)) for c in mount) + " && exec " + " ".join(shlex.quote(str(c)) for c in wait)
     run_process(rec, ["sh", "-c", script], cap, ctx, log_stem, keep_group=True)
     # The shell's RSS and exit are not the daemon's: those come from the daemon itself.
-    for key in ("peak_rss_bytes", "cgroup_peak_bytes", "cgroup_oom_kills", "stdout_json"):
+    for key in ("peak_rss_bytes", "cgroup_peak_bytes", "cgroup_oom_kills", "stdout_json", "cpu_seconds"):
         rec.pop(key, None)
     if os.path.ismount(view):
         ctx.mounted.add(view)

@@ -1,9 +1,9 @@
-"""The workloads (W1, W1-tmpfs, W1-zstd, W2, split, merge, and their
---quick variants), where each one's data live (the work directory's disk,
-or a tmpfs the harness mounts for W1-tmpfs), and rechunkfs's own input for
-each: generated with `rechunkfs sample` and reused while its marker
-matches; for a compressed workload (W1-zstd), the peers' compressed Zarr
-v3 array, which every tool reads."""
+"""The workloads (W1, W1-tmpfs, W1-zstd, W1-image, W1-levels, W2, split,
+merge, and their --quick variants), where each one's data live (the work
+directory's disk, or a tmpfs the harness mounts for W1-tmpfs), and
+rechunkfs's own input for each: generated with `rechunkfs sample` and
+reused while its marker matches; for a compressed workload (W1-zstd,
+W1-image), the peers' compressed Zarr v3 array, which every tool reads."""
 import json
 import shutil
 import subprocess
@@ -23,7 +23,8 @@ TMPFS_SIZE = 3 << 30
 
 
 class Workload:
-    def __init__(self, name, array, blocks, shape, single_file, about, storage="disk", codec=None):
+    def __init__(self, name, array, blocks, shape, single_file, about, storage="disk", codec=None,
+                 content="splitmix", levels=False):
         self.name = name
         self.array = array
         self.blocks = blocks          # input block shape (== array: one file)
@@ -32,6 +33,8 @@ class Workload:
         self.about = about
         self.storage = storage        # "disk" (the work directory's) or "tmpfs"
         self.codec = codec            # e.g. "zstd:3": a Zarr v3 array so compressed, in and out
+        self.content = content        # "splitmix" (the sample's) or "image" (bench/peers/content.py)
+        self.levels = levels          # level 0 alone (keep) against a pyramid (levels) into Zarr v2
 
     @property
     def nbytes(self):
@@ -57,6 +60,10 @@ class Workload:
         where = ", on tmpfs" if self.storage == "tmpfs" else ""
         if self.codec:
             src, where = f"{cube(self.blocks)} chunks", f", {self.codec} Zarr v3 in and out"
+            if self.content == "image":
+                where = f", image-like, {self.codec} Zarr v3 in and out"
+        if self.levels:
+            where = ", Zarr v2 out, level 0 alone against --levels auto"
         return f"{self.name} ({cube(self.array)} {DTYPE}, {src} → {dst}{where})"
 
     def output_sizes(self):
@@ -89,6 +96,11 @@ def workloads(quick):
                                  "quick W1 on a tmpfs", storage="tmpfs"),
             "W1-zstd": Workload("W1-zstd", [350] * 3, [35] * 3, [50] * 3, False,
                                 "quick W1 as zstd Zarr v3 in and out", codec=ZSTD),
+            "W1-image": Workload("W1-image", [350] * 3, [35] * 3, [50] * 3, False,
+                                 "quick W1-image: image-like content, zstd Zarr v3 in and out", codec=ZSTD,
+                                 content="image"),
+            "W1-levels": Workload("W1-levels", [350] * 3, [35] * 3, [50] * 3, False,
+                                  "quick W1 into Zarr v2, level 0 alone against --levels auto", levels=True),
             "W2": Workload("W2", [350] * 3, [70] * 3, [100] * 3, False,
                            "quick variant of W2 (350³ in 70³ blocks → 100³)"),
             "split": Workload("split", [250] * 3, [250] * 3, [50] * 3, True,
@@ -105,6 +117,13 @@ def workloads(quick):
         "W1-zstd": Workload("W1-zstd", [700] * 3, [35] * 3, [50] * 3, False,
                             "W1 as a zstd-compressed Zarr v3 array (written by TensorStore) into zstd Zarr v3"
                             " chunks", codec=ZSTD),
+        "W1-image": Workload("W1-image", [700] * 3, [35] * 3, [50] * 3, False,
+                             "W1's geometry with image-like content (smooth structure plus noise; zstd:3 keeps"
+                             " about 0.6 of it), a zstd Zarr v3 array written by TensorStore, into zstd Zarr v3"
+                             " chunks", codec=ZSTD, content="image"),
+        "W1-levels": Workload("W1-levels", [700] * 3, [35] * 3, [50] * 3, False,
+                              "W1 into 50³ Zarr v2 chunks: `rechunk` of level 0 alone against `rechunk --levels"
+                              " auto` (5 levels)", levels=True),
         "W2": Workload("W2", [1750] * 3, [175] * 3, [250] * 3, False,
                        "keep paper configuration 4 (3500³ in 175³ → 250³) with every length / 2"),
         "split": Workload("split", [350] * 3, [350] * 3, [50] * 3, True,
@@ -142,7 +161,7 @@ def data_path(workdir, w):
 def compressed_input(workdir, w):
     """A compressed workload's input, which every tool reads: the Zarr v3
     array the peers' setup writes (bench/peers/prepare.py zarr3)."""
-    codec = w.codec.replace(":", "")
+    codec = w.codec.replace(":", "") + ("" if w.content == "splitmix" else "-" + w.content)
     return workdir / "peers-data" / f"zarr3-{codec}-{shape_str(w.array, 'x')}-in-{shape_str(w.blocks, 'x')}-u2.zarr"
 
 

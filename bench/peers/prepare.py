@@ -12,6 +12,10 @@ the bench harness. Runs in the harness's venv (numpy; h5py for --h5).
         a Zarr v3 array written by TensorStore: '<u2' (the bytes codec,
         little-endian) then zstd at that level (no checksum), fill 0, chunk
         keys "c/i/j/k"; written a chunk at a time
+    prepare.py zarr3 OUT.zarr ... --content image
+        the same with the image-like content (content.py), for any kind
+
+The content is the sample array's (splitmix) unless --content says image.
 
 Writes to OUT.partial and renames it to OUT when done, so an interrupted
 run never leaves something that looks finished.
@@ -30,7 +34,7 @@ DTYPE = "<u2"
 ITEMSIZE = 2
 
 
-def write_zarr(out, array, chunks):
+def write_zarr(out, array, chunks, content):
     tmp = out + ".partial"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -42,7 +46,7 @@ def write_zarr(out, array, chunks):
         f.write("{}\n")
     for index in itertools.product(*[range(g) for g in grid_of(array, chunks)]):
         origin = [i * c for i, c in zip(index, chunks)]
-        data = padded_region_bytes(array, origin, chunks, ITEMSIZE)
+        data = padded_region_bytes(array, origin, chunks, ITEMSIZE, content)
         with open(os.path.join(tmp, ".".join(map(str, index))), "wb") as f:
             f.write(data)
     os.sync()
@@ -50,7 +54,7 @@ def write_zarr(out, array, chunks):
     os.rename(tmp, out)
 
 
-def write_h5(out, array, chunks):
+def write_h5(out, array, chunks, content):
     import h5py
     import numpy as np
     tmp = out + ".partial"
@@ -61,13 +65,13 @@ def write_h5(out, array, chunks):
                               fillvalue=0)
         for index in itertools.product(*[range(g) for g in grid_of(array, chunks)]):
             origin = [i * c for i, c in zip(index, chunks)]
-            data = padded_region_bytes(array, origin, chunks, ITEMSIZE)
+            data = padded_region_bytes(array, origin, chunks, ITEMSIZE, content)
             ds.id.write_direct_chunk(tuple(origin), np.frombuffer(data, dtype=np.uint8))
     os.sync()
     os.replace(tmp, out)
 
 
-def write_zarr3(out, array, chunks, codec):
+def write_zarr3(out, array, chunks, content, codec):
     import numpy as np
     import tensorstore as ts
     name, _, level = codec.partition(":")
@@ -85,7 +89,7 @@ def write_zarr3(out, array, chunks, codec):
     for index in itertools.product(*[range(g) for g in grid_of(array, chunks)]):
         origin = [i * c for i, c in zip(index, chunks)]
         shape = [min(c, n - o) for c, n, o in zip(chunks, array, origin)]
-        data = np.frombuffer(padded_region_bytes(array, origin, chunks, ITEMSIZE), dtype=DTYPE)
+        data = np.frombuffer(padded_region_bytes(array, origin, chunks, ITEMSIZE, content), dtype=DTYPE)
         region = data.reshape(chunks)[tuple(slice(0, s) for s in shape)]
         arr[tuple(slice(o, o + s) for o, s in zip(origin, shape))].write(region).result()
     os.sync()
@@ -100,14 +104,16 @@ def main():
     p.add_argument("--array", required=True)
     p.add_argument("--chunks", required=True)
     p.add_argument("--codec", default="zstd:3", help="zarr3: the compressor (zstd[:LEVEL])")
+    p.add_argument("--content", choices=["splitmix", "image"], default="splitmix",
+                   help="the array's values (content.py; default: the sample array's)")
     a = p.parse_args()
     array = [int(x) for x in a.array.split(",")]
     chunks = [min(int(x), n) for x, n in zip(a.chunks.split(","), array)]
     t0 = time.monotonic()
     if a.kind == "zarr3":
-        write_zarr3(a.out, array, chunks, a.codec)
+        write_zarr3(a.out, array, chunks, a.content, a.codec)
     else:
-        (write_zarr if a.kind == "zarr" else write_h5)(a.out, array, chunks)
+        (write_zarr if a.kind == "zarr" else write_h5)(a.out, array, chunks, a.content)
     print(json.dumps({"seconds": time.monotonic() - t0}))
 
 

@@ -4,6 +4,7 @@ splitmix64 content of tests/fixtures/verify.py), for the bench harness.
 
     verify_peer.py zarr OUT_DIR --array 350,350,350 --chunks 50,50,50
     verify_peer.py h5 OUT.h5 --array 350,350,350 --chunks 50,50,50 [--dataset /data]
+    verify_peer.py pyramid OUT --array 350,350,350 --chunks 50,50,50
 
 zarr: a Zarr v2 (.zarray) or v3 (zarr.json) array. Its metadata must say
 shape = --array, chunk shape = --chunks, dtype little-endian uint16; every
@@ -16,6 +17,15 @@ h5: one HDF5 file whose dataset has shape --array and dtype <u2, read with
 h5py one output chunk at a time; its layout (chunk shape, or contiguous)
 is reported and must match --chunks (contiguous when --chunks is the
 whole array).
+
+pyramid: an OME-Zarr image whose levels are the arrays OUT/0, OUT/1, ...:
+level 0 checked as zarr above; each level k >= 1 read with TensorStore
+and compared voxel by voxel with TensorStore's mean downsample (by 2 along
+each axis that shrinks) of level k-1 as written, chunk by chunk of level
+k, so every level is checked back to the source through the ones above.
+
+--content image checks against the image-like content instead of the
+sample array's (content.py).
 
 Prints one line; exit status 0 when every voxel is exact, 1 otherwise.
 """
@@ -109,7 +119,7 @@ def zarr_layout(path):
     raise Wrong(f"{path} holds neither .zarray nor zarr.json")
 
 
-def check_zarr(path, array, chunks):
+def check_zarr(path, array, chunks, content):
     shape, got_chunks, key, raw, what = zarr_layout(path)
     if list(shape) != array:
         raise Wrong(f"shape {shape}, expected {array}")
@@ -135,12 +145,12 @@ def check_zarr(path, array, chunks):
             # Bytes past the array in an edge chunk are unspecified: compare the inside only.
             inside = [min(c, a - o) for c, a, o in zip(chunks, array, origin)]
             if inside == chunks:
-                ok = data == region_bytes(array, origin, chunks, ITEMSIZE)
+                ok = data == region_bytes(array, origin, chunks, ITEMSIZE, content)
             else:
                 import numpy as np
                 got = np.frombuffer(data, dtype=np.uint8).reshape(chunks + [ITEMSIZE])
                 got = got[tuple(slice(0, s) for s in inside)].tobytes()
-                ok = got == region_bytes(array, origin, inside, ITEMSIZE)
+                ok = got == region_bytes(array, origin, inside, ITEMSIZE, content)
             if not ok:
                 raise Wrong(f"chunk {index} ({name}): bytes differ from the source array")
             n += 1
@@ -155,13 +165,44 @@ def check_zarr(path, array, chunks):
         origin = [i * c for i, c in zip(index, chunks)]
         inside = [min(c, a - o) for c, a, o in zip(chunks, array, origin)]
         got = t[tuple(slice(o, o + s) for o, s in zip(origin, inside))].read().result()
-        if got.dtype.str != "<u2" or got.tobytes() != region_bytes(array, origin, inside, ITEMSIZE):
+        if got.dtype.str != "<u2" or got.tobytes() != region_bytes(array, origin, inside, ITEMSIZE, content):
             raise Wrong(f"chunk {index}: values differ from the source array (read with TensorStore)")
         n += 1
     return f"{n} chunks of {what} decoded with TensorStore: every voxel exact"
 
 
-def check_h5(path, array, chunks, dataset):
+def check_pyramid(path, array, chunks, content):
+    levels = sorted(int(p) for p in os.listdir(path) if p.isdigit() and os.path.isdir(os.path.join(path, p)))
+    if not levels or levels != list(range(len(levels))):
+        raise Wrong(f"{path}: levels {levels}, expected the directories 0, 1, ...")
+    first = check_zarr(os.path.join(path, "0"), array, chunks, content)
+    try:
+        import numpy as np
+        import tensorstore as ts
+    except ImportError:
+        raise Wrong("levels above 0 need TensorStore to check them, and it is not importable")
+
+    def level(k):
+        return ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": os.path.join(path, str(k))}},
+                       read=True).result()
+    n = 0
+    for k in levels[1:]:
+        above, this = level(k - 1), level(k)
+        factors = [2 if a > b else 1 for a, b in zip(above.shape, this.shape)]
+        want = ts.downsample(above, factors, "mean")
+        if list(want.shape) != list(this.shape) or this.dtype != above.dtype:
+            raise Wrong(f"level {k}: shape {list(this.shape)} {this.dtype}, expected {list(want.shape)} "
+                        f"{above.dtype} (level {k - 1} downsampled by {factors})")
+        grid = this.chunk_layout.read_chunk.shape
+        for index in itertools.product(*[range(g) for g in grid_of(list(this.shape), list(grid))]):
+            box = tuple(slice(i * c, min((i + 1) * c, m)) for i, c, m in zip(index, grid, this.shape))
+            if not np.array_equal(this[box].read().result(), want[box].read().result()):
+                raise Wrong(f"level {k}, chunk {index}: differs from TensorStore's mean downsample of level {k - 1}")
+            n += 1
+    return f"level 0: {first}; levels 1-{levels[-1]}: {n} chunks equal to TensorStore's mean downsample of the level above"
+
+
+def check_h5(path, array, chunks, dataset, content):
     import h5py
     with h5py.File(path, "r") as f:
         if dataset not in f:
@@ -182,7 +223,7 @@ def check_h5(path, array, chunks, dataset):
             origin = [i * c for i, c in zip(index, chunks)]
             inside = [min(c, a - o) for c, a, o in zip(chunks, array, origin)]
             got = ds[tuple(slice(o, o + s) for o, s in zip(origin, inside))]
-            if got.tobytes() != region_bytes(array, origin, inside, ITEMSIZE):
+            if got.tobytes() != region_bytes(array, origin, inside, ITEMSIZE, content):
                 raise Wrong(f"region at {origin} shape {inside}: values differ from the source array")
             n += 1
     return f"{n} regions of HDF5 {dataset} ({layout}) read with h5py: every voxel exact"
@@ -190,16 +231,23 @@ def check_h5(path, array, chunks, dataset):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("kind", choices=["zarr", "h5"])
+    p.add_argument("kind", choices=["zarr", "h5", "pyramid"])
     p.add_argument("path")
     p.add_argument("--array", required=True)
     p.add_argument("--chunks", required=True)
     p.add_argument("--dataset", default="/data")
+    p.add_argument("--content", choices=["splitmix", "image"], default="splitmix",
+                   help="the values expected (content.py; default: the sample array's)")
     a = p.parse_args()
     array = [int(x) for x in a.array.split(",")]
     chunks = [min(int(x), n) for x, n in zip(a.chunks.split(","), array)]
     try:
-        text = check_zarr(a.path, array, chunks) if a.kind == "zarr" else check_h5(a.path, array, chunks, a.dataset)
+        if a.kind == "pyramid":
+            text = check_pyramid(a.path, array, chunks, a.content)
+        elif a.kind == "zarr":
+            text = check_zarr(a.path, array, chunks, a.content)
+        else:
+            text = check_h5(a.path, array, chunks, a.dataset, a.content)
     except Wrong as e:
         print(f"WRONG: {e}")
         return 1
