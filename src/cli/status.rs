@@ -34,6 +34,8 @@ pub(super) fn umount_command(args: UmountArgs) -> anyhow::Result<()> {
 }
 
 pub(super) fn status_command(args: StatusArgs) -> anyhow::Result<()> {
+    // Before the look for a job record, which enters the view.
+    session::check_daemon(&args.view)?;
     if let Some(record) = job_of_directory(&args.view)? {
         return directory_status(&args, &record);
     }

@@ -66,6 +66,12 @@ pub fn stopped_daemon(view: &Path, pid: u32) -> Error {
     )
 }
 
+/// Refuses to go on if a view is mounted at `view` and its daemon is
+/// stopped: call before anything that enters `view`.
+pub fn check_daemon(view: &Path) -> Result<()> {
+    check_not_stopped(view, daemon_of(view))
+}
+
 /// Refuses to go on if the daemon of the view at `view` is stopped.
 fn check_not_stopped(view: &Path, daemon: Option<u32>) -> Result<()> {
     match daemon.filter(|&pid| is_stopped(pid)) {

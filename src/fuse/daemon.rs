@@ -265,8 +265,12 @@ fn run_daemon(
     use std::os::unix::fs::OpenOptionsExt;
 
     let _ = nix::unistd::setsid();
-    if let Ok(null) = fs::File::open("/dev/null") {
-        let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
+    // Off the caller's terminal and pipes, also if the log cannot be
+    // opened: a pipe the daemon held would keep its reader waiting.
+    if let Ok(null) = fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+        for fd in 0..3 {
+            let _ = nix::unistd::dup2(null.as_raw_fd(), fd);
+        }
     }
     // The log names inputs and blocks: the owner's alone, like the area,
     // and never written through a link.
