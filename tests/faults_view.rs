@@ -1305,3 +1305,87 @@ fn a_link_in_the_staging_area_is_never_written_through() {
         assert_untouched(&victim);
     }
 }
+
+/// A Zarr v3 array of `array` in shards of 8×8 holding chunks of 4×4,
+/// whose shard index has no checksum (the spec allows that) and, in its
+/// last shard, an entry whose offset plus length wraps past 2^64.
+fn shards_with_a_wrapping_index(root: &Path, array: &[u64]) -> PathBuf {
+    let input = make_blocks(root, "in", array, &[8, 8], dtype("u1"), BlockFormat::Npy);
+    let zarr = root.join("z");
+    let output = run(
+        &[
+            "rechunk",
+            path_str(&input),
+            path_str(&zarr),
+            "--shape",
+            "4,4",
+            "--shard",
+            "8,8",
+            "--format",
+            "zarr3",
+            "-q",
+        ],
+        0,
+    );
+    assert!(output.status.success(), "rechunk: {}", stderr(&output));
+    let meta_path = zarr.join("zarr.json");
+    let mut meta: serde_json::Value =
+        serde_json::from_slice(&fs::read(&meta_path).unwrap()).unwrap();
+    let index = &mut meta["codecs"][0]["configuration"]["index_codecs"];
+    index
+        .as_array_mut()
+        .unwrap()
+        .retain(|codec| codec["name"] != "crc32c");
+    fs::write(&meta_path, serde_json::to_vec(&meta).unwrap()).unwrap();
+    let grid = [array[0] / 8, array[1] / 8];
+    for i in 0..grid[0] {
+        for j in 0..grid[1] {
+            let shard = zarr.join(format!("c/{i}/{j}"));
+            let mut bytes = fs::read(&shard).unwrap();
+            bytes.truncate(bytes.len() - 4);
+            if (i, j) == (grid[0] - 1, grid[1] - 1) {
+                let entry = bytes.len() - 64;
+                bytes[entry..entry + 8].copy_from_slice(&(u64::MAX - 7).to_le_bytes());
+            }
+            fs::write(&shard, bytes).unwrap();
+        }
+    }
+    zarr
+}
+
+#[test]
+fn a_daemon_thread_that_panics_fails_the_view_and_its_readers_get_eio() {
+    require!(Fuse);
+    let root = tempfile::tempdir().unwrap();
+    let input = shards_with_a_wrapping_index(root.path(), &[16, 16]);
+    let [view, staging] = ["view", "staging"].map(|name| root.path().join(name));
+    let mounted = View::mount(&input, &view, &staging, "4,4", 0, &[]);
+    let pid = mounted.pid();
+    // zarrs panics on such an index today; once the index is checked
+    // first, the view fails the same way with a plain error. Either way
+    // it must fail, not stay materialising.
+    let waited = run_within(
+        &["status", "--wait", "--json", path_str(&view)],
+        Duration::from_secs(20),
+        pid,
+        "status --wait on a view whose materialiser panicked",
+    );
+    assert!(!waited.status.success(), "the view completed");
+    let status: serde_json::Value = serde_json::from_slice(&waited.stdout).unwrap();
+    assert_eq!(status["state"], "failed", "{status}");
+    let error = status["error"].as_str().unwrap_or_default();
+    assert!(!error.is_empty(), "{status}");
+    let (tx, rx) = mpsc::channel();
+    let block = view.join("3_3.npy");
+    std::thread::spawn(move || {
+        let _ = tx.send(fs::read(block));
+    });
+    let read = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a read of a block of the failed view: still unanswered after 20 s");
+    assert_eq!(
+        read.unwrap_err().raw_os_error(),
+        Some(libc::EIO),
+        "a pending block"
+    );
+}
