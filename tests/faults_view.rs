@@ -1017,7 +1017,7 @@ fn run_within(args: &[&str], limit: Duration, daemon: u32, what: &str) -> Output
             );
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{what}: still running after {limit:?}, stuck on the stopped daemon");
+            panic!("{what}: still running after {limit:?}, stuck");
         }
         std::thread::sleep(Duration::from_millis(10));
     }
