@@ -152,7 +152,7 @@ pub fn serve(
         mem,
         on_demand,
     } = prepared;
-    if false { fail_view_on_panic(&core); }
+    fail_view_on_panic(&core);
     let config = session_config(&input, allow_other);
     // Started first, so its first reads overlap the mount: nothing it
     // does needs the view mounted, and if mounting fails, what it

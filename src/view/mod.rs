@@ -363,7 +363,7 @@ impl ViewCore {
     /// `status` says which thread panicked and why) rather than staying
     /// `materialising` with no one left to finish it.
     pub fn fail_on_panic<T>(&self, thread: &str, body: impl FnOnce() -> T) -> Option<T> {
-        match Ok::<T, Box<dyn std::any::Any + Send>>(body()) {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
             Ok(value) => Some(value),
             Err(payload) => {
                 let message = panic_failure(thread, panic_text(payload.as_ref()));
