@@ -1,5 +1,7 @@
 //! Faults a view must survive, through real mounts of the `rechunkfs`
-//! binary: a staging area other users must not read, two mounts on one
+//! binary: a staging area other users must not read, nor own, write or
+//! plant links in, a staging area inside the view or the input, a daemon
+//! stopped with SIGSTOP, a daemon thread that panics, two mounts on one
 //! staging area, readers killed or interrupted while parked, an input
 //! rewritten with its size and mtime restored, a full staging filesystem,
 //! a daemon thread stuck in the kernel, a mount by an ordinary user,
@@ -1002,7 +1004,32 @@ fn sixty_four_readers_on_a_filling_view_read_exact_bytes() {
 /// does not, the stopped `daemon` is continued (so the child can end) and
 /// the test fails naming `what` as stuck.
 fn run_within(args: &[&str], limit: Duration, daemon: u32, what: &str) -> Output {
-    let mut child = Command::new(BIN)
+    run_within_as(None, args, limit, daemon, what)
+}
+
+/// [`run_within`] as user `user` (and group of that id), if given.
+fn run_within_as(
+    user: Option<u32>,
+    args: &[&str],
+    limit: Duration,
+    daemon: u32,
+    what: &str,
+) -> Output {
+    let mut command = match user {
+        Some(id) => {
+            let mut command = Command::new("setpriv");
+            command.args([
+                &format!("--reuid={id}"),
+                &format!("--regid={id}"),
+                "--clear-groups",
+                "--",
+                BIN,
+            ]);
+            command
+        }
+        None => Command::new(BIN),
+    };
+    let mut child = command
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1388,4 +1415,85 @@ fn a_daemon_thread_that_panics_fails_the_view_and_its_readers_get_eio() {
         Some(libc::EIO),
         "a pending block"
     );
+}
+
+#[test]
+fn an_ordinary_user_unmounts_the_view_of_a_stopped_daemon_at_once() {
+    require!(Fuse);
+    assert!(
+        is_root(),
+        "needs root, to act as another user and open /dev/fuse to all"
+    );
+    let _device = OpenFuseDevice::new();
+    let root = open_tempdir();
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &[24, 24],
+        &[12, 12],
+        dtype("u1"),
+        BlockFormat::Npy,
+    );
+    let [view, staging] = ["view", "staging"].map(|name| root.path().join(name));
+    for dir in [&view, &staging] {
+        fs::create_dir(dir).unwrap();
+        std::os::unix::fs::chown(dir, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    let args = View::args(&input, &view, &staging, "8,8", &[]);
+    let mut mount = Command::new("setpriv");
+    mount
+        .args([
+            &format!("--reuid={NOBODY}"),
+            &format!("--regid={NOBODY}"),
+            "--clear-groups",
+            "--",
+            BIN,
+        ])
+        .args(&args)
+        .env("RECHUNKFS_STEP_DELAY_MS", "3000");
+    let output = mount.output().unwrap();
+    assert!(output.status.success(), "mount as nobody: {}", stderr(&output));
+    let _mounted = View {
+        view: view.clone(),
+        staging: staging.clone(),
+        args: Vec::new(),
+    };
+    let status = as_user(NOBODY, BIN, &["status", "--json", path_str(&view)]);
+    let pid = json_u64(&serde_json::from_slice(&status.stdout).unwrap(), "pid") as u32;
+    let _continue = ContinueOnDrop(pid);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    within(Duration::from_secs(5), "the daemon stops", || is_stopped(pid));
+    let limit = Duration::from_secs(5);
+    let status = run_within_as(
+        Some(NOBODY),
+        &["status", path_str(&view)],
+        limit,
+        pid,
+        "status as nobody",
+    );
+    assert!(!status.status.success());
+    let said = format!("daemon (pid {pid}) is stopped");
+    assert!(stderr(&status).contains(&said), "{}", stderr(&status));
+    let unmounted = run_within_as(
+        Some(NOBODY),
+        &["umount", path_str(&view)],
+        limit,
+        pid,
+        "umount as nobody",
+    );
+    assert!(unmounted.status.success(), "{}", stderr(&unmounted));
+    assert!(
+        stderr(&unmounted).contains(&format!("without its daemon (pid {pid}), which is stopped")),
+        "{}",
+        stderr(&unmounted)
+    );
+    assert!(!rechunkfs::fuse::session::is_mounted(&view));
+    drop(_continue);
+    within(Duration::from_secs(10), "the continued daemon ends", || {
+        requester(pid) == Requester::Gone
+    });
 }
