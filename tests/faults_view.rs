@@ -1103,12 +1103,21 @@ fn a_stopped_daemon_is_named_by_status_and_umount_at_once() {
         nix::sys::signal::Signal::SIGSTOP,
     )
     .unwrap();
-    within(Duration::from_secs(5), "the daemon stops", || is_stopped(pid));
+    within(Duration::from_secs(5), "the daemon stops", || {
+        is_stopped(pid)
+    });
     let said = format!("daemon (pid {pid}) is stopped");
-    for args in [vec!["status", view_str], vec!["status", "--wait", "--json", view_str]] {
+    for args in [
+        vec!["status", view_str],
+        vec!["status", "--wait", "--json", view_str],
+    ] {
         let output = run_within(&args, Duration::from_secs(5), pid, &args.join(" "));
         assert!(!output.status.success(), "{args:?} succeeded");
-        assert!(stderr(&output).contains(&said), "{args:?}: {}", stderr(&output));
+        assert!(
+            stderr(&output).contains(&said),
+            "{args:?}: {}",
+            stderr(&output)
+        );
     }
     let start = Instant::now();
     let mut waiter = waiter;
@@ -1129,7 +1138,12 @@ fn a_stopped_daemon_is_named_by_status_and_umount_at_once() {
     // A mount on it is refused without entering it.
     let args = View::args(&input, &view, &root.path().join("other"), "8,8", &[]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let again = run_within(&args, Duration::from_secs(5), pid, "mount on the stopped view");
+    let again = run_within(
+        &args,
+        Duration::from_secs(5),
+        pid,
+        "mount on the stopped view",
+    );
     assert!(!again.status.success());
     assert!(stderr(&again).contains(&said), "{}", stderr(&again));
 
@@ -1189,7 +1203,11 @@ fn staging_inside_the_view_or_the_input_and_a_view_inside_staging_are_refused() 
         (view.clone(), link.join("st"), "is inside the view"),
         (view.clone(), input.clone(), "is the input"),
         (view.clone(), input.join("st"), "is the input"),
-        (outer.join("view"), outer.clone(), "is inside the staging area"),
+        (
+            outer.join("view"),
+            outer.clone(),
+            "is inside the staging area",
+        ),
     ] {
         let args = View::args(&input, &view, &staging, "8,8", &[]);
         let output = run(&args.iter().map(String::as_str).collect::<Vec<_>>(), 0);
@@ -1218,7 +1236,11 @@ fn victim(root: &Path) -> PathBuf {
 }
 
 fn assert_untouched(victim: &Path) {
-    assert_eq!(fs::read(victim).unwrap(), b"precious\n", "written through a link");
+    assert_eq!(
+        fs::read(victim).unwrap(),
+        b"precious\n",
+        "written through a link"
+    );
     assert_eq!(mode(victim), 0o644, "chmod'ed through a link");
 }
 
@@ -1259,9 +1281,21 @@ fn a_staging_area_another_user_owns_or_may_write_is_refused_naming_it() {
     fs::create_dir(&shared).unwrap();
     fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).unwrap();
     for (staging, culprit, said) in [
-        (theirs.clone(), theirs.clone(), "is owned by user nobody (uid 65534), not by you"),
-        (mixed.clone(), mixed.join("blocks"), "is owned by user nobody (uid 65534), not by you"),
-        (shared.join("st"), shared.clone(), "may be written by other users (mode 0777, not sticky)"),
+        (
+            theirs.clone(),
+            theirs.clone(),
+            "is owned by user nobody (uid 65534), not by you",
+        ),
+        (
+            mixed.clone(),
+            mixed.join("blocks"),
+            "is owned by user nobody (uid 65534), not by you",
+        ),
+        (
+            shared.join("st"),
+            shared.clone(),
+            "may be written by other users (mode 0777, not sticky)",
+        ),
     ] {
         let args = View::args(&input, &view, &staging, "8,8", &[]);
         let output = run(&args.iter().map(String::as_str).collect::<Vec<_>>(), 0);
@@ -1279,7 +1313,10 @@ fn a_staging_area_another_user_owns_or_may_write_is_refused_naming_it() {
         assert_untouched(&victim);
     }
     assert_eq!(fs::read(&forged).unwrap(), b"forged");
-    assert!(!shared.join("st").exists(), "made in a directory others may write");
+    assert!(
+        !shared.join("st").exists(),
+        "made in a directory others may write"
+    );
     // Sticky, as /tmp is: others can neither remove nor rename what root
     // makes there.
     fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
@@ -1316,7 +1353,11 @@ fn a_link_in_the_staging_area_is_never_written_through() {
             let _ = rechunkfs::fuse::session::detach(&view);
         }
         assert!(!output.status.success() && !mounted, "{name}: mounted");
-        assert!(stderr(&output).contains("symlink"), "{name}: {}", stderr(&output));
+        assert!(
+            stderr(&output).contains("symlink"),
+            "{name}: {}",
+            stderr(&output)
+        );
         assert_untouched(&victim);
     }
     // The daemon's log (the view works, logging nowhere), and a journal
@@ -1452,7 +1493,11 @@ fn an_ordinary_user_unmounts_the_view_of_a_stopped_daemon_at_once() {
         .args(&args)
         .env("RECHUNKFS_STEP_DELAY_MS", "3000");
     let output = mount.output().unwrap();
-    assert!(output.status.success(), "mount as nobody: {}", stderr(&output));
+    assert!(
+        output.status.success(),
+        "mount as nobody: {}",
+        stderr(&output)
+    );
     let _mounted = View {
         view: view.clone(),
         staging: staging.clone(),
@@ -1466,7 +1511,9 @@ fn an_ordinary_user_unmounts_the_view_of_a_stopped_daemon_at_once() {
         nix::sys::signal::Signal::SIGSTOP,
     )
     .unwrap();
-    within(Duration::from_secs(5), "the daemon stops", || is_stopped(pid));
+    within(Duration::from_secs(5), "the daemon stops", || {
+        is_stopped(pid)
+    });
     let limit = Duration::from_secs(5);
     let status = run_within_as(
         Some(NOBODY),

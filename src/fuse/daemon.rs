@@ -267,7 +267,11 @@ fn run_daemon(
     let _ = nix::unistd::setsid();
     // Off the caller's terminal and pipes, also if the log cannot be
     // opened: a pipe the daemon held would keep its reader waiting.
-    if let Ok(null) = fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+    if let Ok(null) = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
         for fd in 0..3 {
             let _ = nix::unistd::dup2(null.as_raw_fd(), fd);
         }

@@ -101,7 +101,10 @@ pub(super) fn daemon_of(view: &Path) -> Option<u32> {
 /// The FUSE connection of the mount at `view`: its directory under
 /// /sys/fs/fuse/connections (where `abort` ends it), when that is mounted.
 pub(super) fn connection_of(view: &Path) -> Option<PathBuf> {
-    let dir = PathBuf::from(format!("/sys/fs/fuse/connections/{}", mount_at(view)?.device));
+    let dir = PathBuf::from(format!(
+        "/sys/fs/fuse/connections/{}",
+        mount_at(view)?.device
+    ));
     dir.is_dir().then_some(dir)
 }
 

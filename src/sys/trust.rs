@@ -77,14 +77,22 @@ pub fn check_dir(dir: &Path, own: bool, what: &str) -> Result<()> {
         if meta.file_type().is_symlink() {
             links += 1;
             if links > MOST_LINKS {
-                return Err(untrusted(dir, what, &next, "has too many symlinks on its way"));
+                return Err(untrusted(
+                    dir,
+                    what,
+                    &next,
+                    "has too many symlinks on its way",
+                ));
             }
             if meta.uid() != me && meta.uid() != 0 {
                 return Err(untrusted(
                     dir,
                     what,
                     &next,
-                    &format!("is a symlink owned by {}, who could point it elsewhere", user(meta.uid())),
+                    &format!(
+                        "is a symlink owned by {}, who could point it elsewhere",
+                        user(meta.uid())
+                    ),
                 ));
             }
             let target = fs::read_link(&next).map_err(|e| Error::io(&next, "reading", e))?;
@@ -214,8 +222,14 @@ mod tests {
         let err = make_private_dir(&shared.join("area"), "the staging area")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("may be written by other users (mode 0777, not sticky)"), "{err}");
-        assert!(!shared.join("area").exists(), "made inside an untrusted parent");
+        assert!(
+            err.contains("may be written by other users (mode 0777, not sticky)"),
+            "{err}"
+        );
+        assert!(
+            !shared.join("area").exists(),
+            "made inside an untrusted parent"
+        );
         mode(&shared, 0o1777);
         make_private_dir(&shared.join("area/deeper"), "the staging area").unwrap();
         let meta = fs::metadata(shared.join("area/deeper")).unwrap();
@@ -243,9 +257,12 @@ mod tests {
         fs::write(&target, b"keep").unwrap();
         let lock = root.path().join("lock");
         symlink(&target, &lock).unwrap();
-        let err = open_own(&lock, OpenOptions::new().write(true).create(true).truncate(true))
-            .unwrap_err()
-            .to_string();
+        let err = open_own(
+            &lock,
+            OpenOptions::new().write(true).create(true).truncate(true),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("symlink"), "{err}");
         assert_eq!(fs::read(&target).unwrap(), b"keep");
         let err = open_own(root.path(), OpenOptions::new().read(true))
