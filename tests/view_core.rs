@@ -78,6 +78,14 @@ fn fixture(
 }
 
 fn open_core(f: &Fixture) -> (Arc<ViewCore>, Vec<u64>) {
+    open_core_with(f, |core| core)
+}
+
+/// As [`open_core`], the core passed through `build` first.
+fn open_core_with(
+    f: &Fixture,
+    build: impl FnOnce(ViewCore) -> ViewCore,
+) -> (Arc<ViewCore>, Vec<u64>) {
     let (staging, done) = Staging::open(&f.staging_dir, &f.manifest, false).unwrap();
     let layout = ViewLayout {
         source: f.input.source.clone(),
@@ -93,13 +101,13 @@ fn open_core(f: &Fixture) -> (Arc<ViewCore>, Vec<u64>) {
     };
     let templates = BlockTemplates::for_view(&layout, &f.plan.output).unwrap();
     (
-        Arc::new(ViewCore::new(
+        Arc::new(build(ViewCore::new(
             layout,
             &f.plan,
             templates,
             Arc::new(staging),
             &done,
-        )),
+        ))),
         done,
     )
 }
@@ -427,6 +435,59 @@ fn a_failed_materialiser_fails_pending_reads_and_keeps_done_blocks() {
     );
     drop(go);
     runner.join().unwrap();
+}
+
+#[test]
+fn a_panic_on_the_materialiser_fails_the_view_and_its_parked_reads() {
+    let f = fixture(&[24, 20, 18], &[6, 5, 9], &[8, 10, 6], BlockFormat::Npy);
+    // The materialiser's first progress waits for the test, then panics.
+    let (go, wait) = mpsc::channel::<()>();
+    let wait = std::sync::Mutex::new(wait);
+    let (core, _) = open_core_with(&f, |core| {
+        core.with_progress_observer(move |_| {
+            let _ = wait.lock().unwrap().recv();
+            panic!("injected for a test");
+        })
+    });
+    let last = core.output().count() - 1;
+    let parked = read_into(&core, block_ino(&core, last), 0, 1 << 20);
+    let materialiser = rechunkfs::view::materialise::Materialiser::start(
+        core.clone(),
+        f.input.clone(),
+        f.plan.clone(),
+        None,
+        false,
+    )
+    .unwrap();
+    go.send(()).unwrap();
+    assert_eq!(
+        parked
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the parked read: still unanswered 10 s after the materialiser panicked"),
+        Err(libc::EIO)
+    );
+    let status = core.status();
+    assert_eq!(status.state, "failed");
+    let error = status.error.unwrap_or_default();
+    assert!(
+        error.contains("the view's materialiser thread panicked (injected for a test)"),
+        "{error}"
+    );
+    assert_eq!(
+        read_into(&core, block_ino(&core, last), 0, 1 << 20)
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap(),
+        Err(libc::EIO)
+    );
+    // A wait for the end is answered at once.
+    let wait_ino = core.lookup(ROOT_INO, OsStr::new(WAIT_NAME)).unwrap().ino;
+    let waited = read_into(&core, wait_ino, 0, 1 << 20)
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the wait file: unanswered after the panic")
+        .unwrap();
+    let waited: serde_json::Value = serde_json::from_slice(&waited).unwrap();
+    assert_eq!(waited["state"], "failed");
+    assert!(materialiser.stop(Duration::from_secs(5)));
 }
 
 #[test]

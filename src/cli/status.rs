@@ -21,12 +21,21 @@ use crate::view::Status;
 const PROGRESS_TICK: Duration = Duration::from_millis(200);
 
 pub(super) fn umount_command(args: UmountArgs) -> anyhow::Result<()> {
-    session::unmount(&args.view)?;
-    eprintln!("unmounted {}", args.view.display());
+    match session::unmount(&args.view)? {
+        session::Unmounted::Done => eprintln!("unmounted {}", args.view.display()),
+        session::Unmounted::DaemonStopped(pid) => eprintln!(
+            "unmounted {}, without its daemon (pid {pid}), which is stopped (SIGSTOP, a frozen \
+             cgroup or a suspended job). It ends once continued (kill -CONT {pid}) and holds the \
+             staging area until then; kill it to free the area now (completed blocks are kept)",
+            args.view.display()
+        ),
+    }
     Ok(())
 }
 
 pub(super) fn status_command(args: StatusArgs) -> anyhow::Result<()> {
+    // Before the look for a job record, which enters the view.
+    session::check_daemon(&args.view)?;
     if let Some(record) = job_of_directory(&args.view)? {
         return directory_status(&args, &record);
     }

@@ -385,6 +385,13 @@ impl BlockTemplate {
             .truncate(true)
             .open(path)
             .map_err(|e| Error::io(path, "create", e))?;
+        self.write_into(&file, path)?;
+        Ok(file)
+    }
+
+    /// Lays this template out in `file` (at `path`), new or truncated:
+    /// what [`create_file`](Self::create_file) does once the file is open.
+    pub fn write_into(&self, file: &File, path: &Path) -> Result<()> {
         // Setting the length first leaves the data region a hole whatever
         // the writes below do, and costs no data blocks on disk.
         file.set_len(self.file_len())
@@ -395,7 +402,7 @@ impl BlockTemplate {
             file.write_all_at(&self.suffix, self.data_offset + self.data_len)
                 .map_err(|e| Error::io(path, "write trailer to", e))?;
         }
-        Ok(file)
+        Ok(())
     }
 }
 

@@ -1,6 +1,13 @@
 //! What other processes do to a running view: read its status file, wait
 //! for it to end, and unmount it (also when its daemon has died). They
 //! talk to the daemon only through the view's files and signals.
+//!
+//! A daemon that is stopped (SIGSTOP, a frozen cgroup, `scontrol suspend`)
+//! answers nothing, and a call into its view would wait until it is
+//! continued. So its pid is found from the mount table, not the view, and
+//! its state is read from /proc before anything enters the view, and
+//! again while waiting on it: `status` then says so at once, and `umount`
+//! detaches the view without waiting on the daemon.
 
 use std::fs;
 use std::path::Path;
@@ -8,35 +15,105 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::fuse::bad_view;
-use crate::fuse::mountpoint::{absolute, is_mounted};
+use crate::fuse::mountpoint::{absolute, connection_of, daemon_of, is_mounted};
 use crate::sys::process::{requester, Requester};
-use crate::view::{Status, STATUS_NAME, WAIT_NAME};
+use crate::view::{Status, STATUS_NAME};
 
 /// Reads a mounted view's status file.
 pub fn read_status(view: &Path) -> Result<Status> {
     read_status_file(view, STATUS_NAME)
 }
 
+/// How often a wait on a view checks that its daemon is not stopped.
+const DAEMON_CHECK: Duration = Duration::from_millis(100);
+
 /// Waits until a mounted view has stopped materialising (every block done,
-/// a failure, or an unmount), and returns its status then. The wait is one
-/// read that the daemon answers when that happens, so it ends at once.
+/// a failure, or an unmount), and returns its status then. It polls the
+/// status file rather than read the wait file: a read the daemon holds
+/// cannot be abandoned if the daemon is stopped meanwhile (the kernel
+/// waits for its answer even when the reader is killed), and a stopped
+/// daemon must end the wait with an error.
 pub fn wait_status(view: &Path) -> Result<Status> {
-    match fs::symlink_metadata(view.join(WAIT_NAME)) {
-        // A daemon of an earlier version serves no wait file: poll it.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => loop {
-            let status = read_status(view)?;
-            if status.state != "materialising" {
-                return Ok(status);
+    loop {
+        let status = read_status(view)?;
+        if status.state != "materialising" {
+            return Ok(status);
+        }
+        std::thread::sleep(DAEMON_CHECK);
+    }
+}
+
+/// Whether process `pid` is stopped (state `T`, or `t` when traced).
+pub fn is_stopped(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name, which may hold anything.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| matches!(state, 'T' | 't'))
+    })
+}
+
+/// The refusal to enter `view`, whose daemon `pid` is stopped.
+pub fn stopped_daemon(view: &Path, pid: u32) -> Error {
+    bad_view(
+        view,
+        format!(
+            "the view's daemon (pid {pid}) is stopped (SIGSTOP, a frozen cgroup or a suspended \
+             job), so nothing in the view answers until it is continued. Continue it (kill -CONT \
+             {pid}), or run `rechunkfs umount {}`, which detaches the view without it",
+            view.display()
+        ),
+    )
+}
+
+/// Refuses to go on if a view is mounted at `view` and its daemon is
+/// stopped: call before anything that enters `view`.
+pub fn check_daemon(view: &Path) -> Result<()> {
+    check_not_stopped(view, daemon_of(view))
+}
+
+/// Refuses to go on if the daemon of the view at `view` is stopped.
+fn check_not_stopped(view: &Path, daemon: Option<u32>) -> Result<()> {
+    match daemon.filter(|&pid| is_stopped(pid)) {
+        Some(pid) => Err(stopped_daemon(view, pid)),
+        None => Ok(()),
+    }
+}
+
+/// The bytes of file `name` of the view at `view`, read on a thread of
+/// its own while this one checks that the daemon is not stopped: a call
+/// into a stopped daemon's view waits until it is continued. The outer
+/// error says the daemon is stopped; the inner one is the read's.
+fn read_view_file(view: &Path, name: &str) -> Result<std::io::Result<Vec<u8>>> {
+    let daemon = daemon_of(view);
+    check_not_stopped(view, daemon)?;
+    let path = view.join(name);
+    let (answer, answered) = std::sync::mpsc::channel();
+    let reading = path.clone();
+    let spawned = std::thread::Builder::new()
+        .name("read-view".into())
+        .spawn(move || {
+            let _ = answer.send(fs::read(reading));
+        });
+    if spawned.is_err() {
+        return Ok(fs::read(path));
+    }
+    loop {
+        match answered.recv_timeout(DAEMON_CHECK) {
+            Ok(result) => return Ok(result),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => check_not_stopped(view, daemon)?,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Ok(Err(std::io::Error::other(
+                    "the read of the view ended without an answer",
+                )))
             }
-            std::thread::sleep(Duration::from_millis(50));
-        },
-        _ => read_status_file(view, WAIT_NAME),
+        }
     }
 }
 
 fn read_status_file(view: &Path, name: &str) -> Result<Status> {
     let path = view.join(name);
-    let bytes = match fs::read(&path) {
+    let bytes = match read_view_file(view, name)? {
         Ok(bytes) => bytes,
         // ENOTCONN once the daemon is gone; ECONNABORTED for a read it had
         // parked (a wait) when it died.
@@ -58,44 +135,83 @@ fn read_status_file(view: &Path, name: &str) -> Result<Status> {
     serde_json::from_slice(&bytes).map_err(|e| bad_view(&path, format!("unreadable status: {e}")))
 }
 
+/// How an unmount went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unmounted {
+    /// The mount is gone, and its daemon has ended (or was already dead).
+    Done,
+    /// The daemon (this pid) is stopped: the view was detached without it.
+    /// It ends once continued, and holds the staging area until then.
+    DaemonStopped(u32),
+}
+
 /// Unmounts a view: asks its daemon to stop (parked reads get an error,
 /// the materialiser stops between read blocks), and detaches the mount
-/// directly when the daemon is gone.
-pub fn unmount(view: &Path) -> Result<()> {
+/// directly when the daemon is gone, stopped, or not done in 10 s.
+pub fn unmount(view: &Path) -> Result<Unmounted> {
     if !is_mounted(view) {
         return Err(bad_view(view, "is not mounted"));
     }
-    match read_status(view) {
-        Ok(status) => {
-            let pid = nix::unistd::Pid::from_raw(status.pid as i32);
-            if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).is_ok() {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while Instant::now() < deadline {
-                    // Gone from the mount table, and the daemon gone too: it
-                    // holds the staging area's lock until it exits, so a
-                    // mount right after this one would be refused before.
-                    if !is_mounted(view) && requester(status.pid) == Requester::Gone {
-                        return Ok(());
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                if !is_mounted(view) {
-                    log::warn!(
-                        "{} is unmounted, but its daemon (pid {}) is still running after 10 s",
-                        view.display(),
-                        status.pid
-                    );
-                    return Ok(());
-                }
-                log::warn!(
-                    "the daemon did not unmount {} in 10 s; detaching it",
-                    view.display()
-                );
-            }
-            detach(view)
-        }
-        Err(_) => detach(view),
+    let stopped = || daemon_of(view).filter(|&pid| is_stopped(pid));
+    if let Some(pid) = stopped() {
+        return detach_stopped(view, pid);
     }
+    let status = match read_status(view) {
+        Ok(status) => status,
+        Err(_) => match stopped() {
+            Some(pid) => return detach_stopped(view, pid),
+            None => return detach(view).map(|()| Unmounted::Done),
+        },
+    };
+    let pid = nix::unistd::Pid::from_raw(status.pid as i32);
+    if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).is_ok() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            // Gone from the mount table, and the daemon gone too: it
+            // holds the staging area's lock until it exits, so a mount
+            // right after this one would be refused before.
+            if !is_mounted(view) && requester(status.pid) == Requester::Gone {
+                return Ok(Unmounted::Done);
+            }
+            if is_stopped(status.pid) && is_mounted(view) {
+                return detach_stopped(view, status.pid);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !is_mounted(view) {
+            log::warn!(
+                "{} is unmounted, but its daemon (pid {}) is still running after 10 s",
+                view.display(),
+                status.pid
+            );
+            return Ok(Unmounted::Done);
+        }
+        log::warn!(
+            "the daemon did not unmount {} in 10 s; detaching it",
+            view.display()
+        );
+    }
+    detach(view).map(|()| Unmounted::Done)
+}
+
+/// Unmounts the view whose daemon `pid` is stopped, without a call that
+/// waits on it: its FUSE connection is aborted when the kernel offers
+/// that (readers waiting in the view get an error now, not once the
+/// daemon is continued), and the mount is detached. The daemon is asked
+/// to end; it does once continued.
+fn detach_stopped(view: &Path, pid: u32) -> Result<Unmounted> {
+    if let Some(connection) = connection_of(view) {
+        let abort = connection.join("abort");
+        if let Err(e) = fs::write(&abort, "1") {
+            log::debug!("{}: {e}", abort.display());
+        }
+    }
+    detach(view)?;
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    Ok(Unmounted::DaemonStopped(pid))
 }
 
 /// Detaches the mount, so it goes away as soon as no file in it is open.

@@ -21,6 +21,7 @@ use nix::sys::signal::SigSet;
 
 use crate::error::{Error, Result};
 use crate::fuse::client::detach;
+use crate::fuse::mountpoint::fs_name;
 use crate::fuse::{bad_view, RechunkFs};
 use crate::http::HttpServer;
 use crate::input::InputArray;
@@ -83,10 +84,39 @@ fn spawn_signal_thread(
     Ok(())
 }
 
+/// Makes a panic on any of the daemon's threads (fuser's session threads,
+/// read-ahead, the requester watcher, HTTP) fail the view, as the
+/// materialiser's own does ([`ViewCore::fail_on_panic`]): a view whose
+/// thread died must not look as if it were still being filled. The
+/// panicking thread may hold the view's lock until it unwinds, so another
+/// thread fails the view.
+fn fail_view_on_panic(core: &Arc<ViewCore>) {
+    let view = Arc::downgrade(core);
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        let Some(core) = view.upgrade() else {
+            return;
+        };
+        let thread = std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .to_string();
+        let mut what = crate::view::panic_text(info.payload());
+        if let Some(at) = info.location() {
+            what = format!("{what}, at {at}");
+        }
+        let message = crate::view::panic_failure(&thread, what);
+        let _ = std::thread::Builder::new()
+            .name("panic".into())
+            .spawn(move || core.fail(message));
+    }));
+}
+
 /// How fuser mounts and runs the session of a view of `input`.
 fn session_config(input: &InputArray, allow_other: bool) -> fuser::Config {
     let options = vec![
-        fuser::MountOption::FSName(format!("rechunkfs:{}", input.source.display())),
+        fuser::MountOption::FSName(fs_name(std::process::id(), &input.source)),
         fuser::MountOption::Subtype("rechunkfs".into()),
         fuser::MountOption::RO,
         fuser::MountOption::NoAtime,
@@ -122,6 +152,7 @@ pub fn serve(
         mem,
         on_demand,
     } = prepared;
+    fail_view_on_panic(&core);
     let config = session_config(&input, allow_other);
     // Started first, so its first reads overlap the mount: nothing it
     // does needs the view mounted, and if mounting fails, what it
@@ -234,15 +265,23 @@ fn run_daemon(
     use std::os::unix::fs::OpenOptionsExt;
 
     let _ = nix::unistd::setsid();
-    if let Ok(null) = fs::File::open("/dev/null") {
-        let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
+    // Off the caller's terminal and pipes, also if the log cannot be
+    // opened: a pipe the daemon held would keep its reader waiting.
+    if let Ok(null) = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        for fd in 0..3 {
+            let _ = nix::unistd::dup2(null.as_raw_fd(), fd);
+        }
     }
-    // The log names inputs and blocks: the owner's alone, like the area.
-    let opened = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(log);
+    // The log names inputs and blocks: the owner's alone, like the area,
+    // and never written through a link.
+    let opened = crate::sys::trust::open_own(
+        log,
+        fs::OpenOptions::new().create(true).append(true).mode(0o600),
+    );
     if let Ok(file) = opened {
         // A log an earlier version made readable by all.
         let _ = file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600));

@@ -16,7 +16,7 @@ mod mountpoint;
 /// mounting, the daemon that serves the view, and what other processes do
 /// to it (status, wait, unmount).
 pub mod session {
-    pub use super::client::{detach, read_status, unmount, wait_status};
+    pub use super::client::{check_daemon, detach, read_status, unmount, wait_status, Unmounted};
     pub use super::daemon::{log_path, serve, serve_in_background};
     pub use super::mountpoint::{check_fuse, check_mount_point, is_mounted};
 }

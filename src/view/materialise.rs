@@ -21,7 +21,7 @@ use crate::array::names::parse_grid_index;
 use crate::engine::downsample::{LevelBuilder, LevelFiles};
 use crate::engine::seekio::{self, FileKey, SeekCounter};
 use crate::engine::{
-    read_region, reopen, BlockSink, Executor, OpenOutput, OutputFiles, OutputTarget, RunStats,
+    read_region, BlockSink, Executor, OpenOutput, OutputFiles, OutputTarget, RunStats,
 };
 use crate::error::{Error, Result};
 use crate::input::InputArray;
@@ -142,8 +142,7 @@ impl StagingSink {
             Some(encoder) => (encoder.encode(&path, &file_shape, data)?, 0),
             None => (data, template.data_offset),
         };
-        let file = template.create_file(&path)?;
-        Staging::make_private(&file, &path)?;
+        let file = Staging::create_block(&template, &path)?;
         seekio::write_all_at(&file, &path, &mut [IoSlice::new(&data)], at)?;
         counter.write(FileKey::Output(rank), at, data.len() as u64);
         pagecache::start_writeback(&file);
@@ -307,13 +306,11 @@ impl BlockSink for StagingSink {
             let path = self.core.staged_path(rank);
             let template = self.core.template(rank);
             let file = if self.files.was_created(rank) {
-                reopen(&path)?
+                Staging::open_block(&path, true)?
             } else {
                 // Whatever an interrupted run left here is not recorded
                 // done, so it is rewritten from scratch.
-                let file = template.create_file(&path)?;
-                Staging::make_private(&file, &path)?;
-                file
+                Staging::create_block(&template, &path)?
             };
             let output = OpenOutput {
                 file,
@@ -466,7 +463,7 @@ impl LevelFiles for StagedLevel<'_> {
         let rank = self.first + rank;
         let path = self.core.staged_path(rank);
         let data_offset = self.core.template(rank).data_offset;
-        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, "opening", e))?;
+        let file = Staging::open_block(&path, false)?;
         std::os::unix::fs::FileExt::read_exact_at(&file, buf, data_offset + offset)
             .map_err(|e| Error::io(&path, "reading back", e))
     }
@@ -615,13 +612,15 @@ impl Materialiser {
             .name("materialiser".into())
             .spawn(move || {
                 let _ending = ending;
-                reclaim_partials(&core);
-                let mut sink = StagingSink::new(core.clone()).with_cancel(stop.clone());
-                if on_demand {
-                    sink = sink.with_on_demand(input.clone(), plan.clone(), mem);
-                }
-                let result = run(&core, &input, &plan, &mut sink, &stop);
-                report(&core, &plan, result);
+                core.clone().fail_on_panic("materialiser", || {
+                    reclaim_partials(&core);
+                    let mut sink = StagingSink::new(core.clone()).with_cancel(stop.clone());
+                    if on_demand {
+                        sink = sink.with_on_demand(input.clone(), plan.clone(), mem);
+                    }
+                    let result = run(&core, &input, &plan, &mut sink, &stop);
+                    report(&core, &plan, result);
+                });
             })
             .map_err(|e| Error::os("thread spawn", "starting the materialiser", e))?;
         Ok(Materialiser {

@@ -234,7 +234,12 @@ pub struct ViewCore {
     mounted_at: SystemTime,
     started: Instant,
     access: Access,
+    /// Told the run's progress on the materialiser's thread.
+    progress_observer: Option<ProgressObserver>,
 }
+
+/// What [`ViewCore::with_progress_observer`] calls.
+type ProgressObserver = Box<dyn Fn(&RunStats) + Send + Sync>;
 
 /// Done block files kept open for reads.
 const OPEN_STAGED_FILES: usize = 256;
@@ -302,6 +307,7 @@ impl ViewCore {
             mounted_at: SystemTime::now(),
             started: Instant::now(),
             access: Access::everyone(),
+            progress_observer: None,
             templates,
             output,
             staging,
@@ -339,6 +345,33 @@ impl ViewCore {
     pub fn with_access(mut self, access: Access) -> ViewCore {
         self.access = access;
         self
+    }
+
+    /// Calls `observe` with the run's progress each time the materialiser
+    /// reports it, on the materialiser's thread (a panic there fails the
+    /// view, as any panic on a view thread does).
+    pub fn with_progress_observer(
+        mut self,
+        observe: impl Fn(&RunStats) + Send + Sync + 'static,
+    ) -> ViewCore {
+        self.progress_observer = Some(Box::new(observe));
+        self
+    }
+
+    /// Runs `body`, the work of the view's thread `thread`; if it panics,
+    /// the view fails (parked and later reads of pending blocks get EIO,
+    /// `status` says which thread panicked and why) rather than staying
+    /// `materialising` with no one left to finish it.
+    pub fn fail_on_panic<T>(&self, thread: &str, body: impl FnOnce() -> T) -> Option<T> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+            Ok(value) => Some(value),
+            Err(payload) => {
+                let message = panic_failure(thread, panic_text(payload.as_ref()));
+                log::error!("{message}");
+                self.fail(message);
+                None
+            }
+        }
     }
 
     pub fn layout(&self) -> &ViewLayout {
@@ -731,7 +764,7 @@ impl ViewCore {
             return Ok(file.clone());
         }
         let path = self.staged_path(rank);
-        let file = Arc::new(File::open(&path).map_err(|e| crate::Error::io(&path, "opening", e))?);
+        let file = Arc::new(Staging::open_block(&path, false)?);
         self.staged_files.lock().put(rank, file.clone());
         Ok(file)
     }
@@ -825,6 +858,9 @@ impl ViewCore {
     /// Records the materialiser's latest counts.
     pub fn update_run(&self, run: &RunStats) {
         self.state.lock().run = *run;
+        if let Some(observe) = &self.progress_observer {
+            observe(run);
+        }
     }
 
     /// The materialiser finished: every block is done.
@@ -862,7 +898,9 @@ impl ViewCore {
             if state.phase != Phase::Complete {
                 state.phase = phase;
             }
-            if failure.is_some() {
+            // The first failure is the cause; what follows from it (a
+            // thread that panicked, then the run it stopped) is not.
+            if state.failure.is_none() {
                 state.failure = failure;
             }
             state.waiters.drain().flat_map(|(_, w)| w).collect()
@@ -907,6 +945,23 @@ struct ReadRequest {
     offset: u64,
     size: u32,
     reply: ReadReply,
+}
+
+/// What a panic's payload says: its message, when it is text.
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|text| text.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into())
+}
+
+/// The failure a view reports when its thread `thread` panicked, saying `what`.
+pub fn panic_failure(thread: &str, what: String) -> String {
+    format!(
+        "the view's {thread} thread panicked ({what}); this is a bug in rechunkfs or a library \
+         it uses: please report it with the daemon's log. Completed blocks stay readable"
+    )
 }
 
 /// The `size` bytes of `bytes` at `offset`, fewer at its end.

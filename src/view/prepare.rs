@@ -2,7 +2,8 @@
 //! formats' templates checked and the staging area opened, so that what a
 //! mount would trip over is found before anything is mounted.
 
-use std::path::PathBuf;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -113,6 +114,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
             dir
         }
     };
+    check_apart(&request.view, &input.source, &staging_dir)?;
     let mut layout = layout_of(request, &input, &problem, format)?;
     layout.shard_chunks = shard_chunks.clone();
     // Before the staging area: what the format cannot hold is refused
@@ -150,6 +152,59 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         mem,
         on_demand: !request.in_order,
     })
+}
+
+/// Refuses a staging area inside the view (the mount would hide it from
+/// the daemon writing it) or inside the input (whose files it would add
+/// to), and a view inside the staging area. Compared by identity (device
+/// and inode), so links and other spellings of a path are caught too.
+fn check_apart(view: &Path, input: &Path, staging: &Path) -> Result<()> {
+    let staging_within = ancestry(staging);
+    let refuse = |problem: String| Err(Error::BadArgument(problem));
+    if identity(view).is_some_and(|v| staging_within.contains(&v)) {
+        return refuse(format!(
+            "the staging area {} is inside the view {}: the mounted view would hide it. Pass \
+             --staging a directory outside the view",
+            staging.display(),
+            view.display()
+        ));
+    }
+    if identity(input).is_some_and(|i| staging_within.contains(&i)) {
+        return refuse(format!(
+            "the staging area {} is the input {} or inside it: it would add files to the \
+             input. Pass --staging a directory outside the input",
+            staging.display(),
+            input.display()
+        ));
+    }
+    if identity(staging).is_some_and(|s| ancestry(view).contains(&s)) {
+        return refuse(format!(
+            "the view {} is inside the staging area {}: mount it on a directory outside the \
+             staging area",
+            view.display(),
+            staging.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The device and inode of the file at `path`, if there is one.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The identities of `path` (if it exists) and of every directory it is
+/// in, resolved where it exists.
+fn ancestry(path: &Path) -> Vec<(u64, u64)> {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let resolved = absolute
+        .ancestors()
+        .find_map(|a| {
+            let rest = absolute.strip_prefix(a).ok()?;
+            Some(a.canonicalize().ok()?.join(rest))
+        })
+        .unwrap_or(absolute);
+    resolved.ancestors().filter_map(identity).collect()
 }
 
 /// The pyramid `request` asks for, if any: its levels, axes, and passes

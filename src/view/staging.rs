@@ -18,11 +18,17 @@
 //! modes. One process at a time uses it: a lock file, held with `flock`
 //! for the daemon's whole life and naming its pid, refuses a second mount
 //! of the same area before anything in it is touched.
+//!
+//! No other user can change the area: it and its parents are checked as
+//! [`crate::sys::trust`] says before anything in it is read or made, and
+//! every file in it is opened without following a link and must be this
+//! user's. Another user's area, or a link planted in one, would let that
+//! user choose the bytes the view serves, or what root writes to.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
@@ -32,9 +38,10 @@ use crate::array::dtype::DType;
 use crate::array::geometry::show_shape;
 use crate::engine::InputWitness;
 use crate::error::{Error, Result};
-use crate::format::BlockFormat;
+use crate::format::{BlockFormat, BlockTemplate};
 use crate::input::{FileIdentity, InputArray, InputBlock, Values};
 use crate::sys::pagecache;
+use crate::sys::trust;
 
 const MANIFEST: &str = "manifest.json";
 const JOURNAL: &str = "done.journal";
@@ -56,8 +63,9 @@ const DONE_RECORD: u64 = 1;
 /// ([`identity_words`]).
 const INPUT_RECORD: u64 = 2;
 /// Owner only: the staged blocks hold the inputs' data.
-const DIR_MODE: u32 = 0o700;
 const FILE_MODE: u32 = 0o600;
+/// Names the staging area in refusals of its directories.
+const AREA: &str = "the staging area";
 
 /// What a staging area holds, recorded when it is made.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -246,7 +254,7 @@ impl Journal {
     /// none), up to its first damaged record.
     pub fn read(dir: &Path) -> Result<Journal> {
         let path = dir.join(JOURNAL);
-        let bytes = match fs::read(&path) {
+        let bytes = match read_own(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Journal::default()),
             Err(e) => return Err(Error::io(&path, "reading the journal", e)),
@@ -363,13 +371,14 @@ impl Staging {
     /// or for input files that have changed since, is refused.
     pub fn open(dir: &Path, manifest: &Manifest, rebuild: bool) -> Result<(Staging, Vec<u64>)> {
         make_private_dir(dir)?;
+        make_private_dir(&dir.join(BLOCKS))?;
         // Before anything in the area is touched: another daemon may be
         // using it.
         let lock = lock_area(dir)?;
         if rebuild {
             discard(dir)?;
+            make_private_dir(&dir.join(BLOCKS))?;
         }
-        make_private_dir(&dir.join(BLOCKS))?;
         let journal_path = dir.join(JOURNAL);
         let fresh = !holds(dir, manifest, &journal_path)?;
         if fresh {
@@ -444,9 +453,27 @@ impl Staging {
 
     /// Makes a staged file the owner's alone (it was made with the
     /// process's umask).
-    pub fn make_private(file: &File, path: &Path) -> Result<()> {
+    fn make_private(file: &File, path: &Path) -> Result<()> {
         file.set_permissions(fs::Permissions::from_mode(FILE_MODE))
             .map_err(|e| Error::io(path, "making it private (chmod 0600)", e))
+    }
+
+    /// Creates (or truncates) the staged block file at `path`, laid out as
+    /// `template`, owner-only, never through a link.
+    pub fn create_block(template: &BlockTemplate, path: &Path) -> Result<File> {
+        let file = open_private(
+            path,
+            OpenOptions::new().read(true).write(true).truncate(true),
+        )?;
+        template.write_into(&file, path)?;
+        Ok(file)
+    }
+
+    /// Opens the staged block file at `path` (read-only unless `write`),
+    /// never through a link, and only if it is this user's.
+    pub fn open_block(path: &Path, write: bool) -> Result<File> {
+        trust::open_own(path, OpenOptions::new().read(true).write(write))
+            .map_err(|e| Error::io(path, "opening a staged block", e))
     }
 
     /// Where the staging copy of block file `name` lives.
@@ -558,29 +585,18 @@ fn split_ns(ns: i128) -> (i64, u32) {
     (seconds, ns.rem_euclid(NS) as u32)
 }
 
-/// Creates `dir` (and missing parents) owner-only, and makes it so if it
-/// was there already with wider permissions (made by an earlier version).
+/// Creates `dir` (and missing parents) owner-only, after checking that no
+/// other user can change its parents; refuses it if another user owns it
+/// or may write to it, and makes it owner-only if it was there already
+/// with wider read permissions (made by an earlier version).
 pub(crate) fn make_private_dir(dir: &Path) -> Result<()> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(DIR_MODE)
-        .create(dir)
-        .map_err(|e| Error::io(dir, "creating the staging area", e))?;
-    let meta = fs::metadata(dir).map_err(|e| Error::io(dir, "stat", e))?;
-    if meta.permissions().mode() & 0o777 != DIR_MODE {
-        fs::set_permissions(dir, fs::Permissions::from_mode(DIR_MODE))
-            .map_err(|e| Error::io(dir, "making the staging area private (chmod 0700)", e))?;
-    }
-    Ok(())
+    trust::make_private_dir(dir, AREA)
 }
 
-/// Opens (or makes) `path` owner-only for reading and writing, and makes
-/// an existing one owner-only too.
+/// Opens (or makes) `path` owner-only, never through a link and only if
+/// it is this user's, and makes an existing one owner-only too.
 fn open_private(path: &Path, options: &mut OpenOptions) -> Result<File> {
-    let file = options
-        .create(true)
-        .mode(FILE_MODE)
-        .open(path)
+    let file = trust::open_own(path, options.create(true).mode(FILE_MODE))
         .map_err(|e| Error::io(path, "opening", e))?;
     let mode = file
         .metadata()
@@ -662,12 +678,12 @@ fn append_synced(journal: &File, path: &Path, bytes: &[u8]) -> Result<()> {
 fn discard(dir: &Path) -> Result<()> {
     for name in [MANIFEST, JOURNAL] {
         let path = dir.join(name);
-        if path.exists() {
+        if fs::symlink_metadata(&path).is_ok() {
             fs::remove_file(&path).map_err(|e| Error::io(&path, "removing", e))?;
         }
     }
     let blocks = dir.join(BLOCKS);
-    if blocks.exists() {
+    if fs::symlink_metadata(&blocks).is_ok() {
         fs::remove_dir_all(&blocks).map_err(|e| Error::io(&blocks, "removing", e))?;
     }
     Ok(())
@@ -678,7 +694,7 @@ fn discard(dir: &Path) -> Result<()> {
 /// anything else.
 fn holds(dir: &Path, manifest: &Manifest, journal_path: &Path) -> Result<bool> {
     let manifest_path = dir.join(MANIFEST);
-    match fs::read(&manifest_path) {
+    match read_own(&manifest_path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(Error::io(&manifest_path, "reading", e)),
         Ok(bytes) => match serde_json::from_slice::<Manifest>(&bytes) {
@@ -710,7 +726,7 @@ fn start_afresh(dir: &Path, manifest: &Manifest, journal_path: &Path) -> Result<
     // worth resuming. That keeps two syncs off a view's start.
     write_replacing(&dir.join(MANIFEST), &bytes)?;
     // A journal left without its manifest belongs to nothing.
-    if journal_path.exists() {
+    if fs::symlink_metadata(journal_path).is_ok() {
         fs::remove_file(journal_path).map_err(|e| Error::io(journal_path, "removing", e))?;
     }
     Ok(())
@@ -750,9 +766,17 @@ fn write_replacing(path: &Path, bytes: &[u8]) -> Result<()> {
     fs::rename(&partial, path).map_err(|e| Error::io(path, "renaming into place", e))
 }
 
+/// The bytes of the file at `path` in the area, read as [`trust::open_own`]
+/// opens it.
+fn read_own(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    trust::open_own(path, OpenOptions::new().read(true))?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Whether the journal at `path` holds no record (or does not exist).
 fn journal_is_empty(path: &Path) -> Result<bool> {
-    match fs::metadata(path) {
+    match fs::symlink_metadata(path) {
         Ok(meta) => Ok(meta.len() < RECORD_BYTES as u64),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
         Err(e) => Err(Error::io(path, "checking the journal", e)),
