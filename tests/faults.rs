@@ -214,3 +214,100 @@ fn a_damaged_npy_header_length_is_said_without_quoting_data() {
     );
     assert!(message.is_ascii(), "{message}");
 }
+
+/// `rechunk` whose OUT holds the input, under any name: refused before OUT
+/// is touched, the input's bytes unchanged.
+fn assert_input_kept(case: &str, args: &[&str], input: &Path, says: &str) {
+    let before = std::fs::read(input).expect("read input");
+    let output = run_within(Duration::from_secs(30), args);
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{case}: {message}");
+    assert!(message.contains(says), "{case} lacks '{says}': {message}");
+    let after = std::fs::read(input).unwrap_or_else(|e| panic!("{case}: input gone: {e}"));
+    assert!(before == after, "{case}: the input was written");
+}
+
+#[test]
+fn an_input_inside_out_is_never_removed_or_written() {
+    let root = tempfile::tempdir().unwrap();
+    let d = make_blocks(
+        root.path(),
+        "d",
+        &[64, 64, 64],
+        &[64, 64, 64],
+        dtype("u2"),
+        BlockFormat::Npy,
+    );
+    let input = d.join("0_0_0.npy");
+    // The case: the input sits in OUT under a block's name.
+    for extra in [&["--overwrite"][..], &[][..], &["--levels", "2", "--overwrite"][..]] {
+        let mut args = vec!["rechunk", text(&input), text(&d), "--shape", "32,32,32", "-q"];
+        args.extend(extra);
+        assert_input_kept(&format!("{extra:?}"), &args, &input, "holds the input");
+    }
+    // Given through a symlink that sits in OUT, the file elsewhere.
+    let elsewhere = root.path().join("elsewhere.npy");
+    std::fs::copy(&input, &elsewhere).unwrap();
+    let out = root.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let link = out.join("0_0_0.npy");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    let args = [
+        "rechunk",
+        text(&link),
+        text(&out),
+        "--shape",
+        "32,32,32",
+        "--overwrite",
+        "-q",
+    ];
+    assert_input_kept("symlink", &args, &elsewhere, "holds the input");
+    assert!(link.exists(), "the symlink given as IN was removed");
+    // A hard link of the input in OUT under a block's name.
+    std::fs::remove_file(&link).unwrap();
+    std::fs::hard_link(&elsewhere, &link).unwrap();
+    let args = [
+        "rechunk",
+        text(&elsewhere),
+        text(&out),
+        "--shape",
+        "32,32,32",
+        "--overwrite",
+        "-q",
+    ];
+    assert_input_kept("hard link", &args, &elsewhere, "under another name (a hard link)");
+    assert!(link.exists(), "the hard link was removed");
+}
+
+#[test]
+fn zarr_chunks_under_out_are_never_removed() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    let input = common::make_zarr(
+        root.path(),
+        "z",
+        &[64, 64, 64],
+        &[16, 16, 16],
+        dtype("u2"),
+        BlockFormat::Zarr3,
+    );
+    // OUT is a directory of the input's chunk tree: --overwrite would
+    // take its numbered files for old chunks.
+    let out = input.join("c").join("0").join("0");
+    let chunk = out.join("0");
+    assert!(chunk.is_file(), "zarr-python wrote no {}", chunk.display());
+    let args = [
+        "rechunk",
+        text(&input),
+        text(&out),
+        "--shape",
+        "32,32,32",
+        "--format",
+        "npy",
+        "--overwrite",
+        "-q",
+    ];
+    assert_input_kept("zarr3 chunks", &args, &chunk, "holds the input");
+    let count = std::fs::read_dir(&out).unwrap().count();
+    assert_eq!(count, 4, "chunks of {} removed", out.display());
+}
