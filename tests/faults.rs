@@ -240,8 +240,19 @@ fn an_input_inside_out_is_never_removed_or_written() {
     );
     let input = d.join("0_0_0.npy");
     // The case: the input sits in OUT under a block's name.
-    for extra in [&["--overwrite"][..], &[][..], &["--levels", "2", "--overwrite"][..]] {
-        let mut args = vec!["rechunk", text(&input), text(&d), "--shape", "32,32,32", "-q"];
+    for extra in [
+        &["--overwrite"][..],
+        &[][..],
+        &["--levels", "2", "--overwrite"][..],
+    ] {
+        let mut args = vec![
+            "rechunk",
+            text(&input),
+            text(&d),
+            "--shape",
+            "32,32,32",
+            "-q",
+        ];
         args.extend(extra);
         assert_input_kept(&format!("{extra:?}"), &args, &input, "holds the input");
     }
@@ -275,7 +286,12 @@ fn an_input_inside_out_is_never_removed_or_written() {
         "--overwrite",
         "-q",
     ];
-    assert_input_kept("hard link", &args, &elsewhere, "under another name (a hard link)");
+    assert_input_kept(
+        "hard link",
+        &args,
+        &elsewhere,
+        "under another name (a hard link)",
+    );
     assert!(link.exists(), "the hard link was removed");
 }
 
