@@ -327,3 +327,59 @@ fn zarr_chunks_under_out_are_never_removed() {
     let count = std::fs::read_dir(&out).unwrap().count();
     assert_eq!(count, 4, "chunks of {} removed", out.display());
 }
+
+#[test]
+fn a_view_whose_input_is_rewritten_in_place_fails_and_says_why() {
+    require!(Fuse);
+    let root = tempfile::tempdir().unwrap();
+    let array = [128, 128, 128];
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &array,
+        dtype("u2"),
+        BlockFormat::Npy,
+    )
+    .join("0_0_0.npy");
+    let mut new = std::fs::read(&input).unwrap();
+    let data = new.len() - 128 * 128 * 128 * 2;
+    for byte in &mut new[data..] {
+        *byte = !*byte;
+    }
+    let replacement = root.path().join("new.npy");
+    std::fs::write(&replacement, &new).unwrap();
+    // One file read in 8 slabs (--mem 1M), 300 ms after each.
+    let args = ["--shape", "40,40,40", "--mem", "1M", "--in-order"];
+    let mounted = common::mounted::MountedView::new(&input, root.path(), &args, 300);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while common::json_u64(&mounted.status(), "blocks_done") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no block done: {}",
+            mounted.status()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let copied = Command::new("cp")
+        .arg(&replacement)
+        .arg(&input)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let status = loop {
+        let status = mounted.status();
+        if status["state"] != "materialising" {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "still filling: {status}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status["state"], "failed", "{status}");
+    let error = status["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("changed while it was being read") && error.contains(text(&input)),
+        "{status}"
+    );
+    assert!(common::json_u64(&status, "blocks_done") < common::json_u64(&status, "blocks_total"));
+}
