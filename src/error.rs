@@ -67,6 +67,12 @@ pub enum Error {
     /// The work was cancelled (shutdown, unmount) before it finished.
     #[error("cancelled")]
     Cancelled,
+
+    /// An input file changed while it was being read (written in place,
+    /// replaced): bytes read from it may mix two versions, so nothing made
+    /// from them may be kept as complete. `change` says what differs.
+    #[error("{path}: changed while it was being read ({change})")]
+    InputChanged { path: PathBuf, change: String },
 }
 
 impl Error {

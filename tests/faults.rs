@@ -214,3 +214,172 @@ fn a_damaged_npy_header_length_is_said_without_quoting_data() {
     );
     assert!(message.is_ascii(), "{message}");
 }
+
+/// `rechunk` whose OUT holds the input, under any name: refused before OUT
+/// is touched, the input's bytes unchanged.
+fn assert_input_kept(case: &str, args: &[&str], input: &Path, says: &str) {
+    let before = std::fs::read(input).expect("read input");
+    let output = run_within(Duration::from_secs(30), args);
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{case}: {message}");
+    assert!(message.contains(says), "{case} lacks '{says}': {message}");
+    let after = std::fs::read(input).unwrap_or_else(|e| panic!("{case}: input gone: {e}"));
+    assert!(before == after, "{case}: the input was written");
+}
+
+#[test]
+fn an_input_inside_out_is_never_removed_or_written() {
+    let root = tempfile::tempdir().unwrap();
+    let d = make_blocks(
+        root.path(),
+        "d",
+        &[64, 64, 64],
+        &[64, 64, 64],
+        dtype("u2"),
+        BlockFormat::Npy,
+    );
+    let input = d.join("0_0_0.npy");
+    // The case: the input sits in OUT under a block's name.
+    for extra in [
+        &["--overwrite"][..],
+        &[][..],
+        &["--levels", "2", "--overwrite"][..],
+    ] {
+        let mut args = vec![
+            "rechunk",
+            text(&input),
+            text(&d),
+            "--shape",
+            "32,32,32",
+            "-q",
+        ];
+        args.extend(extra);
+        assert_input_kept(&format!("{extra:?}"), &args, &input, "holds the input");
+    }
+    // Given through a symlink that sits in OUT, the file elsewhere.
+    let elsewhere = root.path().join("elsewhere.npy");
+    std::fs::copy(&input, &elsewhere).unwrap();
+    let out = root.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let link = out.join("0_0_0.npy");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    let args = [
+        "rechunk",
+        text(&link),
+        text(&out),
+        "--shape",
+        "32,32,32",
+        "--overwrite",
+        "-q",
+    ];
+    assert_input_kept("symlink", &args, &elsewhere, "holds the input");
+    assert!(link.exists(), "the symlink given as IN was removed");
+    // A hard link of the input in OUT under a block's name.
+    std::fs::remove_file(&link).unwrap();
+    std::fs::hard_link(&elsewhere, &link).unwrap();
+    let args = [
+        "rechunk",
+        text(&elsewhere),
+        text(&out),
+        "--shape",
+        "32,32,32",
+        "--overwrite",
+        "-q",
+    ];
+    assert_input_kept(
+        "hard link",
+        &args,
+        &elsewhere,
+        "under another name (a hard link)",
+    );
+    assert!(link.exists(), "the hard link was removed");
+}
+
+#[test]
+fn zarr_chunks_under_out_are_never_removed() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    let input = common::make_zarr(
+        root.path(),
+        "z",
+        &[64, 64, 64],
+        &[16, 16, 16],
+        dtype("u2"),
+        BlockFormat::Zarr3,
+    );
+    // OUT is a directory of the input's chunk tree: --overwrite would
+    // take its numbered files for old chunks.
+    let out = input.join("c").join("0").join("0");
+    let chunk = out.join("0");
+    assert!(chunk.is_file(), "zarr-python wrote no {}", chunk.display());
+    let args = [
+        "rechunk",
+        text(&input),
+        text(&out),
+        "--shape",
+        "32,32,32",
+        "--format",
+        "npy",
+        "--overwrite",
+        "-q",
+    ];
+    assert_input_kept("zarr3 chunks", &args, &chunk, "holds the input");
+    let count = std::fs::read_dir(&out).unwrap().count();
+    assert_eq!(count, 4, "chunks of {} removed", out.display());
+}
+
+#[test]
+fn a_view_whose_input_is_rewritten_in_place_fails_and_says_why() {
+    require!(Fuse);
+    let root = tempfile::tempdir().unwrap();
+    let array = [128, 128, 128];
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &array,
+        dtype("u2"),
+        BlockFormat::Npy,
+    )
+    .join("0_0_0.npy");
+    let mut new = std::fs::read(&input).unwrap();
+    let data = new.len() - 128 * 128 * 128 * 2;
+    for byte in &mut new[data..] {
+        *byte = !*byte;
+    }
+    let replacement = root.path().join("new.npy");
+    std::fs::write(&replacement, &new).unwrap();
+    // One file read in 8 slabs (--mem 1M), 300 ms after each.
+    let args = ["--shape", "40,40,40", "--mem", "1M", "--in-order"];
+    let mounted = common::mounted::MountedView::new(&input, root.path(), &args, 300);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while common::json_u64(&mounted.status(), "blocks_done") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no block done: {}",
+            mounted.status()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let copied = Command::new("cp")
+        .arg(&replacement)
+        .arg(&input)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let status = loop {
+        let status = mounted.status();
+        if status["state"] != "materialising" {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "still filling: {status}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status["state"], "failed", "{status}");
+    let error = status["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("changed while it was being read") && error.contains(text(&input)),
+        "{status}"
+    );
+    assert!(common::json_u64(&status, "blocks_done") < common::json_u64(&status, "blocks_total"));
+}

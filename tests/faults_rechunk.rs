@@ -453,3 +453,133 @@ fn a_full_output_filesystem_is_said_keeps_finished_blocks_and_a_rerun_after_free
         std::fs::remove_dir_all(&out).unwrap();
     }
 }
+
+/// The sample array's npy file at `path` with every data byte inverted:
+/// the same size, other values.
+fn inverted_npy(path: &Path) -> Vec<u8> {
+    let mut bytes = std::fs::read(path).unwrap();
+    let data = bytes.len() - (ARRAY.iter().product::<u64>() * 2) as usize;
+    for byte in &mut bytes[data..] {
+        *byte = !*byte;
+    }
+    bytes
+}
+
+/// Waits (up to 30 s) until `path` exists.
+fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn an_input_rewritten_in_place_during_a_run_fails_it_and_no_block_is_torn() {
+    let root = tempfile::tempdir().unwrap();
+    // One file, read in 8 slabs of 16 rows (--mem 1M), each output block
+    // from two or three of them, a pause after each.
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &ARRAY,
+        &ARRAY,
+        dtype("u2"),
+        BlockFormat::Npy,
+    )
+    .join("0_0_0.npy");
+    let new = root.path().join("new.npy");
+    std::fs::write(&new, inverted_npy(&input)).unwrap();
+    let old = root.path().join("old.npy");
+    std::fs::copy(&input, &old).unwrap();
+    for (case, restore_mtime) in [("cp", false), ("cp, then touch -r", true)] {
+        std::fs::copy(&old, &input).unwrap();
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&input).unwrap());
+        let out = root.path().join(format!("out-{restore_mtime}"));
+        let child = start_rechunk(&input, &out, BlockFormat::Npy, &["--mem", "1M"], true);
+        // Two read blocks in: the run has read the file's first slabs.
+        wait_for(&out.join(".rechunkfs-job.json"));
+        std::thread::sleep(Duration::from_millis(180));
+        let copied = Command::new("cp").arg(&new).arg(&input).status().unwrap();
+        assert!(copied.success());
+        if restore_mtime {
+            let touched = Command::new("touch")
+                .arg("-r")
+                .arg(&old)
+                .arg(&input)
+                .status();
+            assert!(touched.unwrap().success());
+        }
+        let same = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&input).unwrap());
+        assert_eq!(ino, same, "{case}: cp kept the inode");
+        let output = wait_within(child, Duration::from_secs(60));
+        let message = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{case}: {message}");
+        for says in [
+            text(&input),
+            "the input changed while it was being read",
+            "--overwrite",
+        ] {
+            assert!(message.contains(says), "{case} lacks '{says}': {message}");
+        }
+        // Every block kept was made from the old bytes alone.
+        check_visible(&out, BlockFormat::Npy);
+        let temporaries: Vec<PathBuf> = files_under(&out)
+            .into_iter()
+            .filter(|path| is_temporary(path))
+            .collect();
+        assert!(temporaries.is_empty(), "{case}: left {temporaries:?}");
+        // The record holds the old input: a rerun is refused, even with
+        // its mtime restored.
+        let rerun = rechunk(&input, &out, BlockFormat::Npy, &[]);
+        assert_eq!(rerun.status.code(), Some(1), "{case}: rerun");
+        assert!(
+            stderr(&rerun).contains("changed since"),
+            "{case}: {}",
+            stderr(&rerun)
+        );
+    }
+}
+
+#[test]
+fn sigint_stops_a_run_of_a_million_blocks_within_its_first_step() {
+    let root = tempfile::tempdir().unwrap();
+    // One read block, one step: 1,048,576 one-voxel blocks written by
+    // the writer in one slab.
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &[128, 128, 64],
+        &[128, 128, 64],
+        dtype("u1"),
+        BlockFormat::Npy,
+    )
+    .join("0_0_0.npy");
+    let out = root.path().join("out");
+    let child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+        .args(["rechunk", text(&input), text(&out), "--shape", "1,1,1"])
+        .args(["--format", "raw", "-q"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rechunkfs");
+    wait_for(&out.join(".rechunkfs-job.json"));
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
+    // The whole run takes minutes; a stop takes the renames of the
+    // blocks finished.
+    let output = wait_within(child, Duration::from_secs(30));
+    let message = stderr(&output);
+    assert_eq!(
+        signal_of(output.status),
+        Some(Signal::SIGINT as i32),
+        "{message}"
+    );
+    assert!(message.contains("interrupted by SIGINT"), "{message}");
+    let blocks = std::fs::read_dir(&out).unwrap().count();
+    assert!(blocks < 1 << 20, "{blocks} files: the run was not stopped");
+}

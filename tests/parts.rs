@@ -508,3 +508,97 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     found
 }
+
+/// `rechunk IN OUT` as part `part` of a zarr3 job, with `extra`.
+fn zarr3_part(input: &Path, out: &Path, part: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "rechunk",
+        text(input),
+        text(out),
+        "--shape",
+        "20,25,15",
+        "--format",
+        "zarr3",
+        "-q",
+        "--part",
+        part,
+    ];
+    args.extend(extra);
+    common::run_rechunkfs(&args, 0)
+}
+
+#[test]
+fn parts_with_different_settings_are_refused_naming_the_setting() {
+    let root = tempfile::tempdir().unwrap();
+    let input = common::make_blocks(
+        root.path(),
+        "in",
+        &ARRAY,
+        &[16, 16, 16],
+        common::dtype("u2"),
+        BlockFormat::Npy,
+    );
+    let zstd: &[&str] = &["--compress", "zstd:3"];
+    // Either order: the first part's settings are the job's.
+    for (first, second) in [(zstd, &[][..]), (&[][..], zstd)] {
+        let out = root.path().join(format!("out{}", first.len()));
+        let output = zarr3_part(&input, &out, "0/2", first);
+        assert!(output.status.success(), "{}", common::stderr(&output));
+        let refused = zarr3_part(&input, &out, "1/2", second);
+        let message = common::stderr(&refused);
+        assert_eq!(refused.status.code(), Some(1), "{message}");
+        assert!(
+            message.contains("holds blocks of another job") && message.contains("--compress"),
+            "{message}"
+        );
+        // The part with the job's settings finishes it.
+        let output = zarr3_part(&input, &out, "1/2", first);
+        assert!(output.status.success(), "{}", common::stderr(&output));
+        let finished = rechunkfs(&["finish", text(&out)]);
+        assert!(finished.status.success(), "{}", common::stderr(&finished));
+    }
+}
+
+#[test]
+fn an_input_rewritten_with_its_mtime_restored_is_caught_by_the_next_part() {
+    let root = tempfile::tempdir().unwrap();
+    let input = common::make_blocks(
+        root.path(),
+        "in",
+        &ARRAY,
+        &[16, 16, 16],
+        common::dtype("u2"),
+        BlockFormat::Npy,
+    );
+    let out = root.path().join("out");
+    let output = zarr3_part(&input, &out, "0/2", &[]);
+    assert!(output.status.success(), "{}", common::stderr(&output));
+    // Same size, same mtime, other bytes: only ctime tells.
+    let block = input.join("3_2_1.npy");
+    let reference = root.path().join("reference");
+    std::fs::copy(&block, &reference).unwrap();
+    let touched = Command::new("touch")
+        .arg("-r")
+        .arg(&block)
+        .arg(&reference)
+        .status();
+    assert!(touched.unwrap().success());
+    let mut bytes = std::fs::read(&block).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&block, &bytes).unwrap();
+    let restored = Command::new("touch")
+        .arg("-r")
+        .arg(&reference)
+        .arg(&block)
+        .status();
+    assert!(restored.unwrap().success());
+    let refused = zarr3_part(&input, &out, "1/2", &[]);
+    let message = common::stderr(&refused);
+    assert_eq!(refused.status.code(), Some(1), "{message}");
+    assert!(
+        message.contains("changed since") && message.contains("3_2_1.npy"),
+        "{message}"
+    );
+    assert!(message.contains("ctime"), "{message}");
+}

@@ -430,7 +430,18 @@ fn a_killed_part_resubmitted_finishes_without_rewriting_and_a_changed_input_is_r
     cluster.wait_until_idle();
     let before = block_mtimes(&out);
 
-    // A changed input: the resubmitted part refuses it.
+    // A changed input: the resubmitted part refuses it. The input is set
+    // aside and a changed copy put in its place: no change to a file can
+    // be undone (its ctime records it), but the files set aside come back
+    // as they were.
+    let as_it_was = root.path().join("input-as-it-was");
+    std::fs::rename(&input, &as_it_was).unwrap();
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&as_it_was)
+        .arg(&input)
+        .status();
+    assert!(copied.unwrap().success());
     let chunk = input.join("0.0.0");
     let was = std::fs::metadata(&chunk).unwrap().modified().unwrap();
     set_mtime(&chunk, was + Duration::from_secs(7));
@@ -448,7 +459,8 @@ fn a_killed_part_resubmitted_finishes_without_rewriting_and_a_changed_input_is_r
     assert_eq!(block_mtimes(&out), before, "a refused part wrote nothing");
 
     // The input as it was: part 0 resubmitted, then part 1, and finish.
-    set_mtime(&chunk, was);
+    std::fs::remove_dir_all(&input).unwrap();
+    std::fs::rename(&as_it_was, &input).unwrap();
     let (_, finish) = cluster.submit(&script, &["0-1"], &[]);
     cluster.wait_until_idle();
     assert_eq!(cluster.states(&finish), ["COMPLETED"], "finish");

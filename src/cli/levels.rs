@@ -17,6 +17,8 @@ use crate::format::ome::WorldAxis;
 use crate::format::BlockFormat;
 use crate::input::InputArray;
 use crate::output::directory::{self, DirectorySink, OutputSpec};
+use crate::output::inputs::InputFiles;
+use crate::output::job;
 use crate::output::pyramid::{build_levels, level_dir, pyramid_axes, BuiltLevels, PyramidOutput};
 use crate::plan::pyramid::{Pyramid, PyramidCost};
 use crate::plan::Plan;
@@ -128,8 +130,19 @@ pub(super) fn write_levels(
     spec.encoder(&plan.output)?;
     // Caught from before OUT is touched: a signal until then ends the
     // process at once, with nothing of this run on disk yet.
+    let inputs = InputFiles::of(input);
     let stop = signals::catch_stopping_signals()?;
-    let created_output = directory::prepare_output_dir(&args.output, args.overwrite)?;
+    if !args.overwrite && args.output.join(job::JOB_NAME).exists() {
+        return Err(Error::BadOutput {
+            path: args.output.clone(),
+            problem: "holds the blocks of an unfinished job run without --levels: run that \
+                      command again to finish it, or pass --overwrite to replace them with the \
+                      pyramid"
+                .into(),
+        }
+        .into());
+    }
+    let created_output = directory::prepare_output_for(&args.output, args.overwrite, &inputs)?;
     let free_at_start = disk::free_bytes(&args.output);
     let level0_dir = make_level0_dir(&args.output, spec.format, levels)?;
     let level0 = level0_dir.clone().unwrap_or_else(|| args.output.clone());

@@ -7,6 +7,7 @@
 //! command run again writes only the rest.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -21,9 +22,10 @@ use crate::cli::{mem_of, RechunkArgs};
 use crate::engine::RunStats;
 use crate::error::Error;
 use crate::format::BlockFormat;
-use crate::input::{HeaderChecks, InputArray};
+use crate::input::{HeaderChecks, InputArray, Values};
 use crate::output::directory::{self, OutputSpec, PartOutput};
 use crate::output::filetree::FileTree;
+use crate::output::inputs::InputFiles;
 use crate::output::job::{self, JobRecord, JobSpec};
 use crate::plan::parts::Parts;
 use crate::plan::{self, Plan, Problem, Strategy};
@@ -93,7 +95,15 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         return report_run(&plan, &stats, order, started.elapsed(), args.json, extra);
     }
     let record = job_record(&args, &input, &parts, &spec)?;
-    let stats = write_output(&args, &input, &plan, spec, (&parts, part), &record)?;
+    let inputs = InputFiles::of(&input);
+    let stats = write_output(
+        &args,
+        (&input, &inputs),
+        &plan,
+        spec,
+        (&parts, part),
+        &record,
+    )?;
     let elapsed = started.elapsed();
     report_run(&plan, &stats, order, elapsed, args.json, None)
 }
@@ -190,6 +200,13 @@ fn job_record(
                 .iter()
                 .map(|axis| axis.bounds().to_vec())
                 .collect(),
+            compress: spec.encoding.compressor.as_ref().map(|c| c.name()),
+            shard_chunks: spec.encoding.shard_chunks.clone(),
+            values: match args.input_args.values()? {
+                Some(Values::Scaled) => "scaled",
+                Some(Values::Stored) | None => "stored",
+            }
+            .into(),
         },
         inputs: job::input_identity(input)?,
         block_sizes,
@@ -226,7 +243,7 @@ fn plan_rechunk(args: &RechunkArgs, problem: &Problem) -> anyhow::Result<(Plan, 
 /// it finished, removes its temporaries, and says so.
 fn write_output(
     args: &RechunkArgs,
-    input: &InputArray,
+    (input, inputs): (&InputArray, &InputFiles),
     plan: &Plan,
     spec: OutputSpec,
     (parts, part): (&Parts, PartArg),
@@ -240,9 +257,14 @@ fn write_output(
     // Caught from before OUT is touched: a signal until then ends the
     // process at once, with nothing of this run on disk yet.
     let stop = signals::catch_stopping_signals()?;
-    directory::prepare_output_dir(&args.output, args.overwrite)?;
-    job::record_job(&args.output, record, &job::run_tag(part.index))?;
-    let output = part_output(&args.output, plan, part.index, record);
+    let prepared = directory::prepare_output_for(&args.output, args.overwrite, inputs)
+        .and_then(|_| job::record_job(&args.output, record, &job::run_tag(part.index)))
+        .and_then(|()| part_output(&args.output, plan, part.index, record, stop));
+    let output = match prepared {
+        Ok(output) => output,
+        Err(Error::Cancelled) => return Err(explained(args, None, input, Error::Cancelled)),
+        Err(error) => return Err(error.into()),
+    };
     let kept_before = output.done.len();
     let free_at_start = disk::free_bytes(&args.output);
     let bar = progress_bar(input.nbytes(), args.quiet || args.json);
@@ -277,17 +299,31 @@ fn write_output(
 }
 
 /// The blocks part `index` of the job `record` writes with `plan`, those
-/// complete in `out` already marked done.
-fn part_output(out: &Path, plan: &Plan, index: u64, record: &JobRecord) -> PartOutput {
+/// complete in `out` already marked done: OUT's directories are read,
+/// never each name stat'ed, and a new OUT needs no look at its blocks.
+/// `stop`, set, ends it ([`Error::Cancelled`]).
+fn part_output(
+    out: &Path,
+    plan: &Plan,
+    index: u64,
+    record: &JobRecord,
+    stop: &AtomicBool,
+) -> crate::error::Result<PartOutput> {
     let mut output = PartOutput::of_plan(plan, index);
-    let tree = record.spec.tree();
-    output.done = (0..output.blocks.count())
-        .filter(|&rank| {
-            let whole = output.whole_rank(tree.grid(), rank);
-            job::block_is_done(out, record, &tree, whole)
-        })
-        .collect();
-    output
+    let done = job::done_blocks(out, record, Some(stop))?;
+    if done.count() == 0 {
+        return Ok(output);
+    }
+    let grid = record.spec.output();
+    for rank in 0..output.blocks.count() {
+        if rank % directory::CANCEL_EVERY == 0 && stop.load(Ordering::Relaxed) {
+            return Err(Error::Cancelled);
+        }
+        if done.contains(output.whole_rank(&grid, rank)) {
+            output.done.insert(rank);
+        }
+    }
+    Ok(output)
 }
 
 /// After a run that wrote every block of its part (`kept_before` of them
@@ -325,6 +361,17 @@ fn explained(
     error: Error,
 ) -> anyhow::Error {
     let out = args.output.display();
+    if let Error::InputChanged { path, change } = error {
+        // The job's record holds the input as it was: a rerun refuses it.
+        return anyhow::anyhow!(
+            "{}: the input changed while it was being read ({change}); no block made from what \
+             was read of it since was completed. {out} keeps the blocks finished before, made \
+             from its earlier version, and a rerun refuses them: once nothing writes to the \
+             input, start over ({})",
+            path.display(),
+            start_over(args)
+        );
+    }
     let left = Left {
         what: format!(
             "kept every block it finished in {out} and removed its temporary files; run the \
@@ -374,6 +421,16 @@ pub(super) fn explained_with(
             )
         }
         other => anyhow::Error::from(other).context(format!("the run stopped: {what}")),
+    }
+}
+
+/// How to run `args`'s job again from nothing, in the OUT it wrote.
+fn start_over(args: &RechunkArgs) -> String {
+    if args.part.is_some() {
+        let out = args.output.display();
+        format!("empty {out}, then run every part again")
+    } else {
+        "the same command with --overwrite".to_string()
     }
 }
 

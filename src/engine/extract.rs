@@ -6,8 +6,8 @@ use std::fs::File;
 use std::io::IoSliceMut;
 
 use super::inputs::{
-    count_as_contiguous, decoded_block, fill_absent, read_ahead_input, read_hdf5_pieces, unchecked,
-    InputHandle, InputWitness,
+    count_as_contiguous, decoded_block, fill_absent, read_ahead_input, read_hdf5_pieces, unchanged,
+    unchecked, InputHandle, InputWitness,
 };
 use super::pieces::{InFile, PieceGrid, RowLayout};
 use super::seekio::{self, FileKey, SeekCounter};
@@ -21,7 +21,9 @@ use crate::sys::files::open_regular;
 /// region's shape, straight from the input blocks it overlaps: one read
 /// per input block (the span of its part), counted in `counter`, each
 /// input told to `witness` first. For extracting one output block ahead
-/// of the plan.
+/// of the plan. An input whose file changes while its part is read
+/// ([`Error::InputChanged`](crate::error::Error::InputChanged)) fails the
+/// extraction: the region would mix two versions of it.
 pub fn read_region(
     input: &InputArray,
     region: &Region,
@@ -102,29 +104,31 @@ impl Extraction<'_> {
         // row-by-row read of a partial input block would make one per row.
         let (first, end) = span_of(&layout)?;
         let opened = open_with_span_ahead(block, first, end)?;
-        match InputHandle::open(self.input, rank, opened, self.witness)? {
+        let (handle, then) = InputHandle::open(self.input, rank, opened, self.witness)?;
+        match &handle {
             InputHandle::Contiguous { file, data_offset } => {
                 let mut span = vec![0u8; (end - first) as usize];
                 let at = data_offset + first;
-                seekio::read_exact_at(&file, &block.path, &mut [IoSliceMut::new(&mut span)], at)?;
+                seekio::read_exact_at(file, &block.path, &mut [IoSliceMut::new(&mut span)], at)?;
                 self.counter.read(key, at, end - first);
                 layout.for_each_segment(|segment| {
                     layout.copy_segment_from(&span, first, segment, buffers)
-                })
+                })?;
             }
             InputHandle::Hdf5(reader) => {
                 let counter = &mut *self.counter;
                 count_as_contiguous(&layout, |offset, len| counter.read(key, offset, len))?;
                 read_hdf5_pieces(
-                    &reader,
+                    reader,
                     &InFile::of(part, file_box),
                     part,
                     &self.grid,
                     buffers,
-                )
+                )?;
             }
-            InputHandle::Opened(_) | InputHandle::Encoded(_) => Err(unchecked(&block.path)),
+            InputHandle::Opened(_) | InputHandle::Encoded(_) => return Err(unchecked(&block.path)),
         }
+        unchanged(block, &then, &handle.identity_now(block)?)
     }
 
     /// Reads `layout`'s part of encoded input block `rank` (whose decoded
@@ -139,7 +143,7 @@ impl Extraction<'_> {
     ) -> Result<()> {
         let block = &self.input.blocks[rank as usize];
         // The witness is told of the file by the open, or of the absence.
-        let handle = match block.storage {
+        let opened = match block.storage {
             Storage::Absent { .. } => {
                 if let Some(witness) = self.witness {
                     witness.reading(rank, block, None)?;
@@ -148,11 +152,15 @@ impl Extraction<'_> {
             }
             _ => Some(InputHandle::open(self.input, rank, None, self.witness)?),
         };
+        let handle = opened.as_ref().map(|(handle, _)| handle);
         let counter = &mut *self.counter;
         let key = FileKey::Input(rank);
-        let decoded = decoded_block(handle.as_ref(), block, &file_box.shape, |offset, len| {
+        let decoded = decoded_block(handle, block, &file_box.shape, |offset, len| {
             counter.read(key, offset, len)
         })?;
+        if let Some((handle, then)) = &opened {
+            unchanged(block, then, &handle.identity_now(block)?)?;
+        }
         layout.for_each_segment(|segment| layout.copy_segment_from(&decoded, 0, segment, buffers))
     }
 }

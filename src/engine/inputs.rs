@@ -2,7 +2,16 @@
 //! their first read, the kernel kept reading ahead of the plan, absent
 //! chunks filled, and each input told to a witness before it is read, so
 //! that a view can tell later whether an input it read has changed.
+//!
+//! An input rewritten while it is read (`cp new old` keeps its inode) would
+//! give blocks that mix its old and new bytes. Each file's identity
+//! ([`FileIdentity`]: size, mtime, ctime, inode) is taken when it is first
+//! opened, and the open file is stat'ed again after every read of it (and
+//! a reopened one at its open): any difference stops the run with
+//! [`Error::InputChanged`] before a block made from those bytes is handed
+//! to the writer, so none is ever completed. A stat is no seek.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fs::File;
 use std::num::NonZeroUsize;
@@ -16,7 +25,7 @@ use crate::array::geometry::{IndexBox, Partition, Region};
 use crate::error::{Error, Result};
 use crate::format::hdf5::Hdf5BlockReader;
 use crate::format::Storage;
-use crate::input::{HeaderCheck, InputArray, InputBlock};
+use crate::input::{FileIdentity, HeaderCheck, InputArray, InputBlock};
 use crate::plan::Plan;
 use crate::sys::files::open_regular;
 use crate::sys::pagecache;
@@ -108,13 +117,15 @@ pub(super) enum InputHandle {
 impl InputHandle {
     /// Readies input block `rank` for reading (in `opened` if the file is
     /// open already), checking its header if the scan did not
-    /// ([`InputArray::confirmed_storage`]).
+    /// ([`InputArray::confirmed_storage`]). Returns the file's identity
+    /// as it was opened, to check it against after the reads
+    /// ([`InputHandle::identity_now`]).
     pub(super) fn open(
         input: &InputArray,
         rank: u64,
         opened: Option<File>,
         witness: Option<&dyn InputWitness>,
-    ) -> Result<InputHandle> {
+    ) -> Result<(InputHandle, FileIdentity)> {
         let block = &input.blocks[rank as usize];
         let hdf5 = |dataset: &str| {
             Ok(InputHandle::Hdf5(Hdf5BlockReader::open(
@@ -123,34 +134,47 @@ impl InputHandle {
             )?))
         };
         if let (None, Storage::Hdf5Dataset { dataset }) = (&block.check, &block.storage) {
-            // Nothing to check, and libhdf5 opens the file itself.
-            tell_witness(witness, rank, block, None)?;
-            return hdf5(dataset);
+            // Nothing to check, and libhdf5 opens the file itself: its
+            // path is stat'ed before.
+            let meta =
+                std::fs::metadata(&block.path).map_err(|e| Error::io(&block.path, "stat", e))?;
+            tell_witness(witness, rank, block, Some(&meta))?;
+            return Ok((hdf5(dataset)?, FileIdentity::of_metadata(&meta)));
         }
         let file = match opened {
             Some(file) => file,
             None => open_regular(&block.path)?,
         };
-        // One stat serves the witness (size and mtime) and the header check
-        // (the length); with neither, none is made.
-        let meta = match (witness, &block.check) {
-            (None, None) => None,
-            _ => Some(
-                file.metadata()
-                    .map_err(|e| Error::io(&block.path, "stat", e))?,
-            ),
-        };
-        tell_witness(witness, rank, block, meta.as_ref())?;
-        match input.confirmed_storage(rank as usize, &file, meta.as_ref())? {
-            Storage::Contiguous { data_offset } => {
-                Ok(InputHandle::Contiguous { file, data_offset })
+        // One stat serves the identity, the witness and the header check
+        // (the length).
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io(&block.path, "stat", e))?;
+        let identity = FileIdentity::of_metadata(&meta);
+        tell_witness(witness, rank, block, Some(&meta))?;
+        let handle = match input.confirmed_storage(rank as usize, &file, Some(&meta))? {
+            Storage::Contiguous { data_offset } => InputHandle::Contiguous { file, data_offset },
+            Storage::Hdf5Dataset { dataset } => hdf5(&dataset)?,
+            Storage::Encoded { .. } => InputHandle::Encoded(file),
+            Storage::Absent { .. } => {
+                return Err(Error::bad_input(
+                    &block.path,
+                    "an absent chunk has no file to read",
+                ))
             }
-            Storage::Hdf5Dataset { dataset } => hdf5(&dataset),
-            Storage::Encoded { .. } => Ok(InputHandle::Encoded(file)),
-            Storage::Absent { .. } => Err(Error::bad_input(
-                &block.path,
-                "an absent chunk has no file to read",
-            )),
+        };
+        Ok((handle, identity))
+    }
+
+    /// The identity of `block`'s file now: a stat of the open file, or of
+    /// its path for one libhdf5 holds.
+    pub(super) fn identity_now(&self, block: &InputBlock) -> Result<FileIdentity> {
+        match self.file() {
+            Some(file) => file
+                .metadata()
+                .map(|meta| FileIdentity::of_metadata(&meta))
+                .map_err(|e| Error::io(&block.path, "stat", e)),
+            None => FileIdentity::of(&block.path),
         }
     }
 
@@ -195,6 +219,18 @@ pub(super) fn read_ahead_input(
     }
 }
 
+/// [`Error::InputChanged`] for `block` unless its identity `now` is
+/// `then`, the one it had when first opened.
+pub(super) fn unchanged(block: &InputBlock, then: &FileIdentity, now: &FileIdentity) -> Result<()> {
+    if then == now {
+        return Ok(());
+    }
+    Err(Error::InputChanged {
+        path: block.path.clone(),
+        change: now.changes_from(then),
+    })
+}
+
 /// Where [`InputReader::read_ahead`] has got to in the plan's reads.
 #[derive(Default)]
 struct ReadAheadCursor {
@@ -231,6 +267,8 @@ pub(super) struct InputReader<'a> {
     drop_inputs: bool,
     /// Elements of partly read input blocks still to be read, by rank.
     unread: HashMap<u64, u64>,
+    /// The identity of each input file partly read, as first opened.
+    identities: HashMap<u64, FileIdentity>,
     /// Input bytes the kernel was asked for (`RunStats::advised_bytes`).
     pub(super) advised_bytes: u64,
     /// Bytes of absent chunks filled (`RunStats::fill_bytes`).
@@ -258,6 +296,7 @@ impl<'a> InputReader<'a> {
             packing: PackingBuffer::new(),
             drop_inputs: crate::sys::cgroup::page_cache_cannot_hold(input.nbytes()),
             unread: HashMap::new(),
+            identities: HashMap::new(),
             advised_bytes: 0,
             fill_bytes: 0,
             decoded_peak: 0,
@@ -284,19 +323,35 @@ impl<'a> InputReader<'a> {
             let (rank, place) = self.locate(&input_index, &region);
             self.read_ahead();
             self.read_input(rank, &place, &region, grid, buffers, counter)?;
+            self.check_unchanged(rank)?;
             if let Some((_, _, len)) = self.input_span(&input_index, step_box) {
                 self.ahead.outstanding = self.ahead.outstanding.saturating_sub(len);
             }
-            if self.drop_inputs {
-                let unread = self.unread.entry(rank).or_insert(block.volume());
-                *unread = unread.saturating_sub(region.volume());
-                if *unread == 0 {
-                    self.unread.remove(&rank);
+            let unread = self.unread.entry(rank).or_insert(block.volume());
+            *unread = unread.saturating_sub(region.volume());
+            if *unread == 0 {
+                self.unread.remove(&rank);
+                self.identities.remove(&rank);
+                if self.drop_inputs {
                     self.finished_with_input(rank);
                 }
             }
         }
         Ok(())
+    }
+
+    /// After a read of input `rank`: its file must still be the one first
+    /// opened ([`unchanged`]). An absent chunk was never opened.
+    fn check_unchanged(&mut self, rank: u64) -> Result<()> {
+        let Some(then) = self.identities.get(&rank) else {
+            return Ok(());
+        };
+        let block = &self.input.blocks[rank as usize];
+        let now = match self.handles.peek(&rank) {
+            Some(handle) => handle.identity_now(block)?,
+            None => FileIdentity::now(&block.path)?,
+        };
+        unchanged(block, then, &now)
     }
 
     /// Reads nothing before read block `first` (a resumed run): read-ahead starts there.
@@ -465,7 +520,8 @@ impl<'a> InputReader<'a> {
             return Ok(());
         }
         let key = FileKey::Input(rank);
-        match ready_handle(&mut self.handles, self.input, rank, self.witness)? {
+        let opened = (&mut self.handles, &mut self.identities);
+        match ready_handle(opened, self.input, rank, self.witness)? {
             InputHandle::Contiguous { file, data_offset } => {
                 let (reads, packing) = (&mut self.reads, &mut self.packing);
                 layout.for_each_segment(|segment| {
@@ -512,7 +568,8 @@ impl<'a> InputReader<'a> {
                 })?
             }
             _ => {
-                let handle = ready_handle(&mut self.handles, self.input, rank, self.witness)?;
+                let opened = (&mut self.handles, &mut self.identities);
+                let handle = ready_handle(opened, self.input, rank, self.witness)?;
                 let reads = &mut self.reads;
                 decoded_block(Some(handle), block, &place.shape, |offset, len| {
                     reads.read(FileKey::Input(rank), offset, len)
@@ -564,18 +621,39 @@ pub(super) fn decoded_block(
 }
 
 /// Input block `rank`'s handle in `handles`, ready to read: the cached one,
-/// its header checked first if it was only opened to be read ahead.
+/// its header checked first if it was only opened to be read ahead. A file
+/// opened now has its identity noted in `identities`, or, opened before
+/// (evicted from the cache), checked against the one noted then.
 fn ready_handle<'h>(
-    handles: &'h mut LruCache<u64, InputHandle>,
+    (handles, identities): (
+        &'h mut LruCache<u64, InputHandle>,
+        &mut HashMap<u64, FileIdentity>,
+    ),
     input: &InputArray,
     rank: u64,
     witness: Option<&dyn InputWitness>,
 ) -> Result<&'h InputHandle> {
-    let handle = match handles.pop(&rank) {
-        Some(InputHandle::Opened(file)) => InputHandle::open(input, rank, Some(file), witness)?,
-        Some(handle) => handle,
-        None => InputHandle::open(input, rank, None, witness)?,
+    let (handle, opened_as) = match handles.pop(&rank) {
+        Some(InputHandle::Opened(file)) => {
+            let (handle, identity) = InputHandle::open(input, rank, Some(file), witness)?;
+            (handle, Some(identity))
+        }
+        Some(handle) => (handle, None),
+        None => {
+            let (handle, identity) = InputHandle::open(input, rank, None, witness)?;
+            (handle, Some(identity))
+        }
     };
+    if let Some(identity) = opened_as {
+        match identities.entry(rank) {
+            Entry::Occupied(first) => {
+                unchanged(&input.blocks[rank as usize], first.get(), &identity)?
+            }
+            Entry::Vacant(entry) => {
+                entry.insert(identity);
+            }
+        }
+    }
     handles.put(rank, handle);
     handles.get(&rank).ok_or_else(|| {
         Error::bad_input(

@@ -181,7 +181,7 @@ impl<'a> Executor<'a> {
         sink: &mut (dyn BlockSink + Send),
         mut progress: impl FnMut(&RunStats),
     ) -> Result<RunStats> {
-        let writer = Writer::new(self.plan, self.elem);
+        let writer = Writer::new(self.plan, self.elem, self.cancel);
         let sink = Mutex::new(sink);
         std::thread::scope(|scope| {
             let (jobs, job_queue) = std::sync::mpsc::sync_channel::<WriteJob>(1);

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::io::IoSlice;
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
@@ -146,16 +147,20 @@ pub(super) struct Writer<'a> {
     remaining: HashMap<u64, u64>,
     packing: PackingBuffer,
     encoder: Option<Arc<dyn BlockEncode>>,
+    /// Set: stop before the next output block ([`Error::Cancelled`]); a
+    /// slab can hold millions of small blocks.
+    cancel: Option<&'a AtomicBool>,
 }
 
 impl<'a> Writer<'a> {
-    pub(super) fn new(plan: &'a Plan, elem: u64) -> Writer<'a> {
+    pub(super) fn new(plan: &'a Plan, elem: u64, cancel: Option<&'a AtomicBool>) -> Writer<'a> {
         Writer {
             plan,
             elem,
             remaining: HashMap::new(),
             packing: PackingBuffer::new(),
             encoder: None,
+            cancel,
         }
     }
 
@@ -186,6 +191,9 @@ impl<'a> Writer<'a> {
         let mut blocks_completed = 0;
         let mut encoded_from = 0;
         for output_index in IndexBox::new(plan.output.overlapping(write_box)) {
+            if self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                return Err(Error::Cancelled);
+            }
             let block = plan.output.block(&output_index);
             let Some(region) = block.intersect(write_box) else {
                 continue;

@@ -135,6 +135,38 @@ impl FileIdentity {
         }
     }
 
+    /// What differs from `earlier` to this identity, for a person:
+    /// "size 4096 -> 8192 bytes, modified", "replaced by another file".
+    pub fn changes_from(&self, earlier: &FileIdentity) -> String {
+        if *earlier == FileIdentity::ABSENT {
+            return "created".into();
+        }
+        if *self == FileIdentity::ABSENT {
+            return "removed".into();
+        }
+        let mut changes = Vec::new();
+        if self.inode != earlier.inode {
+            changes.push(format!(
+                "replaced by another file (inode {} -> {})",
+                earlier.inode, self.inode
+            ));
+        }
+        if self.size != earlier.size {
+            changes.push(format!("size {} -> {} bytes", earlier.size, self.size));
+        }
+        if self.mtime_ns != earlier.mtime_ns {
+            changes.push("modified (its mtime changed)".into());
+        } else if self.ctime_ns != earlier.ctime_ns {
+            // The kernel sets ctime on every write; a restored mtime
+            // (`touch -r`) cannot undo it.
+            changes.push("written or its attributes changed (its ctime changed)".into());
+        }
+        if changes.is_empty() {
+            return "unchanged".into();
+        }
+        changes.join(", ")
+    }
+
     /// The identity a stat of the file found.
     pub fn of_metadata(meta: &fs::Metadata) -> FileIdentity {
         use std::os::unix::fs::MetadataExt;

@@ -20,7 +20,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::array::axes::AxisOrder;
@@ -33,6 +33,7 @@ use crate::format::encode::{self, BlockEncode, Encoding};
 use crate::format::{self, BlockFormat, BlockTemplate};
 use crate::input::InputArray;
 use crate::output::filetree::FileTree;
+use crate::output::inputs::InputFiles;
 use crate::output::job;
 use crate::plan::Plan;
 use crate::sys::pagecache;
@@ -109,6 +110,14 @@ impl OutputSpec {
 /// leftover partial files) are removed and nothing else is touched. Says
 /// whether it created `out`.
 pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<bool> {
+    prepare_output_for(out, overwrite, &InputFiles::default())
+}
+
+/// [`prepare_output_dir`] for a run reading `inputs`: refused, before
+/// anything is removed, if an input file lies in `out` or would be
+/// removed under another name ([`InputFiles`]).
+pub fn prepare_output_for(out: &Path, overwrite: bool, inputs: &InputFiles) -> Result<bool> {
+    inputs.refuse_inside(out)?;
     match fs::metadata(out) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return fs::create_dir_all(out)
@@ -143,16 +152,62 @@ pub fn prepare_output_dir(out: &Path, overwrite: bool) -> Result<bool> {
     if !overwrite {
         return Err(not_empty(out, &entries));
     }
+    let mut old = OldFiles::default();
     for path in entries {
         match kind_of(&path) {
             Entry::Partial | Entry::Block | Entry::Metadata if path.is_file() => {
-                fs::remove_file(&path).map_err(|e| Error::io(&path, "removing an old block", e))?;
+                old.files.push(path)
             }
-            Entry::ChunkTree if path.is_dir() => remove_chunk_tree(&path)?,
+            Entry::ChunkTree if path.is_dir() => old.add_chunk_tree(&path)?,
             _ => {}
         }
     }
+    // All checked before one is removed.
+    for path in &old.files {
+        inputs.refuse_removing(path)?;
+    }
+    old.remove()?;
     Ok(false)
+}
+
+/// What `--overwrite` removes: old files, then the chunk directories left
+/// empty, deepest first.
+#[derive(Default)]
+struct OldFiles {
+    files: Vec<PathBuf>,
+    dirs: Vec<PathBuf>,
+}
+
+impl OldFiles {
+    /// A Zarr v3 chunk tree (`c/i/j/k`): numbered files and directories and
+    /// partial files, then each directory left empty. Anything else in it
+    /// is left alone, with the directories holding it.
+    fn add_chunk_tree(&mut self, dir: &Path) -> Result<()> {
+        for entry in fs::read_dir(dir).map_err(|e| Error::io(dir, "listing", e))? {
+            let path = entry.map_err(|e| Error::io(dir, "listing", e))?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let numbered = !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit());
+            let partial = name.starts_with('.') && name.ends_with(".partial");
+            if path.is_dir() && numbered {
+                self.add_chunk_tree(&path)?;
+            } else if path.is_file() && (numbered || partial) {
+                self.files.push(path);
+            }
+        }
+        self.dirs.push(dir.to_path_buf());
+        Ok(())
+    }
+
+    fn remove(self) -> Result<()> {
+        for path in self.files {
+            fs::remove_file(&path).map_err(|e| Error::io(&path, "removing an old block", e))?;
+        }
+        // Not empty: something that is no chunk lives there; keep it.
+        for dir in self.dirs {
+            let _ = fs::remove_dir(dir);
+        }
+        Ok(())
+    }
 }
 
 /// Whether `path` is a job record being written ([`job::record_job`]).
@@ -237,25 +292,9 @@ fn is_zarr_chunk_name(name: &str) -> bool {
         .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Removes a Zarr v3 chunk tree (`c/i/j/k`): numbered files and
-/// directories and partial files, then each directory left empty.
-/// Anything else in it is left alone, with the directories holding it.
-fn remove_chunk_tree(dir: &Path) -> Result<()> {
-    for entry in fs::read_dir(dir).map_err(|e| Error::io(dir, "listing", e))? {
-        let path = entry.map_err(|e| Error::io(dir, "listing", e))?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        let numbered = !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit());
-        let partial = name.starts_with('.') && name.ends_with(".partial");
-        if path.is_dir() && numbered {
-            remove_chunk_tree(&path)?;
-        } else if path.is_file() && (numbered || partial) {
-            fs::remove_file(&path).map_err(|e| Error::io(&path, "removing an old chunk", e))?;
-        }
-    }
-    // Not empty: something that is no chunk lives there; keep it.
-    let _ = fs::remove_dir(dir);
-    Ok(())
-}
+/// How many blocks a loop over output blocks handles between two looks at
+/// its cancel flag.
+pub const CANCEL_EVERY: u64 = 4096;
 
 /// Which output blocks a run writes: its plan's (a part's, numbered in
 /// the part), placed in the whole output grid.
@@ -311,12 +350,25 @@ impl PartOutput {
 
     /// The first read block of `plan` that feeds a block not done: a
     /// resumed run starts there (C order; earlier ones feed only done
-    /// blocks). None when every block is done.
-    pub fn first_read_needed(&self, plan: &Plan) -> Option<u64> {
-        (0..self.blocks.count())
-            .filter(|rank| !self.done.contains(rank))
-            .map(|rank| plan.first_read_of(&self.blocks.block(&self.blocks.unravel(rank))))
-            .min()
+    /// blocks). None when every block is done. `cancel`, set, stops the
+    /// search ([`Error::Cancelled`]).
+    pub fn first_read_needed(
+        &self,
+        plan: &Plan,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<Option<u64>> {
+        let mut first = None;
+        for rank in 0..self.blocks.count() {
+            if rank % CANCEL_EVERY == 0 && cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                return Err(Error::Cancelled);
+            }
+            if self.done.contains(&rank) {
+                continue;
+            }
+            let read = plan.first_read_of(&self.blocks.block(&self.blocks.unravel(rank)));
+            first = Some(first.map_or(read, |first: u64| first.min(read)));
+        }
+        Ok(first)
     }
 }
 
@@ -416,28 +468,22 @@ impl DirectorySink {
     }
 
     /// Removes the temporaries that earlier runs of this part left (killed
-    /// before they could), in every directory its blocks go to.
-    pub fn remove_stale_temporaries(&self) -> Result<()> {
-        let parents: BTreeSet<PathBuf> = (0..self.part.blocks.count())
-            .filter_map(|rank| self.paths(rank).1.parent().map(Path::to_path_buf))
-            .collect();
-        for parent in parents {
-            let Ok(entries) = fs::read_dir(&parent) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if job::is_stale_temporary(&name, self.part.part) {
-                    let path = entry.path();
-                    if let Err(e) = fs::remove_file(&path) {
-                        if e.kind() != std::io::ErrorKind::NotFound {
-                            return Err(Error::io(&path, "removing a stale temporary", e));
-                        }
-                    }
-                }
+    /// before they could), in the directories blocks go to (each read once:
+    /// [`job::walk_output`]). `cancel`, set, stops it.
+    pub fn remove_stale_temporaries(&self, cancel: Option<&AtomicBool>) -> Result<()> {
+        job::walk_output(&self.dir, &self.tree, cancel, |rank, entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if rank.is_some() || !job::is_stale_temporary(&name, self.part.part) {
+                return Ok(());
             }
-        }
-        Ok(())
+            let path = entry.path();
+            match fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(Error::io(&path, "removing a stale temporary", e))
+                }
+                _ => Ok(()),
+            }
+        })
     }
 
     /// Makes the directory a nested chunk path needs, once.
@@ -732,7 +778,7 @@ pub fn rechunk_part(
     progress: impl FnMut(&RunStats),
 ) -> Result<RunStats> {
     let mut sink = DirectorySink::new(out, output, spec, part)?;
-    sink.remove_stale_temporaries()?;
+    sink.remove_stale_temporaries(cancel)?;
     run_into(&mut sink, input, plan, cancel, progress)
 }
 
@@ -748,7 +794,7 @@ fn run_into(
     let first_read = if sink.part.done.is_empty() {
         0
     } else {
-        match sink.part.first_read_needed(plan) {
+        match sink.part.first_read_needed(plan, cancel)? {
             Some(first) => first,
             None => return Ok(RunStats::default()),
         }

@@ -2,20 +2,23 @@
 //! on many machines, and a run that died, agree on what they are making.
 //!
 //! The first run of any part writes `.rechunkfs-job.json`: what the job
-//! makes (input, shapes, format, the cuts into parts), the identity of
-//! every input file (size and mtime, as the view journals them), the size
-//! of each kind of block file, and the array metadata that `finish` writes
-//! last. It is created by a hard link from a synced temporary: of runs
+//! makes (input, shapes, format, and every setting that changes a block's
+//! bytes: dtype and byte order, `--values`, `--compress`, `--shard`,
+//! `--dataset`; the cuts into parts), the identity of every input file
+//! ([`FileIdentity`], as the view journals them), the size of each kind of
+//! block file, and the array metadata that `finish` writes last. It is created by a hard link from a synced temporary: of runs
 //! starting at once exactly one link succeeds (on NFS, Lustre and GPFS
 //! too, which do not all offer `flock`), and the others read it and
 //! refuse a mismatch. A block's final name means complete and exact
 //! (written under a temporary name of its run, synced, renamed), so what
-//! is done is what the directory holds.
+//! is done is what the directory holds, read one directory at a time
+//! ([`walk_output`]): never a stat per name the job could write.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -23,8 +26,8 @@ use crate::array::axes::AxisOrder;
 use crate::array::geometry::{Axis, IndexBox, Partition, Region};
 use crate::error::{Error, Result};
 use crate::format::BlockFormat;
-use crate::input::InputArray;
-use crate::output::filetree::FileTree;
+use crate::input::{FileIdentity, InputArray};
+use crate::output::filetree::{Dir, FileTree, Node};
 
 /// The job record's name in OUT: hidden, so that no reader takes the
 /// directory for anything but its blocks.
@@ -48,6 +51,12 @@ pub struct JobSpec {
     pub parts: u64,
     /// Per dimension, the bounds of the parts (C order).
     pub cuts: Vec<Vec<u64>>,
+    /// `--compress` (`zstd:3`), if blocks are compressed.
+    pub compress: Option<String>,
+    /// `--shard`: each block a shard of chunks of this shape (C order).
+    pub shard_chunks: Option<Vec<u64>>,
+    /// `--values`: `stored` or `scaled`.
+    pub values: String,
 }
 
 impl JobSpec {
@@ -79,13 +88,12 @@ impl JobSpec {
     }
 }
 
-/// An input file as it was when the job began: its size and mtime (None:
+/// An input file as it was when the job began ([`FileIdentity::ABSENT`]:
 /// an absent chunk, which reads as the fill value).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputIdentity {
     pub path: PathBuf,
-    pub size: Option<u64>,
-    pub mtime_ns: Option<i128>,
+    pub identity: FileIdentity,
 }
 
 /// `.rechunkfs-job.json`.
@@ -107,27 +115,13 @@ pub fn input_identity(input: &InputArray) -> Result<Vec<InputIdentity>> {
     input
         .blocks
         .iter()
-        .map(|block| identity_of(&block.path))
-        .collect()
-}
-
-fn identity_of(path: &Path) -> Result<InputIdentity> {
-    match fs::metadata(path) {
-        Ok(meta) => {
-            use std::os::unix::fs::MetadataExt;
+        .map(|block| {
             Ok(InputIdentity {
-                path: path.to_path_buf(),
-                size: Some(meta.len()),
-                mtime_ns: Some(meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128),
+                path: block.path.clone(),
+                identity: FileIdentity::now(&block.path)?,
             })
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(InputIdentity {
-            path: path.to_path_buf(),
-            size: None,
-            mtime_ns: None,
-        }),
-        Err(e) => Err(Error::io(path, "stat", e)),
-    }
+        })
+        .collect()
 }
 
 /// What makes a run's temporary names its own: its part, host and process.
@@ -232,13 +226,22 @@ pub fn record_job(out: &Path, record: &JobRecord, tag: &str) -> Result<()> {
 /// Refuses `wanted` in an OUT holding `found`: another job, or this one
 /// from input files that changed since it began.
 fn check_same_job(out: &Path, found: &JobRecord, wanted: &JobRecord) -> Result<()> {
-    if found.spec != wanted.spec {
+    let mut differences = spec_differences(&found.spec, &wanted.spec);
+    if differences.is_empty() && found.block_sizes != wanted.block_sizes {
+        differences.push("the block files' sizes".into());
+    }
+    if differences.is_empty() && found.metadata_files != wanted.metadata_files {
+        differences.push("the array's metadata".into());
+    }
+    if !differences.is_empty() {
         return Err(Error::BadOutput {
             path: out.to_path_buf(),
             problem: format!(
-                "holds blocks of another job ({}); run every part with the same IN, --shape, \
-                 --format, --dataset and --parts, or choose another OUT",
-                spec_differences(&found.spec, &wanted.spec)
+                "holds blocks of another job: {} differ ({}); run every part with the same IN, \
+                 --shape, --format, --dataset, --values, --compress, --shard and --part K/N, \
+                 or choose another OUT",
+                differences.len(),
+                differences.join("; ")
             ),
         });
     }
@@ -270,33 +273,59 @@ fn check_same_job(out: &Path, found: &JobRecord, wanted: &JobRecord) -> Result<(
 }
 
 fn describe_change(was: &InputIdentity, is: &InputIdentity) -> String {
-    let show = |id: &InputIdentity| match (id.size, id.mtime_ns) {
-        (Some(size), Some(mtime)) => format!("{size} bytes, mtime {mtime} ns"),
-        _ => "absent".to_string(),
+    let path = if was.path == is.path {
+        is.path.display().to_string()
+    } else {
+        format!("{} (was {})", is.path.display(), was.path.display())
     };
-    format!("{}: was {}, is {}", is.path.display(), show(was), show(is))
+    format!("{path}: {}", is.identity.changes_from(&was.identity))
 }
 
-/// The fields in which two specs differ, for a person.
-fn spec_differences(found: &JobSpec, wanted: &JobSpec) -> String {
+/// The settings in which two specs differ, for a person: each named as
+/// the option that sets it, with its value in OUT's record and in this run.
+fn spec_differences(found: &JobSpec, wanted: &JobSpec) -> Vec<String> {
     let (a, b) = (
         serde_json::to_value(found).unwrap_or_default(),
         serde_json::to_value(wanted).unwrap_or_default(),
     );
     let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
-        return String::new();
+        return vec!["the job".into()];
     };
     a.iter()
         .filter(|(key, value)| b.get(*key) != Some(value))
         .map(|(key, value)| {
+            let show = |value: &serde_json::Value| match value {
+                serde_json::Value::Null => "none".to_string(),
+                value => value.to_string(),
+            };
             format!(
-                "{key} {} there, {} here",
-                value,
-                b.get(key).cloned().unwrap_or_default()
+                "{}: {} in OUT's record, {} in this run",
+                setting_name(key),
+                show(value),
+                show(&b.get(key).cloned().unwrap_or_default())
             )
         })
-        .collect::<Vec<_>>()
-        .join(", ")
+        .collect()
+}
+
+/// The option (or what) that sets the [`JobSpec`] field `key`.
+fn setting_name(key: &str) -> &str {
+    match key {
+        "input" => "IN",
+        "dataset" => "--dataset",
+        "format" => "--format",
+        "dtype" => "the dtype and byte order",
+        "axis_order" => "the axis order",
+        "array" => "the array's shape",
+        "input_block" => "the input's block shape",
+        "output_block" => "--shape (or --shard)",
+        "parts" => "the N of --part K/N",
+        "cuts" => "the cuts into parts",
+        "compress" => "--compress",
+        "shard_chunks" => "--shard's chunks",
+        "values" => "--values",
+        other => other,
+    }
 }
 
 /// The expected length of each output block's file, by rank.
@@ -309,15 +338,103 @@ fn expected_len(record: &JobRecord, tree: &FileTree, rank: u64) -> Option<u64> {
         .map(|(_, len)| *len)
 }
 
-/// Whether output block `rank`'s file is in `out`, complete (its final
-/// name, and its exact length when block files have one).
-pub fn block_is_done(out: &Path, record: &JobRecord, tree: &FileTree, rank: u64) -> bool {
-    let Ok(meta) = fs::metadata(out.join(tree.path(rank))) else {
-        return false;
-    };
+/// Whether output block `rank`'s file, whose entry in OUT is `meta` (not
+/// followed: a symlink is no block of ours), is complete: a regular file,
+/// of its exact length when block files have one.
+fn block_is_done(record: &JobRecord, tree: &FileTree, rank: u64, meta: &fs::Metadata) -> bool {
     let exact =
         record.block_sizes.is_empty() || expected_len(record, tree, rank) == Some(meta.len());
     meta.is_file() && exact
+}
+
+/// Gives `each` every entry of `out` in the directories of `tree` that
+/// exist, with the block it names if it names one. Each directory is read
+/// once, and nothing else is asked of the filesystem: a new OUT costs one
+/// read, whatever the number of blocks. Directories are not followed
+/// through symlinks; one that cannot be read holds nothing. `cancel`, set,
+/// stops the walk with [`Error::Cancelled`].
+pub fn walk_output(
+    out: &Path,
+    tree: &FileTree,
+    cancel: Option<&AtomicBool>,
+    mut each: impl FnMut(Option<u64>, &fs::DirEntry) -> Result<()>,
+) -> Result<()> {
+    let mut pending = vec![(Dir::Root, out.to_path_buf())];
+    while let Some((dir, path)) = pending.pop() {
+        let Ok(entries) = fs::read_dir(&path) else {
+            continue;
+        };
+        for entry in entries {
+            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                return Err(Error::Cancelled);
+            }
+            let Ok(entry) = entry else {
+                continue;
+            };
+            let name = entry.file_name();
+            match name.to_str().and_then(|name| tree.lookup(dir, name)) {
+                Some(Node::Dir(sub)) => {
+                    if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                        pending.push((sub, entry.path()));
+                    }
+                }
+                Some(Node::Block(rank)) => each(Some(rank), &entry)?,
+                None => each(None, &entry)?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Which blocks of the job `record` are complete in `out` (by rank in the
+/// whole output grid): one read of each directory, one stat of each block
+/// file found ([`walk_output`]).
+pub fn done_blocks(
+    out: &Path,
+    record: &JobRecord,
+    cancel: Option<&AtomicBool>,
+) -> Result<DoneBlocks> {
+    let tree = record.spec.tree();
+    let mut done = DoneBlocks {
+        done: Vec::new(),
+        count: 0,
+    };
+    walk_output(out, &tree, cancel, |rank, entry| {
+        let Some(rank) = rank else {
+            return Ok(());
+        };
+        if entry
+            .metadata()
+            .is_ok_and(|meta| block_is_done(record, &tree, rank, &meta))
+        {
+            if done.done.is_empty() {
+                done.done = vec![false; tree.block_count() as usize];
+            }
+            done.done[rank as usize] = true;
+            done.count += 1;
+        }
+        Ok(())
+    })?;
+    Ok(done)
+}
+
+/// The complete blocks of a job's OUT ([`done_blocks`]).
+#[derive(Clone, Debug, Default)]
+pub struct DoneBlocks {
+    /// By rank; empty when none is.
+    done: Vec<bool>,
+    count: u64,
+}
+
+impl DoneBlocks {
+    pub fn contains(&self, rank: u64) -> bool {
+        self.done.get(rank as usize).copied().unwrap_or(false)
+    }
+
+    /// How many are complete.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
 }
 
 /// A part's progress, from the files in OUT.
@@ -328,9 +445,9 @@ pub struct PartProgress {
     pub blocks: u64,
 }
 
-/// Every part's progress.
+/// Every part's progress (a directory that cannot be read holds no block).
 pub fn progress(out: &Path, record: &JobRecord) -> Vec<PartProgress> {
-    let tree = record.spec.tree();
+    let done = done_blocks(out, record, None).unwrap_or_default();
     let output = record.spec.output();
     (0..record.spec.parts)
         .map(|part| {
@@ -342,8 +459,7 @@ pub fn progress(out: &Path, record: &JobRecord) -> Vec<PartProgress> {
             };
             for index in IndexBox::new(ranges) {
                 progress.blocks += 1;
-                progress.blocks_done +=
-                    block_is_done(out, record, &tree, output.linear(&index)) as u64;
+                progress.blocks_done += done.contains(output.linear(&index)) as u64;
             }
             progress
         })

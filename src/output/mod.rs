@@ -4,6 +4,7 @@
 
 pub mod directory;
 pub mod filetree;
+pub mod inputs;
 pub mod job;
 pub mod pyramid;
 
