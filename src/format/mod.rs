@@ -33,7 +33,7 @@ pub mod zarr;
 pub mod zarr_codecs;
 
 use std::borrow::Cow;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::str::FromStr;
@@ -44,6 +44,7 @@ use crate::array::geometry::MAX_DIMS;
 use crate::array::names::ChunkKey;
 use crate::array::space::Space;
 use crate::error::{Error, Result};
+use crate::sys::files::create_fresh;
 
 /// The on-disk formats of block files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -374,17 +375,12 @@ impl BlockTemplate {
         self.data_offset + self.data_len + self.suffix.len() as u64
     }
 
-    /// Create (or truncate) `path` with this template: prefix and suffix
+    /// Create `path` anew with this template ([`create_fresh`]: whatever
+    /// was there is replaced, a link never followed): prefix and suffix
     /// written, length set to [`file_len`](Self::file_len), the data region
     /// left as a hole for positioned writes. Returns the file open read+write.
     pub fn create_file(&self, path: &Path) -> Result<File> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)
-            .map_err(|e| Error::io(path, "create", e))?;
+        let file = create_fresh(path).map_err(|e| Error::io(path, "create", e))?;
         self.write_into(&file, path)?;
         Ok(file)
     }

@@ -937,7 +937,8 @@ fn rename_into_place(partial: &Path, done: &Path) -> Result<()> {
 /// `tag`, synced, renamed into place (the directory is synced by the caller).
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8], tag: &str) -> Result<()> {
     let partial = temporary_name(path, tag);
-    let mut file = File::create(&partial).map_err(|e| Error::io(&partial, "creating", e))?;
+    let mut file = crate::sys::files::create_fresh(&partial)
+        .map_err(|e| Error::io(&partial, "creating", e))?;
     file.write_all(bytes)
         .and_then(|()| file.sync_all())
         .map_err(|e| Error::io(&partial, "writing", e))?;

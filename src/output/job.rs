@@ -199,8 +199,8 @@ pub fn record_job(out: &Path, record: &JobRecord, tag: &str) -> Result<()> {
         let mut bytes = serde_json::to_vec_pretty(record)
             .map_err(|e| Error::BadArgument(format!("encoding the job record: {e}")))?;
         bytes.push(b'\n');
-        let mut file =
-            File::create(&temporary).map_err(|e| Error::io(&temporary, "creating", e))?;
+        let mut file = crate::sys::files::create_fresh(&temporary)
+            .map_err(|e| Error::io(&temporary, "creating", e))?;
         file.write_all(&bytes)
             .and_then(|()| file.sync_all())
             .map_err(|e| Error::io(&temporary, "writing", e))?;
@@ -526,7 +526,8 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let temporary = path.with_file_name(format!(".{leaf}.{}.partial", run_tag(0)));
-    let mut file = File::create(&temporary).map_err(|e| Error::io(&temporary, "creating", e))?;
+    let mut file = crate::sys::files::create_fresh(&temporary)
+        .map_err(|e| Error::io(&temporary, "creating", e))?;
     file.write_all(bytes)
         .and_then(|()| file.sync_all())
         .map_err(|e| Error::io(&temporary, "writing", e))?;

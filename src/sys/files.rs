@@ -27,6 +27,24 @@ pub fn open_regular(path: &Path) -> Result<File> {
     Ok(file)
 }
 
+/// Creates `path` anew for writing (and reading): whatever is there first
+/// (a stale temporary of an earlier run, or a link someone planted in a
+/// directory they can write) is unlinked, never followed, and the file is
+/// then made with `O_EXCL | O_NOFOLLOW`, so that no link made in between
+/// is written through either: such a race fails the call instead.
+pub fn create_fresh(path: &Path) -> std::io::Result<File> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
 /// The refusal of `path`, which is `kind` and not a regular file.
 pub fn not_regular(path: &Path, kind: FileType) -> Error {
     Error::bad_input(
@@ -61,6 +79,23 @@ fn describe(kind: FileType) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_planted_link_is_replaced_never_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let planted = dir.path().join(".0_0_0.npy.p0-host-1.partial");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let mut file = create_fresh(&planted).unwrap();
+        std::io::Write::write_all(&mut file, b"block").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert!(std::fs::symlink_metadata(&planted).unwrap().is_file());
+        assert_eq!(std::fs::read(&planted).unwrap(), b"block");
+        // A stale file of an earlier run is replaced too.
+        create_fresh(&planted).unwrap();
+        assert_eq!(std::fs::read(&planted).unwrap(), b"");
+    }
 
     #[test]
     fn a_fifo_is_refused_without_blocking() {
