@@ -24,7 +24,7 @@ use ::hdf5::sync::sync;
 use super::{dtype_range, library_error, numbers_attr, string_attr, IMAGE, IMAGE_GROUP};
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::error::{Error, Result};
-use crate::format::decode::BlockDecode;
+use crate::format::decode::{zeroed, BlockDecode};
 use crate::format::hdf5::Hdf5BlockReader;
 use crate::format::shape_text;
 
@@ -282,7 +282,7 @@ impl BlockDecode for ScaledMinc {
                  another shape",
             )
         })?;
-        let mut block = vec![0u8; self.decoded_len() as usize];
+        let mut block = zeroed(path, self.decoded_len())?;
         let volume: u64 = self.padded_shape.iter().product();
         let stored_len = (volume * self.stored.size as u64) as usize;
         let origin = vec![0; self.file_shape.len()];
