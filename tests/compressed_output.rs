@@ -229,7 +229,11 @@ fn zstd_chunks_carry_checksums_that_catch_damage_unless_left_out() {
             );
             let path = out.join(chunk);
             let mut bytes = std::fs::read(&path).unwrap();
-            assert_eq!(bytes[..4], [0x28, 0xb5, 0x2f, 0xfd], "{name} {compress}: a frame");
+            assert_eq!(
+                bytes[..4],
+                [0x28, 0xb5, 0x2f, 0xfd],
+                "{name} {compress}: a frame"
+            );
             assert_eq!(
                 bytes[4] & 4 != 0,
                 checksum,
@@ -257,11 +261,17 @@ fn zstd_chunks_carry_checksums_that_catch_damage_unless_left_out() {
                 "{name}: {message}"
             );
             let read = Command::new(python())
-                .args(["-c", "import sys, zarr; zarr.open(sys.argv[1], mode='r')[:]"])
+                .args([
+                    "-c",
+                    "import sys, zarr; zarr.open(sys.argv[1], mode='r')[:]",
+                ])
                 .arg(&out)
                 .output()
                 .expect("run python");
-            assert!(!read.status.success(), "{name}: zarr-python read a damaged chunk");
+            assert!(
+                !read.status.success(),
+                "{name}: zarr-python read a damaged chunk"
+            );
         }
     }
 }

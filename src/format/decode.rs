@@ -127,21 +127,30 @@ pub fn reserved(path: &Path, len: u64) -> Result<Vec<u8>> {
     Ok(buffer)
 }
 
-/// Why a bounded stream was refused: damaged, or longer than allowed.
+/// Why a bounded stream was refused; displayed as what follows "its
+/// zstd stream".
 #[derive(Debug)]
 pub enum Overrun {
     /// The stream does not decode (the codec's own message).
     Damaged(String),
     /// It decodes to more than `limit` bytes.
     Longer { limit: u64 },
+    /// Its header declares more than `limit` bytes.
+    Declared { declared: u64, limit: u64 },
 }
 
 impl fmt::Display for Overrun {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Overrun::Damaged(why) => write!(f, "do not decode ({why})"),
+            Overrun::Damaged(why) => write!(f, "does not decode ({why})"),
             Overrun::Longer { limit } => {
-                write!(f, "decode to more than the {limit} bytes expected")
+                write!(f, "decodes to more than the {limit} bytes expected")
+            }
+            Overrun::Declared { declared, limit } => {
+                write!(
+                    f,
+                    "declares {declared} bytes, more than the {limit} expected"
+                )
             }
         }
     }
@@ -199,9 +208,7 @@ pub fn zstd_limited(
 ) -> std::result::Result<Vec<u8>, Overrun> {
     if let Ok(Some(declared)) = zstd::zstd_safe::get_frame_content_size(encoded) {
         if declared > limit {
-            return Err(Overrun::Damaged(format!(
-                "its zstd frame declares {declared} bytes"
-            )));
+            return Err(Overrun::Declared { declared, limit });
         }
     }
     let damaged = |e: std::io::Error| Overrun::Damaged(e.to_string());

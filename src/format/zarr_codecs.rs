@@ -285,8 +285,7 @@ impl Step {
     /// `input` decoded, refused past `limit` bytes.
     fn decode(&self, chunk: &Chunk, input: &[u8], limit: u64) -> Result<Vec<u8>> {
         let out = || reserved(chunk.path, limit);
-        let failed =
-            |name: &str, why: Overrun| (chunk.damaged)(format!("its {name} stream: {why}"));
+        let failed = |name: &str, why: Overrun| (chunk.damaged)(format!("its {name} stream {why}"));
         let mut options = CodecOptions::default();
         options.set_concurrent_target(1);
         let zarrs = |codec: &Arc<dyn BytesToBytesCodecTraits>, name: &str| {

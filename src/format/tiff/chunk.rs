@@ -59,6 +59,7 @@ impl ChunkDecode {
                 Overrun::Longer { limit } => {
                     format!("hold more than the {limit} bytes of a whole chunk")
                 }
+                declared => format!("its stream {declared}"),
             })
         };
         match self.compression {
