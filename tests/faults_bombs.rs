@@ -221,20 +221,36 @@ fn gzip_zeros(path: &Path, len: u64) {
     assert!(output.status.success(), "{}", common::stderr(&output));
 }
 
+/// `len` zero bytes as one Blosc buffer (zstd inside), written by numcodecs.
+fn blosc_zeros(path: &Path, len: u64) {
+    let script = "import sys, numcodecs\n\
+        blosc = numcodecs.Blosc(cname='zstd', clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)\n\
+        open(sys.argv[1], 'wb').write(blosc.encode(bytes(int(sys.argv[2]))))\n";
+    let output = Command::new(python())
+        .args(["-c", script])
+        .arg(path)
+        .arg(len.to_string())
+        .output()
+        .expect("run python");
+    assert!(output.status.success(), "{}", common::stderr(&output));
+}
+
 /// Chunks that should decode to 512 bytes, replaced by streams of 512 MiB
-/// (zstd with and without a declared size, gzip, zlib): refused at byte
-/// 513, with the peak RSS within `--mem` + 64 MiB, where decoding whole
-/// reached 522 MiB and 1 GiB.
+/// (zstd with and without a declared size, gzip, zlib) or a Blosc buffer
+/// of 256 MiB: refused at byte 513 or by the size declared, with the peak
+/// RSS within `--mem` + 64 MiB, where decoding whole reached 534 MiB
+/// (zstd, zlib), 1 GiB (gzip).
 #[test]
 fn decompression_bombs_are_refused_within_the_memory_bound() {
     require!(Readers);
     let root = tempfile::tempdir().unwrap();
     let big = 512u64 << 20;
-    let cases: [(&str, &str, &str); 4] = [
+    let cases: [(&str, &str, &str); 5] = [
         ("zstd-declared", "3", "zstd"),
         ("zstd-streamed", "3", "zstd"),
         ("gzip", "3", "gzip"),
         ("zlib", "2", "zlib"),
+        ("blosc", "2", "blosc-zstd"),
     ];
     for (name, version, codec) in cases {
         let (input, chunk) = small_zarr(root.path(), name, version, codec);
@@ -242,6 +258,7 @@ fn decompression_bombs_are_refused_within_the_memory_bound() {
             "zstd-declared" => fs::write(&chunk, zstd_zeros(big, true)).unwrap(),
             "zstd-streamed" => fs::write(&chunk, zstd_zeros(big, false)).unwrap(),
             "gzip" => gzip_zeros(&chunk, big),
+            "blosc" => blosc_zeros(&chunk, big / 2),
             _ => {
                 let gzip = root.path().join("zeros.gz");
                 gzip_zeros(&gzip, big);
@@ -257,10 +274,10 @@ fn decompression_bombs_are_refused_within_the_memory_bound() {
         let encoded = fs::metadata(&chunk).unwrap().len();
         assert!(encoded < 1 << 20, "{name}: a bomb of {encoded} bytes");
         let run = rechunk(&input, &root.path().join(format!("out-{name}")), "8,8");
-        let says = if name == "zstd-declared" {
-            "declares 536870912"
-        } else {
-            "more than the 512 bytes"
+        let says = match name {
+            "zstd-declared" => "declares 536870912",
+            "blosc" => "declares 268435456",
+            _ => "more than the 512 bytes",
         };
         assert_within_memory(&run, name);
         assert_refused(&run, name, &chunk.display().to_string(), says);
