@@ -512,3 +512,41 @@ fn packbits_runs_past_their_strip_are_refused() {
     assert_refused(&run, "PackBits", "runs.tif", "strip 1");
     assert!(run.stderr.contains("past the 1024 bytes"), "{}", run.stderr);
 }
+
+/// A deflated TIFF strip of zeros whose page then claims 60000 rows (its
+/// ImageLength and RowsPerStrip edited): its few bytes cannot hold them
+/// even at deflate's 1032:1, so it is refused at the scan, naming the file.
+#[test]
+fn a_tiff_strip_too_short_for_the_rows_its_page_claims_is_refused_at_the_scan() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().join("tall.tif");
+    let script = "import struct, sys, numpy, tifffile\n\
+        tifffile.imwrite(sys.argv[1], numpy.zeros((64, 64), numpy.uint8), compression='zlib',\n\
+        \x20                rowsperstrip=64)\n\
+        with tifffile.TiffFile(sys.argv[1]) as f:\n\
+        \x20   tags = f.pages[0].tags\n\
+        \x20   edits = [(tags[name].valueoffset, tags[name].dtype) for name in\n\
+        \x20            ('ImageLength', 'RowsPerStrip')]\n\
+        \x20   order = f.byteorder\n\
+        with open(sys.argv[1], 'r+b') as f:\n\
+        \x20   for offset, dtype in edits:\n\
+        \x20       f.seek(offset)\n\
+        \x20       f.write(struct.pack(order + ('H' if dtype == 3 else 'I'), 60000))\n";
+    let output = Command::new(python())
+        .args(["-c", script])
+        .arg(&path)
+        .output()
+        .expect("run python");
+    assert!(output.status.success(), "{}", common::stderr(&output));
+    let plan = run_measured(
+        &["plan", path.to_str().unwrap(), "--shape", "64,64"],
+        Duration::from_secs(60),
+    );
+    assert_refused(
+        &plan,
+        "tall TIFF",
+        "tall.tif",
+        &format!("claims {}", 60000 * 64),
+    );
+}
