@@ -550,3 +550,43 @@ fn a_tiff_strip_too_short_for_the_rows_its_page_claims_is_refused_at_the_scan() 
         &format!("claims {}", 60000 * 64),
     );
 }
+
+/// An HDF5 dataset written by h5py in one deflated chunk of 1 MiB, that
+/// chunk's bytes then replaced by a zlib stream of 512 MiB of zeros (it
+/// fits in the chunk's stored bytes): libhdf5 inflated it whole (550 MiB
+/// peak) before finding it too long. Refused within `--mem` + 64 MiB,
+/// naming the file and the dataset.
+#[test]
+fn a_deflated_hdf5_chunk_inflating_past_its_chunk_is_refused_within_the_memory_bound() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().join("bomb.h5");
+    let script = "import sys, h5py, numpy, zlib\n\
+        rng = numpy.random.default_rng(1)\n\
+        a = rng.integers(0, 65535, size=(512, 1024), dtype=numpy.uint16)\n\
+        with h5py.File(sys.argv[1], 'w') as f:\n\
+        \x20   f.create_dataset('data', data=a, chunks=(512, 1024), compression='gzip',\n\
+        \x20                    compression_opts=1)\n\
+        with h5py.File(sys.argv[1], 'r') as f:\n\
+        \x20   info = f['data'].id.get_chunk_info(0)\n\
+        c = zlib.compressobj(9)\n\
+        bomb = b''.join(c.compress(bytes(1 << 20)) for _ in range(512)) + c.flush()\n\
+        assert len(bomb) <= info.size, (len(bomb), info.size)\n\
+        with open(sys.argv[1], 'r+b') as f:\n\
+        \x20   f.seek(info.byte_offset)\n\
+        \x20   f.write(bomb)\n";
+    let output = Command::new(python())
+        .args(["-c", script])
+        .arg(&path)
+        .output()
+        .expect("run python");
+    assert!(output.status.success(), "{}", common::stderr(&output));
+    let run = rechunk(&path, &root.path().join("out"), "64,64");
+    assert_within_memory(&run, "HDF5");
+    assert_refused(
+        &run,
+        "HDF5",
+        "bomb.h5",
+        "dataset '/data' inflates to more than",
+    );
+}
