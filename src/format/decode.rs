@@ -85,32 +85,33 @@ pub fn check_holds(decoder: &dyn BlockDecode, path: &Path, encoded_len: u64) -> 
 }
 
 /// Greatest ratios of decoded to encoded bytes (a stream's headers only
-/// lower them). Deflate's longest match,
-/// 258 bytes, costs at least two bits: 1032:1. A zstd block of at most
-/// 128 KiB costs at least 4 bytes (an RLE block): 32768:1. An LZW code of
-/// at least 9 bits yields at most 4096 bytes. A PackBits run of two
-/// bytes yields 128. Blosc holds one of these streams per block.
-pub const DEFLATE_RATIO: u64 = 1032;
-pub const ZSTD_RATIO: u64 = 32768;
-pub const LZW_RATIO: u64 = 4096;
-pub const PACKBITS_RATIO: u64 = 64;
-pub const BLOSC_RATIO: u64 = ZSTD_RATIO;
+/// lower them). Deflate's longest match, 258 bytes, costs at least two
+/// bits: 1032:1. A zstd block of at most 128 KiB costs at least 4 bytes
+/// (an RLE block): 32768:1. An LZW code of at least 9 bits yields at most
+/// 4096 bytes. A PackBits run of two bytes yields 128. Blosc holds one of
+/// these streams per block.
+pub(in crate::format) const DEFLATE_RATIO: u64 = 1032;
+pub(in crate::format) const ZSTD_RATIO: u64 = 32768;
+pub(in crate::format) const LZW_RATIO: u64 = 4096;
+pub(in crate::format) const PACKBITS_RATIO: u64 = 64;
+pub(in crate::format) const BLOSC_RATIO: u64 = ZSTD_RATIO;
 
 /// The most bytes `encoded_len` bytes of a stream of `ratio` decode to.
-pub fn most_at_ratio(encoded_len: u64, ratio: u64) -> u64 {
+pub(in crate::format) fn most_at_ratio(encoded_len: u64, ratio: u64) -> u64 {
     encoded_len.saturating_mul(ratio)
 }
 
 /// `len` zero bytes, or an error naming `path` when memory refuses them:
 /// a size from a file never aborts the process.
-pub fn zeroed(path: &Path, len: u64) -> Result<Vec<u8>> {
+pub(in crate::format) fn zeroed(path: &Path, len: u64) -> Result<Vec<u8>> {
     let mut buffer = reserved(path, len)?;
-    buffer.resize(buffer.capacity().min(len as usize), 0);
+    // `reserved` has checked that `len` fits in a usize.
+    buffer.resize(len as usize, 0);
     Ok(buffer)
 }
 
 /// An empty buffer with room for exactly `len` bytes, allocated fallibly.
-pub fn reserved(path: &Path, len: u64) -> Result<Vec<u8>> {
+pub(in crate::format) fn reserved(path: &Path, len: u64) -> Result<Vec<u8>> {
     let mut buffer = Vec::new();
     usize::try_from(len)
         .ok()
@@ -119,8 +120,8 @@ pub fn reserved(path: &Path, len: u64) -> Result<Vec<u8>> {
             Error::bad_input(
                 path,
                 format!(
-                    "its block needs {len} bytes of memory, which this machine does not grant; \
-                     lower --mem or use a machine with more memory"
+                    "its block needs {len} bytes of memory at once (a block is decoded \
+                     whole), which this machine does not grant; run where more memory is free"
                 ),
             )
         })?;
@@ -130,7 +131,7 @@ pub fn reserved(path: &Path, len: u64) -> Result<Vec<u8>> {
 /// Why a bounded stream was refused; displayed as what follows "its
 /// zstd stream".
 #[derive(Debug)]
-pub enum Overrun {
+pub(in crate::format) enum Overrun {
     /// The stream does not decode (the codec's own message).
     Damaged(String),
     /// It decodes to more than `limit` bytes.
@@ -159,7 +160,7 @@ impl fmt::Display for Overrun {
 /// `stream` read to its end (so trailing checksums are checked) into
 /// `out`, an empty buffer with room for `limit` bytes: refused at byte
 /// `limit + 1`, so `out` never grows.
-pub fn read_limited(
+pub(in crate::format) fn read_limited(
     mut stream: impl Read,
     limit: u64,
     mut out: Vec<u8>,
@@ -181,7 +182,7 @@ pub fn read_limited(
 
 /// A zlib stream (deflate with zlib's header and Adler-32) decoded into
 /// `out` (room for `limit` bytes), as [`read_limited`].
-pub fn zlib_limited(
+pub(in crate::format) fn zlib_limited(
     encoded: &[u8],
     limit: u64,
     out: Vec<u8>,
@@ -190,7 +191,7 @@ pub fn zlib_limited(
 }
 
 /// A gzip stream (one member or several) decoded as [`read_limited`].
-pub fn gzip_limited(
+pub(in crate::format) fn gzip_limited(
     encoded: &[u8],
     limit: u64,
     out: Vec<u8>,
@@ -201,7 +202,7 @@ pub fn gzip_limited(
 /// Zstd frames decoded as [`read_limited`]. A frame declaring more than
 /// `limit` bytes is refused before decoding, and the decoder's window is
 /// capped near `limit`: the frame's claims size nothing.
-pub fn zstd_limited(
+pub(in crate::format) fn zstd_limited(
     encoded: &[u8],
     limit: u64,
     out: Vec<u8>,
