@@ -129,9 +129,10 @@ fn expected_codec(compress: &str, typesize: usize) -> (serde_json::Value, serde_
     match parts[0] {
         "zstd" => {
             let level: u64 = parts.get(1).map_or(3, |l| l.parse().unwrap());
+            let checksum = parts.get(2) != Some(&"nochecksum");
             (
                 json!({"id": "zstd", "level": level}),
-                json!({"name": "zstd", "configuration": {"level": level, "checksum": false}}),
+                json!({"name": "zstd", "configuration": {"level": level, "checksum": checksum}}),
             )
         }
         "gzip" => {
@@ -163,6 +164,7 @@ fn every_codec_for_zarr_and_zarr3_reads_back_in_zarr_python_and_tensorstore() {
     let codecs = [
         "zstd",
         "zstd:19",
+        "zstd:5:nochecksum",
         "gzip",
         "gzip:9",
         "blosc",
@@ -201,6 +203,75 @@ fn every_codec_for_zarr_and_zarr3_reads_back_in_zarr_python_and_tensorstore() {
                 assert_eq!(codecs[1], v3, "{compress}");
             }
             both_readers_agree(&out, &array, &clipped(shape, &array), "<u2", version);
+        }
+    }
+}
+
+/// zstd chunks carry a content checksum (the frame descriptor's bit 2)
+/// unless `nochecksum` is asked, in Zarr v2 (whose metadata cannot say so)
+/// and v3 alike: a damaged output chunk is then refused on read, by
+/// rechunkfs reading it back and by zarr-python, instead of read as wrong
+/// values.
+#[test]
+fn zstd_chunks_carry_checksums_that_catch_damage_unless_left_out() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    let array = [20u64, 12, 9];
+    let input = zarr_python_input(root.path(), &array, &[10, 8, 7], "<u2");
+    for (name, chunk) in [("zarr", "0.0.0"), ("zarr3", "c/0/0/0")] {
+        for (compress, checksum) in [("zstd", true), ("zstd:3:nochecksum", false)] {
+            let out = root.path().join(format!("{name}-{checksum}"));
+            rechunk_as_planned(
+                &input,
+                &out,
+                &array,
+                &["--format", name, "--compress", compress],
+            );
+            let path = out.join(chunk);
+            let mut bytes = std::fs::read(&path).unwrap();
+            assert_eq!(
+                bytes[..4],
+                [0x28, 0xb5, 0x2f, 0xfd],
+                "{name} {compress}: a frame"
+            );
+            assert_eq!(
+                bytes[4] & 4 != 0,
+                checksum,
+                "{name} {compress}: the frame's checksum flag"
+            );
+            if !checksum {
+                continue;
+            }
+            // The checksum is the frame's last 4 bytes: damage it.
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0x5a;
+            std::fs::write(&path, &bytes).unwrap();
+            let again = root.path().join(format!("{name}-again"));
+            let output = rechunkfs(&[
+                "rechunk",
+                out.to_str().unwrap(),
+                again.to_str().unwrap(),
+                "--shape",
+                "5,5,5",
+            ]);
+            let message = stderr(&output);
+            assert_eq!(output.status.code(), Some(1), "{name}: {message}");
+            assert!(
+                message.contains(chunk) && message.contains("checksum"),
+                "{name}: {message}"
+            );
+            let read = Command::new(python())
+                .args([
+                    "-c",
+                    "import sys, zarr; zarr.open(sys.argv[1], mode='r')[:]",
+                ])
+                .arg(&out)
+                .output()
+                .expect("run python");
+            assert!(
+                !read.status.success(),
+                "{name}: zarr-python read a damaged chunk"
+            );
         }
     }
 }

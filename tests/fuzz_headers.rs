@@ -1610,3 +1610,170 @@ fn fuzzed_zarr3_metadata() {
     require!(Readers);
     fuzz(Fuzzed::Zarr3);
 }
+
+// ------------------------------------------------ encoded Zarr chunks
+
+/// Runs `case` in a thread: a panic or a run past [`DEADLINE`] fails.
+fn guarded<T: Send + 'static>(
+    case: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    let (done, result) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("fuzz case".into())
+        .spawn(move || {
+            let _ = done.send(std::panic::catch_unwind(AssertUnwindSafe(case)));
+        })
+        .expect("start a case thread");
+    match result.recv_timeout(DEADLINE) {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(panic)) => Err(format!("panicked: {}", panic_text(&*panic))),
+        Err(_) => Err(format!("no answer within {DEADLINE:?}: hung")),
+    }
+}
+
+/// Scans and rechunks `input` (encoded chunks) into npy blocks in `out`:
+/// its values when accepted, `None` when refused.
+fn rechunk_encoded(input: &Path, out: &Path) -> Result<Option<Values>, String> {
+    let Ok(scanned) = InputArray::scan(input, None) else {
+        return Ok(None);
+    };
+    let ndim = scanned.ndim();
+    let problem = rechunkfs::output::problem_for(&scanned, vec![OUT_BLOCK; ndim], BlockFormat::Npy);
+    let Ok(plan) = problem.and_then(|p| plan::plan(&p, Strategy::Keep, None)) else {
+        return Ok(None);
+    };
+    directory::prepare_output_dir(out, false).map_err(|e| e.to_string())?;
+    let spec = OutputSpec {
+        format: BlockFormat::Npy,
+        dataset: "/data".into(),
+        dtype: scanned.dtype,
+        space: Space::identity(ndim),
+        axis_order: AxisOrder::C,
+        encoding: Default::default(),
+    };
+    if directory::rechunk(&scanned, &plan, out, spec, None, |_| {}).is_err() {
+        return Ok(None);
+    }
+    output_values(out).map(Some)
+}
+
+/// A shard file's bytes mutated: bit flips, a byte set, a cut, bytes
+/// added, or one of its index's u64s (the last `index_len` bytes before
+/// any checksum) set to an extreme or to another entry's value.
+fn mutate_shard(rng: &mut TestRng, bytes: &mut Vec<u8>, index_at: usize, entries: usize) -> String {
+    match rng.below(4) {
+        0 => mutate_bytes(rng, bytes, 0),
+        _ => {
+            let field = rng.below(entries as u64 * 2) as usize;
+            let at = index_at + 8 * field;
+            let len = bytes.len() as u64;
+            let was = get_field(bytes, at, 8, true);
+            let value = match rng.below(6) {
+                0 => extreme(rng, 8, was),
+                1 => u64::MAX - rng.below(1 << 16),
+                2 => len - rng.below(8),
+                3 => len + rng.below(8),
+                4 => get_field(
+                    bytes,
+                    index_at + 8 * rng.below(entries as u64 * 2) as usize,
+                    8,
+                    true,
+                ),
+                _ => was ^ (1 << rng.below(64)),
+            };
+            set_field(bytes, at, 8, value, true);
+            format!("index field {field}: {was} -> {value}")
+        }
+    }
+}
+
+/// zstd-compressed v3 shards written by zarr-python, their bytes and their
+/// index entries mutated; with the index's crc32c and without it (the
+/// spec allows either; without it a mutated entry reaches the decoder).
+/// No case may panic or hang; with the crc32c (and zstd's checksums) an
+/// accepted case must read as the seed does.
+#[test]
+fn fuzzed_zarr3_shards() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    // 12×8 u2 in shards of 4×4 holding 2×2 chunks: 4 entries per index.
+    let entries = 4usize;
+    let seeds: Vec<(PathBuf, bool)> = [true, false]
+        .into_iter()
+        .map(|crc| {
+            let seed = root.path().join(format!("seed-crc{crc}"));
+            common::zarr_python_writes(
+                &seed,
+                &[12, 8],
+                &[2, 2],
+                "<u2",
+                "3",
+                &["--codec", "zstd", "--shards", "4,4"],
+            );
+            if !crc {
+                let meta_path = seed.join("zarr.json");
+                let mut meta: Value =
+                    serde_json::from_slice(&std::fs::read(&meta_path).unwrap()).unwrap();
+                let codecs = &mut meta["codecs"][0]["configuration"]["index_codecs"];
+                let kept: Vec<Value> = codecs
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|c| c["name"] != "crc32c")
+                    .cloned()
+                    .collect();
+                *codecs = Value::Array(kept);
+                std::fs::write(&meta_path, serde_json::to_vec(&meta).unwrap()).unwrap();
+                for shard in zarr_chunk_files(&seed) {
+                    let bytes = std::fs::read(&shard).unwrap();
+                    std::fs::write(&shard, &bytes[..bytes.len() - 4]).unwrap();
+                }
+            }
+            (seed, crc)
+        })
+        .collect();
+    let mut expected = None;
+    for (seed, crc) in &seeds {
+        let (seed, out) = (seed.clone(), root.path().join(format!("seed-out-{crc}")));
+        let values = guarded(move || rechunk_encoded(&seed, &out)).expect("the seed");
+        assert!(values.is_some(), "the seed (crc32c {crc}) is accepted");
+        assert!(
+            expected.is_none() || expected == values,
+            "both seeds read alike"
+        );
+        expected = values;
+    }
+    let started = Instant::now();
+    let (mut tally, mut failures) = (Tally::default(), Vec::new());
+    for case in 0..cases() {
+        let mut rng = TestRng(base_seed().wrapping_mul(1_000_003) ^ (case << 8) ^ 0x5eed);
+        let (seed, crc) = &seeds[case as usize % 2];
+        let input = root.path().join(format!("case{case}"));
+        copy_tree(seed, &input);
+        let shards = zarr_chunk_files(&input);
+        let shard = &shards[rng.below(shards.len() as u64) as usize];
+        let mut bytes = std::fs::read(shard).unwrap();
+        let index_at = bytes.len() - entries * 16 - if *crc { 4 } else { 0 };
+        let what = mutate_shard(&mut rng, &mut bytes, index_at, entries);
+        std::fs::write(shard, &bytes).unwrap();
+        let out = root.path().join(format!("out{case}"));
+        let (run_input, run_out) = (input.clone(), out.clone());
+        match guarded(move || rechunk_encoded(&run_input, &run_out)) {
+            Ok(None) => tally.refused_at_run += 1,
+            Ok(Some(got)) if !crc || Some(&got) == expected.as_ref() => tally.accepted += 1,
+            Ok(Some(_)) => failures.push(format!(
+                "case {case} ({what}, crc32c): accepted with values other than the seed's"
+            )),
+            Err(problem) => failures.push(format!("case {case} ({what}, crc32c {crc}): {problem}")),
+        }
+        let _ = std::fs::remove_dir_all(&input);
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    eprintln!(
+        "fuzz zarr3 shards: {} cases in {:.1} s: {tally:?}, {} failed",
+        cases(),
+        started.elapsed().as_secs_f64(),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -264,7 +264,8 @@ pub struct PlanningArgs {
     /// keep (fewest seeks that fit) or baseline (read each input block, write its pieces at once).
     #[arg(long, default_value = "keep", value_name = "NAME")]
     pub strategy: String,
-    /// Compress each block: zstd[:LEVEL] (1-22, default 3), gzip[:LEVEL] (1-9, default 5) or
+    /// Compress each block: zstd[:LEVEL] (1-22, default 3; each frame checksummed, so damage is
+    /// caught on read; zstd:LEVEL:nochecksum leaves that out), gzip[:LEVEL] (1-9, default 5) or
     /// blosc[:CNAME[:LEVEL]] (lz4, lz4hc, blosclz, zstd or zlib; 0-9; default lz4:5) for
     /// --format zarr or zarr3; gzip[:LEVEL] for h5 (each block one deflated HDF5 chunk).
     /// Not for views, whose sizes must be exact before the data exist.

@@ -8,9 +8,18 @@
 //! A format only its library reads (a scaled MINC2 image, through libhdf5)
 //! reads the file itself ([`BlockDecode::read_decoded`]): still one read of
 //! the whole block, the decoded block held.
+//!
+//! An encoded file is a claim its bytes may not back. Two rules keep work
+//! and memory to what a file holds: at the scan, a file whose encoded
+//! length cannot hold the block its header claims, even at its codec's
+//! greatest ratio, is refused ([`check_holds`]); and every stream is
+//! inflated into a buffer of the block's size, allocated fallibly, the
+//! stream refused the moment it yields one byte more ([`read_limited`],
+//! [`zstd_limited`], ...): a lying size never sizes an allocation.
 
 use std::fmt;
 use std::fs::File;
+use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -28,9 +37,23 @@ pub trait BlockDecode: Send + Sync + fmt::Debug {
     /// file `path`, open as `file`: by default those bytes read whole, in
     /// one call, then [`decode`](Self::decode)d.
     fn read_decoded(&self, path: &Path, file: &File, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let mut encoded = vec![0u8; len as usize];
+        let mut encoded = zeroed(path, len)?;
         read_whole(file, path, offset, &mut encoded)?;
         self.decode(path, &encoded)
+    }
+
+    /// The most decoded bytes `encoded_len` encoded bytes can hold, at the
+    /// greatest ratio of the codecs; `None` when no bound follows from
+    /// the length alone.
+    fn most_decoded(&self, encoded_len: u64) -> Option<u64> {
+        let _ = encoded_len;
+        None
+    }
+
+    /// The decoded bytes a file must really hold: [`decoded_len`](Self::decoded_len)
+    /// unless part of it is padding the decoder adds.
+    fn claimed_len(&self) -> u64 {
+        self.decoded_len()
     }
 
     /// Bytes of one decoded block (padding included where the format pads).
@@ -40,6 +63,166 @@ pub trait BlockDecode: Send + Sync + fmt::Debug {
     /// two decoders with the same description and length decode alike.
     fn describe(&self) -> String;
 }
+
+/// Refuses, at the scan, the encoded file `path` of `encoded_len` bytes
+/// when they cannot hold what `decoder` claims it decodes to: a header
+/// lying about the block's size, or a file cut short.
+pub fn check_holds(decoder: &dyn BlockDecode, path: &Path, encoded_len: u64) -> Result<()> {
+    let claimed = decoder.claimed_len();
+    match decoder.most_decoded(encoded_len) {
+        Some(most) if most < claimed => Err(Error::bad_input(
+            path,
+            format!(
+                "it claims {claimed} decoded bytes ({}), but its {encoded_len} encoded bytes \
+                 can hold at most {most}, even at the codec's greatest ratio: its header or \
+                 metadata overstates the block, or the file was cut short; it is refused rather \
+                 than decoded",
+                decoder.describe()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Greatest ratios of decoded to encoded bytes (a stream's headers only
+/// lower them). Deflate's longest match, 258 bytes, costs at least two
+/// bits: 1032:1. A zstd block of at most 128 KiB costs at least 4 bytes
+/// (an RLE block): 32768:1. An LZW code of at least 9 bits yields at most
+/// 4096 bytes. A PackBits run of two bytes yields 128. Blosc holds one of
+/// these streams per block.
+pub(in crate::format) const DEFLATE_RATIO: u64 = 1032;
+pub(in crate::format) const ZSTD_RATIO: u64 = 32768;
+pub(in crate::format) const LZW_RATIO: u64 = 4096;
+pub(in crate::format) const PACKBITS_RATIO: u64 = 64;
+pub(in crate::format) const BLOSC_RATIO: u64 = ZSTD_RATIO;
+
+/// The most bytes `encoded_len` bytes of a stream of `ratio` decode to.
+pub(in crate::format) fn most_at_ratio(encoded_len: u64, ratio: u64) -> u64 {
+    encoded_len.saturating_mul(ratio)
+}
+
+/// `len` zero bytes, or an error naming `path` when memory refuses them:
+/// a size from a file never aborts the process.
+pub(in crate::format) fn zeroed(path: &Path, len: u64) -> Result<Vec<u8>> {
+    let mut buffer = reserved(path, len)?;
+    // `reserved` has checked that `len` fits in a usize.
+    buffer.resize(len as usize, 0);
+    Ok(buffer)
+}
+
+/// An empty buffer with room for exactly `len` bytes, allocated fallibly.
+pub(in crate::format) fn reserved(path: &Path, len: u64) -> Result<Vec<u8>> {
+    let mut buffer = Vec::new();
+    usize::try_from(len)
+        .ok()
+        .and_then(|len| buffer.try_reserve_exact(len).ok())
+        .ok_or_else(|| {
+            Error::bad_input(
+                path,
+                format!(
+                    "its block needs {len} bytes of memory at once (a block is decoded \
+                     whole), which this machine does not grant; run where more memory is free"
+                ),
+            )
+        })?;
+    Ok(buffer)
+}
+
+/// Why a bounded stream was refused; displayed as what follows "its
+/// zstd stream".
+#[derive(Debug)]
+pub(in crate::format) enum Overrun {
+    /// The stream does not decode (the codec's own message).
+    Damaged(String),
+    /// It decodes to more than `limit` bytes.
+    Longer { limit: u64 },
+    /// Its header declares more than `limit` bytes.
+    Declared { declared: u64, limit: u64 },
+}
+
+impl fmt::Display for Overrun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Overrun::Damaged(why) => write!(f, "does not decode ({why})"),
+            Overrun::Longer { limit } => {
+                write!(f, "decodes to more than the {limit} bytes expected")
+            }
+            Overrun::Declared { declared, limit } => {
+                write!(
+                    f,
+                    "declares {declared} bytes, more than the {limit} expected"
+                )
+            }
+        }
+    }
+}
+
+/// `stream` read to its end (so trailing checksums are checked) into
+/// `out`, an empty buffer with room for `limit` bytes: refused at byte
+/// `limit + 1`, so `out` never grows.
+pub(in crate::format) fn read_limited(
+    mut stream: impl Read,
+    limit: u64,
+    mut out: Vec<u8>,
+) -> std::result::Result<Vec<u8>, Overrun> {
+    (&mut stream)
+        .take(limit)
+        .read_to_end(&mut out)
+        .map_err(|e| Overrun::Damaged(e.to_string()))?;
+    let mut beyond = [0u8; 1];
+    loop {
+        match stream.read(&mut beyond) {
+            Ok(0) => return Ok(out),
+            Ok(_) => return Err(Overrun::Longer { limit }),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Overrun::Damaged(e.to_string())),
+        }
+    }
+}
+
+/// A zlib stream (deflate with zlib's header and Adler-32) decoded into
+/// `out` (room for `limit` bytes), as [`read_limited`].
+pub(in crate::format) fn zlib_limited(
+    encoded: &[u8],
+    limit: u64,
+    out: Vec<u8>,
+) -> std::result::Result<Vec<u8>, Overrun> {
+    read_limited(flate2::read::ZlibDecoder::new(encoded), limit, out)
+}
+
+/// A gzip stream (one member or several) decoded as [`read_limited`].
+pub(in crate::format) fn gzip_limited(
+    encoded: &[u8],
+    limit: u64,
+    out: Vec<u8>,
+) -> std::result::Result<Vec<u8>, Overrun> {
+    read_limited(flate2::read::MultiGzDecoder::new(encoded), limit, out)
+}
+
+/// Zstd frames decoded as [`read_limited`]. A frame declaring more than
+/// `limit` bytes is refused before decoding, and the decoder's window is
+/// capped near `limit`: the frame's claims size nothing.
+pub(in crate::format) fn zstd_limited(
+    encoded: &[u8],
+    limit: u64,
+    out: Vec<u8>,
+) -> std::result::Result<Vec<u8>, Overrun> {
+    if let Ok(Some(declared)) = zstd::zstd_safe::get_frame_content_size(encoded) {
+        if declared > limit {
+            return Err(Overrun::Declared { declared, limit });
+        }
+    }
+    let damaged = |e: std::io::Error| Overrun::Damaged(e.to_string());
+    let mut decoder = zstd::stream::read::Decoder::with_buffer(encoded).map_err(damaged)?;
+    // Encoders without a known size use windows of up to 8 MiB (2^23)
+    // at the usual levels; a larger window than both is a claim.
+    let window = (64 - limit.leading_zeros()).clamp(ZSTD_WINDOW_LOG, 31);
+    decoder.window_log_max(window).map_err(damaged)?;
+    read_limited(decoder, limit, out)
+}
+
+/// log2 of the zstd window always allowed (see [`zstd_limited`]).
+const ZSTD_WINDOW_LOG: u32 = 23;
 
 /// Fills `buffer` from `offset` in `file`; a file shorter than that is
 /// refused as truncated or changed.

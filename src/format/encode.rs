@@ -40,13 +40,17 @@ pub trait BlockEncode: Send + Sync + fmt::Debug {
 /// A compressor and its level, as `--compress` names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Compressor {
-    /// Zstandard, levels 1 to 22.
-    Zstd { level: i32 },
+    /// Zstandard, levels 1 to 22; each frame with a content checksum
+    /// (XXH64) unless `checksum` is off, so that damage is caught on read.
+    Zstd { level: i32, checksum: bool },
     /// gzip (deflate), levels 1 to 9.
     Gzip { level: u32 },
     /// Blosc with one of its compressors, levels 0 to 9, byte-shuffled.
     Blosc { cname: String, level: u32 },
 }
+
+/// The `--compress zstd` option that leaves checksums out.
+const NO_CHECKSUM: &str = "nochecksum";
 
 /// Blosc's compressors that every build of it has.
 const BLOSC_NAMES: [&str; 5] = ["lz4", "lz4hc", "blosclz", "zstd", "zlib"];
@@ -55,7 +59,11 @@ impl Compressor {
     /// `zstd:3`, as `--compress` takes it.
     pub fn name(&self) -> String {
         match self {
-            Compressor::Zstd { level } => format!("zstd:{level}"),
+            Compressor::Zstd {
+                level,
+                checksum: true,
+            } => format!("zstd:{level}"),
+            Compressor::Zstd { level, .. } => format!("zstd:{level}:{NO_CHECKSUM}"),
             Compressor::Gzip { level } => format!("gzip:{level}"),
             Compressor::Blosc { cname, level } => format!("blosc:{cname}:{level}"),
         }
@@ -64,8 +72,10 @@ impl Compressor {
     /// The Zarr v2 `compressor` object (numcodecs' configuration).
     pub fn zarr_v2(&self) -> serde_json::Value {
         match self {
-            // No "checksum" key: TensorStore refuses it in v2 metadata.
-            Compressor::Zstd { level } => serde_json::json!({ "id": "zstd", "level": level }),
+            // No "checksum" key: TensorStore refuses it in v2 metadata. The
+            // frames carry the checksum flag themselves, and every reader
+            // checks it (see `encoder`).
+            Compressor::Zstd { level, .. } => serde_json::json!({ "id": "zstd", "level": level }),
             Compressor::Gzip { level } => serde_json::json!({ "id": "gzip", "level": level }),
             Compressor::Blosc { cname, level } => serde_json::json!({
                 "id": "blosc", "cname": cname, "clevel": level, "shuffle": 1, "blocksize": 0
@@ -76,8 +86,8 @@ impl Compressor {
     /// The Zarr v3 bytes-to-bytes codec, for elements of `typesize` bytes.
     pub fn zarr_v3(&self, typesize: usize) -> serde_json::Value {
         match self {
-            Compressor::Zstd { level } => serde_json::json!({
-                "name": "zstd", "configuration": { "level": level, "checksum": false }
+            Compressor::Zstd { level, checksum } => serde_json::json!({
+                "name": "zstd", "configuration": { "level": level, "checksum": checksum }
             }),
             Compressor::Gzip { level } => {
                 serde_json::json!({ "name": "gzip", "configuration": { "level": level } })
@@ -96,17 +106,24 @@ impl Compressor {
 impl FromStr for Compressor {
     type Err = Error;
 
-    /// `zstd[:level]` (default 3), `gzip[:level]` (default 5),
-    /// `blosc[:cname[:level]]` (default lz4, 5).
+    /// `zstd[:level][:nochecksum]` (default 3, with checksums),
+    /// `gzip[:level]` (default 5), `blosc[:cname[:level]]` (default lz4, 5).
     fn from_str(text: &str) -> Result<Compressor> {
         let refuse = |why: String| {
             Error::BadArgument(format!(
-                "--compress {text}: {why}; use zstd[:LEVEL] (1-22), gzip[:LEVEL] (1-9) or \
+                "--compress {text}: {why}; use zstd[:LEVEL][:{NO_CHECKSUM}] (1-22), gzip[:LEVEL] \
+                 (1-9) or \
                  blosc[:CNAME[:LEVEL]] (CNAME one of {}, LEVEL 0-9)",
                 BLOSC_NAMES.join(", ")
             ))
         };
-        let parts: Vec<&str> = text.trim().split(':').collect();
+        let mut parts: Vec<&str> = text.trim().split(':').collect();
+        let checksum = !(parts.len() > 1
+            && parts[0].eq_ignore_ascii_case("zstd")
+            && parts[parts.len() - 1].eq_ignore_ascii_case(NO_CHECKSUM));
+        if !checksum {
+            parts.pop();
+        }
         let level = |part: Option<&&str>, default: i64, range: std::ops::RangeInclusive<i64>| {
             let level = match part {
                 None => default,
@@ -123,6 +140,7 @@ impl FromStr for Compressor {
         let compressor = match (parts[0].to_ascii_lowercase().as_str(), parts.len()) {
             ("zstd", 1 | 2) => Compressor::Zstd {
                 level: level(parts.get(1), 3, 1..=22)? as i32,
+                checksum,
             },
             ("gzip", 1 | 2) => Compressor::Gzip {
                 level: level(parts.get(1), 5, 1..=9)? as u32,
@@ -213,9 +231,15 @@ pub fn encoder(
             let (name, bytes) = metadata
                 .first()
                 .ok_or_else(|| Error::BadArgument("no Zarr metadata to encode with".into()))?;
+            let bytes = match (format, &encoding.compressor) {
+                (BlockFormat::Zarr, Some(Compressor::Zstd { checksum: true, .. })) => {
+                    with_zstd_checksum(bytes)?
+                }
+                _ => bytes.clone(),
+            };
             Arc::new(super::zarr_codecs::BlockEncoder::new(
                 Path::new(name),
-                bytes,
+                &bytes,
                 block_shape,
                 dtype,
             )?)
@@ -228,6 +252,17 @@ pub fn encoder(
         }
     };
     Ok(Some(encoder))
+}
+
+/// Zarr v2 metadata `bytes` whose zstd compressor also writes checksums:
+/// what v2 chunks are encoded with, though the `.zarray` written cannot
+/// say so (TensorStore refuses the key); a frame's header says it carries
+/// one, and zstd checks it whoever decodes.
+fn with_zstd_checksum(bytes: &[u8]) -> Result<Vec<u8>> {
+    let failed = |e: serde_json::Error| Error::BadArgument(format!("Zarr v2 metadata: {e}"));
+    let mut value: serde_json::Value = serde_json::from_slice(bytes).map_err(failed)?;
+    value["compressor"]["checksum"] = serde_json::Value::Bool(true);
+    serde_json::to_vec(&value).map_err(failed)
 }
 
 /// The inner chunk shape of shards of `shards` holding chunks of `chunks`
@@ -363,8 +398,16 @@ mod tests {
     #[test]
     fn compressors_parse_with_their_defaults_and_ranges() {
         let parse = |text: &str| text.parse::<Compressor>();
-        assert_eq!(parse("zstd").unwrap(), Compressor::Zstd { level: 3 });
-        assert_eq!(parse("ZSTD:19").unwrap(), Compressor::Zstd { level: 19 });
+        let zstd = |level, checksum| Compressor::Zstd { level, checksum };
+        assert_eq!(parse("zstd").unwrap(), zstd(3, true));
+        assert_eq!(parse("ZSTD:19").unwrap(), zstd(19, true));
+        assert_eq!(parse("zstd:nochecksum").unwrap(), zstd(3, false));
+        assert_eq!(parse("zstd:7:NoChecksum").unwrap(), zstd(7, false));
+        assert_eq!(
+            parse("zstd:7:nochecksum").unwrap().name(),
+            "zstd:7:nochecksum"
+        );
+        assert_eq!(parse("zstd:7").unwrap().name(), "zstd:7");
         assert_eq!(parse("gzip").unwrap(), Compressor::Gzip { level: 5 });
         assert_eq!(parse("gzip:9").unwrap(), Compressor::Gzip { level: 9 });
         assert_eq!(
@@ -381,6 +424,9 @@ mod tests {
         for bad in [
             "zstd:0",
             "zstd:23",
+            "zstd:3:checksum",
+            "zstd:3:nochecksum:nochecksum",
+            "gzip:5:nochecksum",
             "gzip:x",
             "gzip:1:2",
             "blosc:snappy",
@@ -451,7 +497,10 @@ mod tests {
     #[test]
     fn combinations_a_format_cannot_hold_are_refused() {
         let zstd = Encoding {
-            compressor: Some(Compressor::Zstd { level: 3 }),
+            compressor: Some(Compressor::Zstd {
+                level: 3,
+                checksum: true,
+            }),
             shard_chunks: None,
         };
         let sharded = Encoding {

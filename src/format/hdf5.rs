@@ -431,6 +431,8 @@ pub struct Hdf5BlockReader {
     file_type: ::hdf5::Datatype,
     shape: Vec<u64>,
     dtype: DType,
+    /// The most bytes one of its chunks may inflate to (chunked datasets).
+    chunk_limit: Option<u64>,
 }
 
 impl Hdf5BlockReader {
@@ -443,6 +445,10 @@ impl Hdf5BlockReader {
                 dtype,
                 ..
             } = open_checked(path, dataset)?;
+            let chunk_limit = data.chunk().map(|chunk| {
+                let elements = chunk.iter().map(|&n| n as u64).product::<u64>();
+                super::hdf5_deflate::chunk_limit(elements.saturating_mul(dtype.size as u64))
+            });
             Ok(Hdf5BlockReader {
                 path: path.to_path_buf(),
                 dataset_name: dataset.to_owned(),
@@ -450,6 +456,7 @@ impl Hdf5BlockReader {
                 file_type,
                 shape,
                 dtype,
+                chunk_limit,
             })
         })
     }
@@ -486,29 +493,45 @@ impl Hdf5BlockReader {
                 self.dataset_name
             ),
         };
-        sync(|| {
-            // SAFETY: the dataset is open; every array passed has `rank`
-            // elements; check_box has proved both selections lie inside
-            // their extents and that `dest` holds exactly `dest_shape`
-            // elements of the file type's size, so H5Dread writes only
-            // inside `dest`. The lock is held.
-            unsafe {
-                let file_space = OwnedId::new(H5Dget_space(self.dataset.id()), H5Sclose)?;
-                select_box(&file_space, file_origin, box_shape)?;
-                let memory_space = simple_space(dest_shape)?;
-                select_box(&memory_space, dest_origin, box_shape)?;
-                ::hdf5::h5check(H5Dread(
-                    self.dataset.id(),
-                    self.file_type.id(),
-                    memory_space.id,
-                    file_space.id,
-                    H5P_DEFAULT,
-                    dest.as_mut_ptr() as *mut c_void,
-                ))?;
-            }
-            Ok(())
-        })
-        .map_err(to_library)
+        let limit = self.chunk_limit.unwrap_or(u64::MAX);
+        let (result, overran) = sync(|| {
+            // A chunk is inflated into at most its own size.
+            super::hdf5_deflate::bounded(limit, || -> ::hdf5::Result<()> {
+                // SAFETY: the dataset is open; every array passed has `rank`
+                // elements; check_box has proved both selections lie inside
+                // their extents and that `dest` holds exactly `dest_shape`
+                // elements of the file type's size, so H5Dread writes only
+                // inside `dest`. The lock is held.
+                unsafe {
+                    let file_space = OwnedId::new(H5Dget_space(self.dataset.id()), H5Sclose)?;
+                    select_box(&file_space, file_origin, box_shape)?;
+                    let memory_space = simple_space(dest_shape)?;
+                    select_box(&memory_space, dest_origin, box_shape)?;
+                    ::hdf5::h5check(H5Dread(
+                        self.dataset.id(),
+                        self.file_type.id(),
+                        memory_space.id,
+                        file_space.id,
+                        H5P_DEFAULT,
+                        dest.as_mut_ptr() as *mut c_void,
+                    ))?;
+                }
+                Ok(())
+            })
+        });
+        if overran {
+            return Err(Error::BadBlockFile {
+                path: self.path.clone(),
+                format: "HDF5",
+                problem: format!(
+                    "a deflated chunk of dataset '{}' inflates to more than the {limit} bytes \
+                     a chunk can hold (read at {}); the file is damaged",
+                    self.dataset_name,
+                    shape_text(file_origin)
+                ),
+            });
+        }
+        result.map_err(to_library)
     }
 
     /// Refuse a box that does not fit the dataset or the destination, or a

@@ -23,6 +23,7 @@
 pub mod decode;
 pub mod encode;
 pub mod hdf5;
+mod hdf5_deflate;
 pub mod minc;
 mod nifti;
 mod npy;

@@ -85,7 +85,14 @@ pub fn read_metadata(dir: &Path) -> Result<Option<ZarrArrayMeta>> {
         parse_v2(&path, &meta)?
     };
     if let Some(names) = codecs {
-        let decoder = BlockDecoder::new(&path, &bytes, &parsed.chunks, parsed.dtype, names)?;
+        let decoder = BlockDecoder::new(
+            &path,
+            &bytes,
+            &parsed.chunks,
+            parsed.dtype,
+            &parsed.fill,
+            names,
+        )?;
         parsed.decoder = Some(Arc::new(decoder));
     }
     Ok(Some(parsed))

@@ -451,6 +451,7 @@ fn chunk_block(slice: &Slice, chunk: usize, encoded: bool) -> Result<InputBlock>
     if encoded {
         check_within(slice, offset, len, &what)?;
         let decoder = page.chunk_decoder(chunk, slice.file.byte_order);
+        crate::format::decode::check_holds(&decoder, &path, len)?;
         return Ok(InputBlock {
             path,
             storage: Storage::Encoded {

@@ -101,8 +101,8 @@ fn chunk_count(meta: &ZarrArrayMeta, block_shape: &[u64]) -> Result<usize> {
         })
 }
 
-/// The input block of the chunk whose file is at `path`: absent, or
-/// exactly `chunk_bytes` long.
+/// The input block of the chunk whose file is at `path`: absent, exactly
+/// `chunk_bytes` long, or encoded in few enough bytes to hold a chunk.
 fn chunk_block(path: PathBuf, meta: &ZarrArrayMeta, chunk_bytes: u64) -> Result<InputBlock> {
     let file = match fs::metadata(&path) {
         Ok(file) => file,
@@ -124,6 +124,7 @@ fn chunk_block(path: PathBuf, meta: &ZarrArrayMeta, chunk_bytes: u64) -> Result<
         ));
     }
     if let Some(decoder) = &meta.decoder {
+        format::decode::check_holds(decoder.as_ref(), &path, file.len())?;
         return Ok(InputBlock {
             path,
             storage: Storage::Encoded {

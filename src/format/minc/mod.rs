@@ -64,6 +64,9 @@ fn library_error(path: &Path, what: &str, error: ::hdf5::Error) -> Error {
     }
 }
 
+/// The most bytes a string attribute may hold.
+const MAX_STRING_ATTR: usize = 1 << 20;
+
 /// A string attribute, fixed-length (as libminc writes them) or
 /// variable-length (as h5py writes Python strings); `None` if absent.
 fn string_attr(location: &::hdf5::Location, name: &str) -> ::hdf5::Result<Option<String>> {
@@ -77,7 +80,17 @@ fn string_attr(location: &::hdf5::Location, name: &str) -> ::hdf5::Result<Option
         TypeDescriptor::VarLenUnicode => attr.read_scalar::<VarLenUnicode>()?.as_str().to_owned(),
         TypeDescriptor::FixedAscii(len) | TypeDescriptor::FixedUnicode(len) => {
             let points = attr.space()?.size().max(1);
-            let mut bytes = vec![0u8; len * points];
+            // An attribute lives in its object's header (at most 64 KiB)
+            // unless stored densely; a string past this is a lie.
+            let size = len.checked_mul(points).filter(|&n| n <= MAX_STRING_ATTR);
+            let Some(size) = size else {
+                return Err(format!(
+                    "attribute {name} claims {points} strings of {len} bytes, more than the \
+                     {MAX_STRING_ATTR} bytes rechunkfs reads"
+                )
+                .into());
+            };
+            let mut bytes = vec![0u8; size];
             // SAFETY: the attribute is open, its memory type is its own file
             // type (fixed strings of `len` bytes), and the buffer holds
             // `len` bytes for each of its `points` elements. The caller

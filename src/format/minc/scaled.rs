@@ -24,7 +24,7 @@ use ::hdf5::sync::sync;
 use super::{dtype_range, library_error, numbers_attr, string_attr, IMAGE, IMAGE_GROUP};
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::error::{Error, Result};
-use crate::format::decode::BlockDecode;
+use crate::format::decode::{most_at_ratio, zeroed, BlockDecode, DEFLATE_RATIO};
 use crate::format::hdf5::Hdf5BlockReader;
 use crate::format::shape_text;
 
@@ -100,10 +100,27 @@ struct ScaleVariable {
     values: Vec<f64>,
 }
 
-fn read_variable(file: &::hdf5::File, path: &Path, name: &str) -> Result<Option<ScaleVariable>> {
+/// Its values are read only if it has at most `most` of them: its shape is
+/// a claim, checked before it sizes the buffer.
+fn read_variable(
+    file: &::hdf5::File,
+    path: &Path,
+    name: &str,
+    most: u64,
+) -> Result<Option<ScaleVariable>> {
     let Ok(dataset) = file.dataset(&format!("{IMAGE_GROUP}/{name}")) else {
         return Ok(None);
     };
+    let count = dataset.shape().iter().map(|&n| n as u64).product::<u64>();
+    if count > most {
+        return Err(Error::bad_input(
+            path,
+            format!(
+                "its {name} claims {count} values, more than the {most} its image's slices \
+                 and its file's bytes can hold; the file is damaged"
+            ),
+        ));
+    }
     let read = || -> ::hdf5::Result<ScaleVariable> {
         let shape: Vec<u64> = dataset.shape().iter().map(|&n| n as u64).collect();
         let dims = string_attr(&dataset, "dimorder")?
@@ -135,8 +152,18 @@ pub(super) fn read_table(
         .map_err(|e| library_error(path, "the image's dimorder", e))?
         .map(|order| order.split(',').map(|d| d.trim().to_owned()).collect())
         .unwrap_or_default();
-    let minimum = read_variable(file, path, "image-min")?;
-    let maximum = read_variable(file, path, "image-max")?;
+    // One value per slice of the first two dimensions at most, each 8
+    // bytes the file holds (deflated at most 1032:1).
+    let file_len = std::fs::metadata(path)
+        .map_err(|e| Error::io(path, "stat", e))?
+        .len();
+    let most = shape
+        .iter()
+        .take(2)
+        .product::<u64>()
+        .min(most_at_ratio(file_len, DEFLATE_RATIO) / 8);
+    let minimum = read_variable(file, path, "image-min", most)?;
+    let maximum = read_variable(file, path, "image-max", most)?;
     let (Some(minimum), Some(maximum)) = (minimum, maximum) else {
         return Ok(None);
     };
@@ -282,7 +309,7 @@ impl BlockDecode for ScaledMinc {
                  another shape",
             )
         })?;
-        let mut block = vec![0u8; self.decoded_len() as usize];
+        let mut block = zeroed(path, self.decoded_len())?;
         let volume: u64 = self.padded_shape.iter().product();
         let stored_len = (volume * self.stored.size as u64) as usize;
         let origin = vec![0; self.file_shape.len()];

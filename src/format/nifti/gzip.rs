@@ -14,7 +14,7 @@ use flate2::bufread::MultiGzDecoder;
 
 use super::{header_of, shape_text, NiftiHeader, HEAD_LEN};
 use crate::error::{Error, Result};
-use crate::format::decode::BlockDecode;
+use crate::format::decode::{check_holds, most_at_ratio, reserved, BlockDecode, DEFLATE_RATIO};
 use crate::format::Storage;
 
 /// How [`crate::error::Error::BadBlockFile`] names the format.
@@ -31,7 +31,8 @@ pub(super) fn is_gzip(head: &[u8]) -> bool {
 
 /// The header of the gzipped NIfTI file `path` (open as `file`, at its
 /// start, `file_len` bytes), with its data length and storage, inflating
-/// only the header's bytes.
+/// only the header's bytes. A file too short to inflate to what its
+/// header claims, even at deflate's greatest ratio, is refused here.
 pub(super) fn read_header(
     path: &Path,
     file: File,
@@ -49,6 +50,7 @@ pub(super) fn read_header(
         data_len,
         dims: header.dims.clone(),
     };
+    check_holds(&decoder, path, file_len)?;
     let storage = Storage::Encoded {
         decoder: Arc::new(decoder),
         offset: 0,
@@ -107,14 +109,7 @@ impl BlockDecode for GzippedNifti {
         if skipped < self.vox_offset {
             return Err(self.wrong_length(path, &skipped.to_string()));
         }
-        let mut data = Vec::new();
-        data.try_reserve_exact(self.data_len as usize)
-            .map_err(|_| {
-                Error::bad_input(
-                    path,
-                    format!("{} bytes do not fit in memory", self.data_len),
-                )
-            })?;
+        let mut data = reserved(path, self.data_len)?;
         let read = (&mut stream)
             .take(self.data_len)
             .read_to_end(&mut data)
@@ -136,6 +131,15 @@ impl BlockDecode for GzippedNifti {
 
     fn decoded_len(&self) -> u64 {
         self.data_len
+    }
+
+    /// The header and the voxels are all inflated from the file.
+    fn claimed_len(&self) -> u64 {
+        self.vox_offset.saturating_add(self.data_len)
+    }
+
+    fn most_decoded(&self, encoded_len: u64) -> Option<u64> {
+        Some(most_at_ratio(encoded_len, DEFLATE_RATIO))
     }
 
     fn describe(&self) -> String {

@@ -14,7 +14,10 @@ use tiff::decoder::{Decoder, Limits};
 use super::{bad, compression_name};
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::error::Result;
-use crate::format::decode::BlockDecode;
+use crate::format::decode::{
+    most_at_ratio, reserved, zlib_limited, zstd_limited, BlockDecode, Overrun, DEFLATE_RATIO,
+    LZW_RATIO, PACKBITS_RATIO, ZSTD_RATIO,
+};
 
 /// Decodes one strip or tile of a page into its raw C-order bytes (rows ×
 /// width × samples), padded with zeros to a full chunk's rows, in the
@@ -41,14 +44,33 @@ impl ChunkDecode {
         self.width * self.samples * self.dtype.size as u64
     }
 
-    /// The chunk's bytes decompressed, at most `cap` of them.
-    fn decompress(&self, encoded: &[u8], cap: usize) -> std::result::Result<Vec<u8>, String> {
+    /// The chunk's bytes decompressed into `out` (room for `cap` bytes):
+    /// a stream that holds more is an error, except uncompressed and LZW
+    /// strips, cut at `cap` as libtiff reads them.
+    fn decompress(
+        &self,
+        encoded: &[u8],
+        cap: usize,
+        mut out: Vec<u8>,
+    ) -> std::result::Result<Vec<u8>, String> {
+        let bounded = |result: std::result::Result<Vec<u8>, Overrun>| {
+            result.map_err(|e| match e {
+                Overrun::Damaged(why) => why,
+                Overrun::Longer { limit } => {
+                    format!("hold more than the {limit} bytes of a whole chunk")
+                }
+                declared => format!("its stream {declared}"),
+            })
+        };
         match self.compression {
-            1 => Ok(encoded[..encoded.len().min(cap)].to_vec()),
-            5 => lzw(encoded, cap),
-            8 | 32946 => zlib(encoded, cap),
-            32773 => Ok(packbits(encoded, cap)),
-            50000 => zstd::bulk::decompress(encoded, cap).map_err(|e| e.to_string()),
+            1 => {
+                out.extend_from_slice(&encoded[..encoded.len().min(cap)]);
+                Ok(out)
+            }
+            5 => lzw(encoded, cap, out),
+            8 | 32946 => bounded(zlib_limited(encoded, cap as u64, out)),
+            32773 => packbits(encoded, cap, out),
+            50000 => bounded(zstd_limited(encoded, cap as u64, out)),
             other => Err(format!("compression {other} is not decoded")),
         }
     }
@@ -163,7 +185,7 @@ impl BlockDecode for ChunkDecode {
             )
         };
         let mut rows = self
-            .decompress(encoded, full)
+            .decompress(encoded, full, reserved(path, full as u64)?)
             .map_err(|e| damaged(format!("do not decode ({e})")))?;
         if rows.len() < needed {
             return Err(damaged(format!(
@@ -183,6 +205,22 @@ impl BlockDecode for ChunkDecode {
 
     fn decoded_len(&self) -> u64 {
         self.padded_rows * self.row_bytes()
+    }
+
+    /// The rows encoded (a bottom strip's padding is added, not decoded).
+    fn claimed_len(&self) -> u64 {
+        self.rows * self.row_bytes()
+    }
+
+    fn most_decoded(&self, encoded_len: u64) -> Option<u64> {
+        let ratio = match self.compression {
+            5 => LZW_RATIO,
+            8 | 32946 => DEFLATE_RATIO,
+            32773 => PACKBITS_RATIO,
+            50000 => ZSTD_RATIO,
+            _ => 1,
+        };
+        Some(most_at_ratio(encoded_len, ratio))
     }
 
     fn describe(&self) -> String {
@@ -220,11 +258,11 @@ fn encode(order: Endian, short: bool, values: &[u64]) -> Vec<u8> {
 }
 
 /// TIFF's LZW (most significant bit first, code size switched one code
-/// early, as libtiff writes it), up to `cap` bytes or the end code.
-fn lzw(encoded: &[u8], cap: usize) -> std::result::Result<Vec<u8>, String> {
+/// early, as libtiff writes it), into `out` up to `cap` bytes or the end code.
+fn lzw(encoded: &[u8], cap: usize, mut out: Vec<u8>) -> std::result::Result<Vec<u8>, String> {
     let mut decoder =
         weezl::decode::Configuration::with_tiff_size_switch(weezl::BitOrder::Msb, 8).build();
-    let mut out = vec![0u8; cap];
+    out.resize(cap, 0);
     let (mut input, mut filled) = (encoded, 0);
     loop {
         let step = decoder.decode_bytes(input, &mut out[filled..]);
@@ -242,44 +280,40 @@ fn lzw(encoded: &[u8], cap: usize) -> std::result::Result<Vec<u8>, String> {
     Ok(out)
 }
 
-/// A zlib stream read to its end, which checks its checksum; more than
-/// `cap` bytes is an error.
-fn zlib(encoded: &[u8], cap: usize) -> std::result::Result<Vec<u8>, String> {
-    let mut out = Vec::with_capacity(cap);
-    flate2::read::ZlibDecoder::new(encoded)
-        .take(cap as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| e.to_string())?;
-    if out.len() > cap {
-        return Err(format!("hold more than the {cap} bytes of a whole chunk"));
-    }
-    Ok(out)
-}
-
-/// PackBits runs, up to `cap` bytes.
-fn packbits(encoded: &[u8], cap: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(cap);
+/// PackBits runs into `out`, which holds at most `cap` bytes: a run past
+/// them, or one cut off by the end of the data, is an error, never cut
+/// silently.
+fn packbits(encoded: &[u8], cap: usize, mut out: Vec<u8>) -> std::result::Result<Vec<u8>, String> {
     let mut at = 0;
-    while at < encoded.len() && out.len() < cap {
+    while at < encoded.len() {
         let header = encoded[at] as i8;
         at += 1;
-        match header {
-            0..=127 => {
-                let end = (at + header as usize + 1).min(encoded.len());
-                out.extend_from_slice(&encoded[at..end]);
-                at = end;
-            }
-            -127..=-1 => {
-                if let Some(&value) = encoded.get(at) {
-                    out.resize(out.len() + (1 - header as isize) as usize, value);
-                }
-                at += 1;
-            }
-            -128 => {}
+        let (len, literal) = match header {
+            0..=127 => (header as usize + 1, true),
+            -127..=-1 => ((1 - header as isize) as usize, false),
+            -128 => continue,
+        };
+        if out.len() + len > cap {
+            return Err(format!(
+                "a run at byte {} of the data ends past the {cap} bytes of a whole chunk",
+                at - 1
+            ));
         }
+        let source = if literal { len } else { 1 };
+        let Some(bytes) = encoded.get(at..at + source) else {
+            return Err(format!(
+                "a run at byte {} is cut off by the end of the data",
+                at - 1
+            ));
+        };
+        if literal {
+            out.extend_from_slice(bytes);
+        } else {
+            out.resize(out.len() + len, bytes[0]);
+        }
+        at += source;
     }
-    out.truncate(cap);
-    out
+    Ok(out)
 }
 
 /// Two byte slices read as one seekable stream.
@@ -339,10 +373,17 @@ mod tests {
             0xAA, 0xAA, 0xAA, 0x80, 0x00, 0x2A, 0xAA, 0xAA, 0xAA, 0xAA, 0x80, 0x00, 0x2A, 0x22,
             0xAA, 0xAA, 0xAA, 0xAA, 0xAA, 0xAA, 0xAA, 0xAA, 0xAA, 0xAA,
         ];
-        assert_eq!(packbits(&packed, 100), unpacked);
-        assert_eq!(packbits(&packed, 5), unpacked[..5]);
-        // A run whose value is cut off adds nothing.
-        assert_eq!(packbits(&[0xFE], 100), Vec::<u8>::new());
+        let unpack = |bytes: &[u8], cap| packbits(bytes, cap, Vec::new());
+        assert_eq!(unpack(&packed, 100).unwrap(), unpacked);
+        assert_eq!(unpack(&packed, 24).unwrap(), unpacked);
+        // Runs past the chunk, or cut off, are refused.
+        let long = unpack(&packed, 23).unwrap_err();
+        assert!(
+            long.contains("byte 13") && long.contains("past the 23"),
+            "{long}"
+        );
+        assert!(unpack(&[0xFE], 100).unwrap_err().contains("cut off"));
+        assert!(unpack(&[0x02, 0xAA], 100).unwrap_err().contains("cut off"));
     }
 
     /// A predicted big-endian u16 strip: the crate undoes the differences,
