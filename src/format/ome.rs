@@ -201,7 +201,8 @@ fn omero(axes: &[WorldAxis], shape: &[u64], window: Window, v04: bool) -> Value 
             "coefficient": 1,
             "family": "linear",
             "inverted": false,
-            "window": { "min": window.min, "max": window.max, "start": window.min, "end": window.max },
+            "window": { "min": number(window.min), "max": number(window.max),
+                        "start": number(window.min), "end": number(window.max) },
         })
     };
     let mut value = json!({
@@ -212,6 +213,15 @@ fn omero(axes: &[WorldAxis], shape: &[u64], window: Window, v04: bool) -> Value 
         value["version"] = json!("0.4");
     }
     value
+}
+
+/// `x` in JSON, whole numbers without a fraction (integer images' windows).
+fn number(x: f64) -> Value {
+    if x.fract() == 0.0 && x.abs() < 9.0e15 {
+        json!(x as i64)
+    } else {
+        json!(x)
+    }
 }
 
 /// The `multiscales` entry for levels stored in directories `0`, `1`, …
@@ -270,7 +280,8 @@ pub fn group_files(
     };
     let shape = levels.first().map_or(&[][..], |level| &level.shape[..]);
     if zarr3 {
-        let mut ome = json!({ "version": "0.5", "multiscales": [multiscale(axes, levels, method, false)] });
+        let mut ome =
+            json!({ "version": "0.5", "multiscales": [multiscale(axes, levels, method, false)] });
         if let Some(window) = window {
             ome["omero"] = omero(axes, shape, window, false);
         }
