@@ -26,6 +26,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from rechunkfs._binary import binary
 
+try:
+    from importlib.metadata import version as _version
+
+    __version__ = _version("rechunkfs")
+except Exception:  # not installed (a checkout on sys.path)
+    __version__ = "0+unknown"
+
 __all__ = [
     "Plan",
     "Seeks",
@@ -283,9 +290,11 @@ def rechunk(
     (``rechunkfs rechunk --json``) and return the final report.
 
     ``progress``, if given, is called every ``interval`` seconds while the
-    run lasts with ``rechunkfs status --json output`` (blocks done so far),
-    and once at the end with the same status. A failed run keeps its
-    finished blocks; calling again resumes. Raises :class:`RechunkfsError`.
+    run lasts with ``rechunkfs status --json output`` (``state``,
+    ``blocks_done``, ``blocks_total``, per part), and once at the end with
+    ``{"state": "complete", "blocks_done": n, "blocks_total": n}``. A
+    failed run keeps its finished blocks; calling again resumes. Raises
+    :class:`RechunkfsError`.
     """
     args = ["rechunk", "--json", "--quiet", os.fspath(input), os.fspath(output)]
     args += _planning(
@@ -317,12 +326,8 @@ def rechunk(
         poller.join()
     if problems:
         raise problems[0]
-    try:
-        final = _json(["status", "--json", os.fspath(output)], timeout=30)
-    except RechunkfsError:
-        final = None
-    if final is not None:
-        progress(final)
+    blocks = report.get("output_blocks")
+    progress({"state": "complete", "blocks_done": blocks, "blocks_total": blocks})
     return report
 
 
