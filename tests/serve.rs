@@ -774,17 +774,8 @@ print(int(data.min()), int(data.max()))
         assert!(output.status.success(), "{format}: {}", stderr(&output));
         let state = printed_state(&out);
         let layer = &state["layers"][0];
-        assert!(
-            layer["source"]
-                .as_str()
-                .unwrap()
-                .ends_with("://http://127.0.0.1:")
-                || layer["source"]
-                    .as_str()
-                    .unwrap()
-                    .contains("://http://127.0.0.1:"),
-            "{state}"
-        );
+        let source = layer["source"].as_str().unwrap_or_default();
+        assert!(source.contains("://http://127.0.0.1:"), "{state}");
         assert_eq!(
             state["displayDimensions"],
             serde_json::json!(["x", "y", "z"])
