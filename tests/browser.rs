@@ -50,13 +50,14 @@ fn browser_ready(test: &str) -> bool {
     false
 }
 
-/// The known pattern, as HDF5 blocks written by h5py.
-fn make_pattern(dir: &Path) -> PathBuf {
+/// The known pattern, as HDF5 blocks of `blocks` written by h5py.
+fn make_pattern(dir: &Path, blocks: &str) -> PathBuf {
     let input = dir.join("pattern");
     let output = Command::new(python())
         .arg(CHECK)
         .arg("make")
         .arg(&input)
+        .args(["--blocks", blocks])
         .output()
         .unwrap();
     assert!(output.status.success(), "make: {}", stderr(&output));
@@ -152,7 +153,7 @@ fn neuroglancer_draws_served_pyramids_exactly_and_sees_a_swapped_or_truncated_ch
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let input = make_pattern(dir.path());
+    let input = make_pattern(dir.path(), "16,32,32");
     for format in ["zarr", "zarr3", "precomputed"] {
         let out = dir.path().join(format);
         let output = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
@@ -213,7 +214,9 @@ fn neuroglancer_draws_a_view_served_while_it_fills() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let input = make_pattern(dir.path());
+    // 32 input blocks, each read followed by a pause: the view fills in
+    // about ten seconds, while the browser reads it.
+    let input = make_pattern(dir.path(), "8,16,16");
     let view = dir.path().join("view");
     std::fs::create_dir(&view).unwrap();
     // In the foreground, the materialiser paused after each block read: the
@@ -226,7 +229,7 @@ fn neuroglancer_draws_a_view_served_while_it_fills() {
             .arg("--staging")
             .arg(dir.path().join("staging"))
             .args(["--serve", "0", "--foreground"])
-            .env("RECHUNKFS_STEP_DELAY_MS", "400"),
+            .env("RECHUNKFS_STEP_DELAY_MS", "300"),
     );
     let status = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
         .args(["status", "--json"])
@@ -243,6 +246,18 @@ fn neuroglancer_draws_a_view_served_while_it_fills() {
     let (summary, ok) = neuroglancer(&mounted.link, &shot, &["--range", "1000,3016"]);
     assert!(ok, "{summary}");
     assert_eq!(summary["wrong_tiles"], 0, "{summary}");
+    // The browser asked for blocks not yet filled, which were extracted
+    // ahead of the plan for it.
+    let status = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+        .args(["status", "--json"])
+        .arg(&view)
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(
+        status["on_demand_blocks"].as_u64() > Some(0),
+        "the browser read no pending block: {status}"
+    );
     drop(mounted);
     // Killed in the foreground, the view is left for umount (it also
     // detaches a view whose daemon has died).

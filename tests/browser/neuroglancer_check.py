@@ -2,7 +2,7 @@
 """Neuroglancer's own client, in headless Chromium, draws what rechunkfs
 serves; the picture is compared with the known pattern.
 
-    neuroglancer_check.py make IN            (HDF5 blocks of the pattern, by h5py)
+    neuroglancer_check.py make IN [--blocks 16,32,32]   (HDF5 blocks of the pattern, by h5py)
     neuroglancer_check.py check LINK --shot OUT.png [--deadline 90] [--range LO,HI]
 
 The pattern is a (16, 64, 64) uint16 array in tiles of 8x8x8 voxels, each
@@ -52,7 +52,7 @@ def make(args):
     data = pattern()
     root = Path(args.input)
     root.mkdir(parents=True)
-    block = (16, 32, 32)
+    block = tuple(int(x) for x in args.blocks.split(","))
     for i in range(SHAPE[0] // block[0]):
         for j in range(SHAPE[1] // block[1]):
             for k in range(SHAPE[2] // block[2]):
@@ -244,6 +244,7 @@ def main():
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("make")
     m.add_argument("input")
+    m.add_argument("--blocks", default="16,32,32")
     c = sub.add_parser("check")
     c.add_argument("link")
     c.add_argument("--shot", required=True)
