@@ -6,7 +6,8 @@
 //! layer, the global dimensions with their units (from the OME-Zarr axes,
 //! the precomputed `info`, or the Zarr array's own names), displayed in
 //! the viewer's x, y, z order, and the shader's range from the OME-Zarr
-//! `omero` window, so that the picture opens with its own contrast.
+//! `omero` window (or the precomputed `info`'s `rechunkfs.window`), so
+//! that the picture opens with its own contrast.
 
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
@@ -150,6 +151,8 @@ pub(super) fn neuroglancer_state(tree: &dyn Tree, source: &str) -> Value {
         if info["type"] == "segmentation" {
             layer = "segmentation";
         }
+        let range = &info["rechunkfs"]["window"];
+        window = range[0].as_f64().zip(range[1].as_f64());
     } else {
         let array = read(".zarray").or(zarr3);
         let ndim = array

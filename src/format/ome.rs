@@ -185,6 +185,23 @@ impl WindowOf {
     }
 }
 
+/// A precomputed `info` with `window` as `rechunkfs.window` (`[min,
+/// max]`), the one place that format has for it; Neuroglancer and
+/// TensorStore read past members they do not know. Unchanged without a
+/// window, or if it does not parse.
+pub fn with_window(info: Vec<u8>, window: Option<Window>) -> Vec<u8> {
+    let Some(window) = window else {
+        return info;
+    };
+    let Ok(mut value) = serde_json::from_slice::<Value>(&info) else {
+        return info;
+    };
+    value["rechunkfs"] = json!({ "window": [number(window.min), number(window.max)] });
+    let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or(info);
+    bytes.push(b'\n');
+    bytes
+}
+
 /// OME-Zarr's `omero` block: one greyscale channel per channel of the
 /// image (its `c` axis, else one), each shown over `window`.
 fn omero(axes: &[WorldAxis], shape: &[u64], window: Window, v04: bool) -> Value {

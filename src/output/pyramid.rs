@@ -201,15 +201,15 @@ fn write_metadata(out: &Path, output: &PyramidOutput, built: &mut BuiltLevels) -
     let levels: Vec<ScaleLevel> = scale_levels(pyramid);
     let labels = pyramid.method != Downsample::Mean;
     let files: Vec<(&str, Vec<u8>)> = match spec.format {
-        BlockFormat::Precomputed => vec![(
-            "info",
-            precomputed::info(
+        BlockFormat::Precomputed => {
+            let info = precomputed::info(
                 axes,
                 &levels,
                 spec.dtype,
                 precomputed::is_segmentation(spec.dtype, labels),
-            ),
-        )],
+            );
+            vec![("info", ome::with_window(info, built.window))]
+        }
         BlockFormat::Zarr | BlockFormat::Zarr3 if levels.len() > 1 => {
             let zarr3 = spec.format == BlockFormat::Zarr3;
             if zarr3 {
