@@ -333,6 +333,7 @@ def rechunk(
 
 _SERVING = re.compile(r"^serving .* read-only at (\S+)$", re.MULTILINE)
 _NEUROGLANCER = re.compile(r"^in Neuroglancer, open (?:the source )?(\S+)", re.MULTILINE)
+_STATE_LINK = re.compile(r"^or the whole view: (\S+)", re.MULTILINE)
 _DAEMON = re.compile(r"daemon pid (\d+)")
 
 
@@ -351,6 +352,9 @@ class View:
         source = _NEUROGLANCER.search(announcement)
         #: What to give Neuroglancer, with ``serve=``, else None.
         self.neuroglancer: Optional[str] = source.group(1) if source else None
+        link = _STATE_LINK.search(announcement)
+        #: A link opening the whole view in Neuroglancer, with ``serve=``, else None.
+        self.state_link: Optional[str] = link.group(1) if link else None
         daemon = _DAEMON.search(announcement)
         #: The process id of the view's daemon.
         self.pid: Optional[int] = int(daemon.group(1)) if daemon else None

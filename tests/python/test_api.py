@@ -183,3 +183,20 @@ def test_mount_refuses_a_view_that_is_not_empty_with_the_commands_message(tmp_pa
         rechunkfs.mount(tmp_path / "in", view_dir, shape=(8, 8, 8))
     assert "view" in str(caught.value) and caught.value.returncode != 0
     assert not os.path.ismount(view_dir)
+
+
+def test_mount_with_serve_gives_the_url_and_a_neuroglancer_link(tmp_path):
+    import urllib.request
+
+    fuse_ready()
+    data = make_h5_blocks(tmp_path / "in", (20, 20, 20), (10, 10, 10))
+    view_dir = tmp_path / "view"
+    view_dir.mkdir()
+    with rechunkfs.mount(tmp_path / "in", view_dir, shape=(8, 8, 8), format="zarr",
+                         staging=tmp_path / "staging", serve=0) as view:
+        assert view.url and view.url.startswith("http://127.0.0.1:"), view.announcement
+        assert view.neuroglancer == "zarr://" + view.url
+        assert view.state_link and "#!" in view.state_link
+        with urllib.request.urlopen(view.url + "1.1.0", timeout=60) as response:
+            chunk = np.frombuffer(response.read(), dtype="<u2").reshape(8, 8, 8)
+        assert np.array_equal(chunk, data[8:16, 8:16, 0:8])
