@@ -123,6 +123,13 @@ mod tests {
     }
 
     #[test]
+    fn axis_units_in_si() {
+        assert_eq!(si_unit("millimeter"), Some((1e-3, "m")));
+        assert_eq!(si_unit("millisecond"), Some((1e-3, "s")));
+        assert_eq!(si_unit("parsec"), None);
+    }
+
+    #[test]
     fn shapes() {
         assert_eq!(parse_shape("256, 256,256").unwrap(), vec![256, 256, 256]);
         assert!(parse_shape("256,0")

@@ -336,6 +336,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_window_reads_each_type_and_byte_order_and_skips_nan() {
+        let range = |descr: &str, bytes: &[u8]| {
+            let mut window = WindowOf::new(descr.parse().unwrap());
+            window.observe(bytes);
+            window.window().map(|w| (w.min, w.max))
+        };
+        assert_eq!(
+            range("<i2", &[0x00, 0x80, 0xff, 0x7f]),
+            Some((-32768.0, 32767.0))
+        );
+        assert_eq!(
+            range(">i2", &[0x80, 0x00, 0x00, 0x05]),
+            Some((-32768.0, 5.0))
+        );
+        assert_eq!(range(">u4", &[0, 0, 1, 0, 0, 0, 0, 7]), Some((7.0, 256.0)));
+        assert_eq!(range("|i1", &[0xfe, 0x03]), Some((-2.0, 3.0)));
+        let mut f4 = Vec::new();
+        for x in [f32::NAN, -1.5, 2.25] {
+            f4.extend(x.to_le_bytes());
+        }
+        assert_eq!(range("<f4", &f4), Some((-1.5, 2.25)));
+        assert_eq!(range("<f4", &f32::NAN.to_le_bytes()), None);
+        let f2: Vec<u8> = [f16::from_f32(-0.5), f16::from_f32(8.0)]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        assert_eq!(range("<f2", &f2), Some((-0.5, 8.0)));
+    }
+
+    #[test]
     fn a_downsampled_level_is_shifted_by_half_its_new_voxel() {
         let mut space = Space::identity(3);
         space.affine[0] = [2.0, 0.0, 0.0, 10.0]; // x: 2 mm voxels from 10
