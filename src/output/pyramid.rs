@@ -17,7 +17,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::array::geometry::{volume, FileShape, Partition};
+use crate::array::geometry::{linear_offset, strides, volume, FileShape, IndexBox, Partition};
 use crate::array::space::Space;
 use crate::engine::downsample::{LevelBuilder, LevelFiles, PyramidStats};
 use crate::error::{Error, Result};
@@ -304,41 +304,26 @@ impl LevelValues<'_> {
     fn observe(&mut self, rank: u64, offset: u64, rows: &[u8]) {
         let block = self.grid.block(&self.grid.unravel(rank));
         let file = self.files.file_box(&block).shape;
-        let inner = &file[1..];
-        let row_len = volume(inner) * self.elem;
-        if row_len == 0 || offset % row_len != 0 {
+        let ndim = file.len();
+        let row_len = volume(&file[1..]) * self.elem;
+        // Pyramids have 2 axes or more; reads start on a row.
+        if ndim < 2 || row_len == 0 || offset % row_len != 0 {
             return;
         }
-        // Lines along the last axis, `line` elements of each `step` the block's.
-        let (step, line, lines_per_row) = match inner.split_last() {
-            Some((&last, outer)) => (last, block.shape[file.len() - 1], outer),
-            None => (1, 1, &[][..]),
-        };
-        let kept = &block.shape[1..block.shape.len().saturating_sub(1).max(1)];
-        let first_row = offset / row_len;
-        for (r, row) in rows.chunks_exact(row_len as usize).enumerate() {
-            if first_row + r as u64 >= block.shape[0] {
-                break;
-            }
-            // Each line of the row (an index over the middle axes) that lies in the block.
-            let count = volume(lines_per_row);
-            for l in 0..count {
-                let mut rest = l;
-                let mut inside = true;
-                for (d, &extent) in lines_per_row.iter().enumerate().rev() {
-                    let i = rest % extent;
-                    rest /= extent;
-                    if i >= kept[d] {
-                        inside = false;
-                        break;
-                    }
-                }
-                if inside {
-                    let start = (l * step * self.elem) as usize;
-                    let end = start + (line * self.elem) as usize;
-                    if let Some(bytes) = row.get(start..end) {
-                        self.range.observe(bytes);
-                    }
+        let row_strides = strides(&file[1..]);
+        let middle: Vec<usize> = block.shape[1..ndim - 1]
+            .iter()
+            .map(|&n| n as usize)
+            .collect();
+        let line = (block.shape[ndim - 1] * self.elem) as usize;
+        let rows_in_block = block.shape[0].saturating_sub(offset / row_len) as usize;
+        for row in rows.chunks_exact(row_len as usize).take(rows_in_block) {
+            // Each line along the last axis that lies in the block.
+            for index in IndexBox::grid(&middle) {
+                let coords: Vec<u64> = index.iter().map(|&i| i as u64).chain([0]).collect();
+                let start = (linear_offset(&coords, &row_strides) * self.elem) as usize;
+                if let Some(bytes) = row.get(start..start + line) {
+                    self.range.observe(bytes);
                 }
             }
         }
