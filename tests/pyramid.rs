@@ -551,3 +551,59 @@ fn a_remounted_view_resumes_its_pyramid() {
     );
     check(&view.view, "precomputed", &input, "mode", "2,2,2");
 }
+
+#[test]
+fn ome_zarr_carries_level_zeros_range_as_its_omero_window() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("narrow.zarr");
+    // uint16 in 1000..=3000 (a viewer's default 0-65535 shows it black), in
+    // a shape the output chunks do not divide: the padding of edge chunks
+    // (zeros) must not count.
+    let make = r#"
+import sys, numpy as np, zarr
+data = np.random.default_rng(3).integers(1000, 3000, size=(37, 29, 23), endpoint=True).astype("<u2")
+z = zarr.create_array(sys.argv[1], shape=data.shape, chunks=(10, 8, 7), dtype=data.dtype, compressors=None, zarr_format=2)
+z[...] = data
+"#;
+    let output = Command::new(python())
+        .args(["-c", make])
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let read = r#"
+import json, sys, numpy as np, zarr
+source = zarr.open_array(sys.argv[1], mode="r")[...]
+group = zarr.open_group(sys.argv[2], mode="r")
+attributes = group.attrs.asdict()
+omero = attributes.get("ome", attributes)["omero"]
+window = omero["channels"][0]["window"]
+print(json.dumps({"window": [window["start"], window["end"], window["min"], window["max"]],
+                  "numpy": [int(source.min()), int(source.max())],
+                  "channels": len(omero["channels"])}))
+"#;
+    for format in ["zarr", "zarr3"] {
+        let out = dir.path().join(format);
+        rechunk(
+            &input,
+            &out,
+            &["--shape", "16,16,16", "--format", format, "--levels", "3"],
+        );
+        let output = Command::new(python())
+            .args(["-c", read])
+            .arg(&input)
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{format}: {}", stderr(&output));
+        let seen: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let (lo, hi) = (&seen["numpy"][0], &seen["numpy"][1]);
+        assert_eq!(
+            seen["window"],
+            serde_json::json!([lo, hi, lo, hi]),
+            "{format}: {seen}"
+        );
+        assert_eq!(seen["channels"], 1, "{format}");
+    }
+}

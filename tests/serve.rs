@@ -954,6 +954,100 @@ fn two_hosts_or_an_absolute_target_naming_another_host_are_bad_requests() {
             answer.map(|(status, _)| status),
             Some(expected),
             "{request:?}"
+
+/// The Neuroglancer state in the link `serve` prints for `path`.
+fn printed_state(path: &Path) -> serde_json::Value {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+        .arg("serve")
+        .arg(path)
+        .args(["--bind", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run rechunkfs serve");
+    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut link = None;
+    // The announcement is printed whole before the server answers, so
+    // reading it ends (it is a few lines).
+    for line in lines.map_while(Result::ok).take(8) {
+        if let Some(at) = line.find("#!") {
+            link = Some(line[at + 2..].to_string());
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let link = link.expect("serve printed no Neuroglancer state link");
+    let output = Command::new(python())
+        .args([
+            "-c",
+            "import sys, urllib.parse; print(urllib.parse.unquote(sys.argv[1]))",
+        ])
+        .arg(&link)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&output.stdout).expect("the link's state is JSON")
+}
+
+#[test]
+fn serve_prints_a_neuroglancer_state_with_units_display_order_and_contrast() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("image.nii");
+    // int16 in -200..=1500, 0.5 x 0.75 x 2 mm voxels.
+    let make = r#"
+import sys, numpy as np, nibabel as nib
+data = np.random.default_rng(5).integers(-200, 1500, size=(21, 18, 13), endpoint=True).astype("<i2")
+image = nib.Nifti1Image(data, np.diag([0.5, 0.75, 2.0, 1.0]))
+image.header.set_xyzt_units("mm", "sec")
+nib.save(image, sys.argv[1])
+print(int(data.min()), int(data.max()))
+"#;
+    let made = Command::new(python())
+        .args(["-c", make])
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", stderr(&made));
+    let range: Vec<f64> = String::from_utf8_lossy(&made.stdout)
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    for format in ["zarr", "zarr3", "precomputed"] {
+        let out = dir.path().join(format);
+        let output = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+            .arg("rechunk")
+            .args([&input, &out])
+            .args([
+                "--shape", "8,8,8", "--levels", "auto", "-q", "--format", format,
+            ])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{format}: {}", stderr(&output));
+        let state = printed_state(&out);
+        let layer = &state["layers"][0];
+        let source = layer["source"].as_str().unwrap_or_default();
+        assert!(source.contains("://http://127.0.0.1:"), "{state}");
+        assert_eq!(
+            state["displayDimensions"],
+            serde_json::json!(["x", "y", "z"])
+        );
+        let names: Vec<&String> = state["dimensions"].as_object().unwrap().keys().collect();
+        assert_eq!(names, ["x", "y", "z"], "{format}: {state}");
+        let voxel = |axis: &str| state["dimensions"][axis][0].as_f64().unwrap();
+        for (axis, metres) in [("x", 0.5e-3), ("y", 0.75e-3), ("z", 2e-3)] {
+            assert!(
+                (voxel(axis) - metres).abs() < 1e-12,
+                "{format} {axis}: {state}"
+            );
+            assert_eq!(state["dimensions"][axis][1], "m", "{format}: {state}");
+        }
+        // The omero window (precomputed: info's rechunkfs.window): the
+        // image's own range, not int16's.
+        assert_eq!(
+            layer["shaderControls"]["normalized"]["range"],
+            serde_json::json!(range),
+            "{format}: {state}"
         );
     }
 }

@@ -3,6 +3,9 @@
 //!
 //! `K`, `M`, `G`, `T` and their `KiB`/`KB`/`k` variants all mean powers of
 //! 1024: memory is what `--mem` sizes, and memory is counted in binary.
+//!
+//! Also the units of axes: OME-Zarr's names (UDUNITS-2, `millimeter`) as
+//! Neuroglancer's SI base units (`m`, `s`) and factors.
 
 use crate::error::{Error, Result};
 
@@ -74,6 +77,27 @@ pub fn parse_shape(text: &str) -> Result<Vec<u64>> {
     parts
 }
 
+/// An OME-Zarr axis unit as Neuroglancer writes it: the factor to an SI
+/// base unit, and that unit (`millimeter` is 1e-3 `m`); `None` if unknown.
+pub fn si_unit(name: &str) -> Option<(f64, &'static str)> {
+    let length = |factor| Some((factor, "m"));
+    let time = |factor| Some((factor, "s"));
+    match name {
+        "meter" => length(1.0),
+        "centimeter" => length(1e-2),
+        "millimeter" => length(1e-3),
+        "micrometer" => length(1e-6),
+        "nanometer" => length(1e-9),
+        "angstrom" => length(1e-10),
+        "second" => time(1.0),
+        "millisecond" => time(1e-3),
+        "microsecond" => time(1e-6),
+        "minute" => time(60.0),
+        "hour" => time(3600.0),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +120,13 @@ mod tests {
         }
         assert_eq!(show_bytes(3 << 29), "1.50 GiB");
         assert_eq!(show_bytes(100), "100 B");
+    }
+
+    #[test]
+    fn axis_units_in_si() {
+        assert_eq!(si_unit("millimeter"), Some((1e-3, "m")));
+        assert_eq!(si_unit("millisecond"), Some((1e-3, "s")));
+        assert_eq!(si_unit("parsec"), None);
     }
 
     #[test]

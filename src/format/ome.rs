@@ -10,9 +10,15 @@
 //! origin, and said so on stderr by the caller. A level whose voxels are
 //! `s_k` long has its first voxel's centre at `t_0 + (s_k - s_0) / 2`:
 //! voxel centres, as OME-Zarr viewers place them.
+//!
+//! The `omero` block gives viewers a display window: the range of level
+//! 0's values, gathered by [`Window`] from voxels read anyway, so that a
+//! uint16 image opens with its own contrast instead of 0–65535.
 
+use half::f16;
 use serde_json::{json, Value};
 
+use crate::array::dtype::{DType, Endian, Kind};
 use crate::array::space::Space;
 use crate::error::{Error, Result};
 
@@ -117,6 +123,124 @@ fn transforms(axes: &[WorldAxis], level: &ScaleLevel) -> (Vec<f64>, Vec<f64>) {
         .unzip()
 }
 
+/// The smallest and largest value seen: a display window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Window {
+    pub min: f64,
+    pub max: f64,
+}
+
+/// Gathers the range of values of one dtype; NaNs are left out.
+#[derive(Clone, Copy, Debug)]
+pub struct WindowOf {
+    dtype: DType,
+    seen: Option<Window>,
+}
+
+impl WindowOf {
+    pub fn new(dtype: DType) -> WindowOf {
+        WindowOf { dtype, seen: None }
+    }
+
+    /// Takes in whole elements of `bytes` (a trailing partial one is ignored).
+    pub fn observe(&mut self, bytes: &[u8]) {
+        let size = self.dtype.size;
+        let big = self.dtype.endian == Endian::Big;
+        let (mut lo, mut hi) = match self.seen {
+            Some(w) => (w.min, w.max),
+            None => (f64::INFINITY, f64::NEG_INFINITY),
+        };
+        for element in bytes.chunks_exact(size) {
+            let mut raw = [0u8; 8];
+            raw[..size].copy_from_slice(element);
+            if big {
+                raw[..size].reverse();
+            }
+            let value = match (self.dtype.kind, size) {
+                (Kind::Unsigned, _) => u64::from_le_bytes(raw) as f64,
+                (Kind::Signed, _) => {
+                    let shift = 64 - 8 * size as u32;
+                    ((i64::from_le_bytes(raw) << shift) >> shift) as f64
+                }
+                (Kind::Float, 2) => f16::from_le_bytes([raw[0], raw[1]]).to_f64(),
+                (Kind::Float, 4) => f64::from(f32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]])),
+                (Kind::Float, _) => f64::from_le_bytes(raw),
+            };
+            // Comparisons with NaN are false: a NaN changes neither end.
+            if value < lo {
+                lo = value;
+            }
+            if value > hi {
+                hi = value;
+            }
+        }
+        if lo <= hi && lo.is_finite() && hi.is_finite() {
+            self.seen = Some(Window { min: lo, max: hi });
+        }
+    }
+
+    /// The range seen, if any finite value was.
+    pub fn window(&self) -> Option<Window> {
+        self.seen
+    }
+}
+
+/// A precomputed `info` with `window` as `rechunkfs.window` (`[min,
+/// max]`), the one place that format has for it; Neuroglancer and
+/// TensorStore read past members they do not know. Unchanged without a
+/// window, or if it does not parse.
+pub fn with_window(info: Vec<u8>, window: Option<Window>) -> Vec<u8> {
+    let Some(window) = window else {
+        return info;
+    };
+    let Ok(mut value) = serde_json::from_slice::<Value>(&info) else {
+        return info;
+    };
+    value["rechunkfs"] = json!({ "window": [number(window.min), number(window.max)] });
+    let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or(info);
+    bytes.push(b'\n');
+    bytes
+}
+
+/// OME-Zarr's `omero` block: one greyscale channel per channel of the
+/// image (its `c` axis, else one), each shown over `window`.
+fn omero(axes: &[WorldAxis], shape: &[u64], window: Window, v04: bool) -> Value {
+    let channels = axes
+        .iter()
+        .zip(shape)
+        .find(|(axis, _)| axis.kind == "channel")
+        .map_or(1, |(_, &n)| n);
+    let channel = |c: u64| {
+        json!({
+            "label": format!("channel {c}"),
+            "active": true,
+            "color": "FFFFFF",
+            "coefficient": 1,
+            "family": "linear",
+            "inverted": false,
+            "window": { "min": number(window.min), "max": number(window.max),
+                        "start": number(window.min), "end": number(window.max) },
+        })
+    };
+    let mut value = json!({
+        "channels": (0..channels).map(channel).collect::<Vec<_>>(),
+        "rdefs": { "model": "greyscale" },
+    });
+    if v04 {
+        value["version"] = json!("0.4");
+    }
+    value
+}
+
+/// `x` in JSON, whole numbers without a fraction (integer images' windows).
+fn number(x: f64) -> Value {
+    if x.fract() == 0.0 && x.abs() < 9.0e15 {
+        json!(x as i64)
+    } else {
+        json!(x)
+    }
+}
+
 /// The `multiscales` entry for levels stored in directories `0`, `1`, …
 fn multiscale(axes: &[WorldAxis], levels: &[ScaleLevel], method: &str, v04: bool) -> Value {
     let axes_json: Vec<Value> = axes
@@ -164,27 +288,33 @@ pub fn group_files(
     levels: &[ScaleLevel],
     method: &str,
     zarr3: bool,
+    window: Option<Window>,
 ) -> Vec<(&'static str, Vec<u8>)> {
     let pretty = |value: Value| {
         let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or_default();
         bytes.push(b'\n');
         bytes
     };
+    let shape = levels.first().map_or(&[][..], |level| &level.shape[..]);
     if zarr3 {
-        let attributes = json!({
-            "ome": { "version": "0.5", "multiscales": [multiscale(axes, levels, method, false)] }
-        });
+        let mut ome =
+            json!({ "version": "0.5", "multiscales": [multiscale(axes, levels, method, false)] });
+        if let Some(window) = window {
+            ome["omero"] = omero(axes, shape, window, false);
+        }
+        let attributes = json!({ "ome": ome });
         vec![(
             "zarr.json",
             pretty(json!({ "zarr_format": 3, "node_type": "group", "attributes": attributes })),
         )]
     } else {
+        let mut attributes = json!({ "multiscales": [multiscale(axes, levels, method, true)] });
+        if let Some(window) = window {
+            attributes["omero"] = omero(axes, shape, window, true);
+        }
         vec![
             (".zgroup", pretty(json!({ "zarr_format": 2 }))),
-            (
-                ".zattrs",
-                pretty(json!({ "multiscales": [multiscale(axes, levels, method, true)] })),
-            ),
+            (".zattrs", pretty(attributes)),
         ]
     }
 }
@@ -204,6 +334,36 @@ pub fn with_dimension_names(zarr_json: Vec<u8>, axes: &[WorldAxis]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_reads_each_type_and_byte_order_and_skips_nan() {
+        let range = |descr: &str, bytes: &[u8]| {
+            let mut window = WindowOf::new(descr.parse().unwrap());
+            window.observe(bytes);
+            window.window().map(|w| (w.min, w.max))
+        };
+        assert_eq!(
+            range("<i2", &[0x00, 0x80, 0xff, 0x7f]),
+            Some((-32768.0, 32767.0))
+        );
+        assert_eq!(
+            range(">i2", &[0x80, 0x00, 0x00, 0x05]),
+            Some((-32768.0, 5.0))
+        );
+        assert_eq!(range(">u4", &[0, 0, 1, 0, 0, 0, 0, 7]), Some((7.0, 256.0)));
+        assert_eq!(range("|i1", &[0xfe, 0x03]), Some((-2.0, 3.0)));
+        let mut f4 = Vec::new();
+        for x in [f32::NAN, -1.5, 2.25] {
+            f4.extend(x.to_le_bytes());
+        }
+        assert_eq!(range("<f4", &f4), Some((-1.5, 2.25)));
+        assert_eq!(range("<f4", &f32::NAN.to_le_bytes()), None);
+        let f2: Vec<u8> = [f16::from_f32(-0.5), f16::from_f32(8.0)]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        assert_eq!(range("<f2", &f2), Some((-0.5, 8.0)));
+    }
 
     #[test]
     fn a_downsampled_level_is_shifted_by_half_its_new_voxel() {

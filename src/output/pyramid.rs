@@ -8,17 +8,20 @@
 //! OME-Zarr image, level `k` the array `k/`; precomputed scales are in
 //! `k/` (their `key`). A level's blocks are written like level 0's: under
 //! a hidden name, renamed once on disk; the pyramid's metadata comes last.
+//!
+//! Level 1 reads every voxel of level 0 back: the range of its values (the
+//! OME-Zarr `omero` window) is gathered from those reads, at no read more.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::array::geometry::{FileShape, Partition};
+use crate::array::geometry::{linear_offset, strides, volume, FileShape, IndexBox, Partition};
 use crate::array::space::Space;
 use crate::engine::downsample::{LevelBuilder, LevelFiles, PyramidStats};
 use crate::error::{Error, Result};
-use crate::format::ome::{self, ScaleLevel, WorldAxis};
+use crate::format::ome::{self, ScaleLevel, Window, WindowOf, WorldAxis};
 use crate::format::{precomputed, BlockFormat};
 use crate::output::directory::{
     finish_array, write_atomically, DirectorySink, OutputSpec, PartOutput,
@@ -83,6 +86,8 @@ pub struct BuiltLevels {
     metadata: Vec<PathBuf>,
     kept: bool,
     pub stats: Vec<PyramidStats>,
+    /// Level 0's range of values, once level 1 has read it all.
+    pub window: Option<Window>,
 }
 
 impl BuiltLevels {
@@ -127,6 +132,7 @@ pub fn build_levels(
         metadata: Vec::new(),
         kept: false,
         stats: Vec::new(),
+        window: None,
     };
     let n = pyramid.levels.len();
     for k in 1..n {
@@ -150,7 +156,16 @@ pub fn build_levels(
         let rows = rows_per_pass(pyramid, &files, k, spec.dtype.size as u64, output.mem)?;
         let mut builder = LevelBuilder::new(pyramid, &files, k, rows, spec.dtype);
         let below = built.sinks.last_mut().unwrap_or(&mut *level0);
-        let mut source = SinkFiles { sink: below };
+        let watched = (k == 1).then(|| LevelValues {
+            grid: &pyramid.levels[0],
+            files: files(&pyramid.levels[0]),
+            elem: spec.dtype.size as u64,
+            range: WindowOf::new(spec.dtype),
+        });
+        let mut source = SinkFiles {
+            sink: below,
+            watched,
+        };
         for rank in 0..pyramid.levels[k].count() {
             if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
                 built.sinks.push(sink);
@@ -161,6 +176,9 @@ pub fn build_levels(
                 built.sinks.push(sink);
                 return Err(error);
             }
+        }
+        if let Some(watched) = &source.watched {
+            built.window = watched.range.window();
         }
         let finished = finish_array(&mut sink, output.input_block, output.source);
         built.stats.push(builder.stats);
@@ -183,15 +201,15 @@ fn write_metadata(out: &Path, output: &PyramidOutput, built: &mut BuiltLevels) -
     let levels: Vec<ScaleLevel> = scale_levels(pyramid);
     let labels = pyramid.method != Downsample::Mean;
     let files: Vec<(&str, Vec<u8>)> = match spec.format {
-        BlockFormat::Precomputed => vec![(
-            "info",
-            precomputed::info(
+        BlockFormat::Precomputed => {
+            let info = precomputed::info(
                 axes,
                 &levels,
                 spec.dtype,
                 precomputed::is_segmentation(spec.dtype, labels),
-            ),
-        )],
+            );
+            vec![("info", ome::with_window(info, built.window))]
+        }
         BlockFormat::Zarr | BlockFormat::Zarr3 if levels.len() > 1 => {
             let zarr3 = spec.format == BlockFormat::Zarr3;
             if zarr3 {
@@ -205,7 +223,7 @@ fn write_metadata(out: &Path, output: &PyramidOutput, built: &mut BuiltLevels) -
                     )?;
                 }
             }
-            ome::group_files(axes, &levels, pyramid.method.name(), zarr3)
+            ome::group_files(axes, &levels, pyramid.method.name(), zarr3, built.window)
         }
         _ => Vec::new(),
     };
@@ -255,6 +273,8 @@ pub fn scale_levels(pyramid: &Pyramid) -> Vec<ScaleLevel> {
 /// A finished level's blocks, read back from their committed files.
 struct SinkFiles<'a> {
     sink: &'a mut DirectorySink,
+    /// The level's values, watched as they are read.
+    watched: Option<LevelValues<'a>>,
 }
 
 impl LevelFiles for SinkFiles<'_> {
@@ -262,6 +282,50 @@ impl LevelFiles for SinkFiles<'_> {
         let (path, data_offset) = self.sink.committed_block(rank)?;
         let file = File::open(&path).map_err(|e| Error::io(&path, "opening", e))?;
         file.read_exact_at(buf, data_offset + offset)
-            .map_err(|e| Error::io(&path, "reading back", e))
+            .map_err(|e| Error::io(&path, "reading back", e))?;
+        if let Some(watched) = &mut self.watched {
+            watched.observe(rank, offset, buf);
+        }
+        Ok(())
+    }
+}
+
+/// The range of a level's values, from whole rows (along the first axis)
+/// of its block files as they are read: the voxels of each row that are
+/// the block's, not the padding of an edge block's file.
+struct LevelValues<'a> {
+    grid: &'a Partition,
+    files: FileShape,
+    elem: u64,
+    range: WindowOf,
+}
+
+impl LevelValues<'_> {
+    fn observe(&mut self, rank: u64, offset: u64, rows: &[u8]) {
+        let block = self.grid.block(&self.grid.unravel(rank));
+        let file = self.files.file_box(&block).shape;
+        let ndim = file.len();
+        let row_len = volume(&file[1..]) * self.elem;
+        // Pyramids have 2 axes or more; reads start on a row.
+        if ndim < 2 || row_len == 0 || offset % row_len != 0 {
+            return;
+        }
+        let row_strides = strides(&file[1..]);
+        let middle: Vec<usize> = block.shape[1..ndim - 1]
+            .iter()
+            .map(|&n| n as usize)
+            .collect();
+        let line = (block.shape[ndim - 1] * self.elem) as usize;
+        let rows_in_block = block.shape[0].saturating_sub(offset / row_len) as usize;
+        for row in rows.chunks_exact(row_len as usize).take(rows_in_block) {
+            // Each line along the last axis that lies in the block.
+            for index in IndexBox::grid(&middle) {
+                let coords: Vec<u64> = index.iter().map(|&i| i as u64).chain([0]).collect();
+                let start = (linear_offset(&coords, &row_strides) * self.elem) as usize;
+                if let Some(bytes) = row.get(start..start + line) {
+                    self.range.observe(bytes);
+                }
+            }
+        }
     }
 }

@@ -346,7 +346,7 @@ fn pyramid_files(
                 }
             }
             for (name, bytes) in
-                ome::group_files(&view.axes, &levels, view.pyramid.method.name(), zarr3)
+                ome::group_files(&view.axes, &levels, view.pyramid.method.name(), zarr3, None)
             {
                 out.push((Dir::Root, name.to_string(), bytes));
             }
