@@ -34,10 +34,14 @@ pub(super) fn umount_command(args: UmountArgs) -> anyhow::Result<()> {
 }
 
 pub(super) fn status_command(args: StatusArgs) -> anyhow::Result<()> {
-    // Before the look for a job record, which enters the view.
     session::check_daemon(&args.view)?;
-    if let Some(record) = job_of_directory(&args.view)? {
-        return directory_status(&args, &record);
+    // Only a directory that is not mounted can hold a job record: looking
+    // for one in a view would enter it unwatched, and wait for as long as
+    // its daemon is stopped if it stops meanwhile.
+    if !session::is_mounted(&args.view) {
+        if let Some(record) = job_of_directory(&args.view)? {
+            return directory_status(&args, &record);
+        }
     }
     let mut status = session::read_status(&args.view)?;
     if args.wait && status.state == "materialising" {
