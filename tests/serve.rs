@@ -954,6 +954,10 @@ fn two_hosts_or_an_absolute_target_naming_another_host_are_bad_requests() {
             answer.map(|(status, _)| status),
             Some(expected),
             "{request:?}"
+        );
+    }
+}
+
 
 /// The Neuroglancer state in the link `serve` prints for `path`.
 fn printed_state(path: &Path) -> serde_json::Value {
