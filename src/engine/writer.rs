@@ -1,6 +1,8 @@
 //! The write side: pieces wait here until their write block is complete,
 //! then go, a slab at a time, to a writer thread that gathers them into
-//! the output files while the reader goes on with the next step. Encoded
+//! the output files while the reader goes on with the next step. A padded
+//! (Zarr) edge chunk is written as if its file held just its block, the
+//! padding between its rows filled in the same calls. Encoded
 //! output blocks (the sink's [`BlockSink::encoder`]) are gathered whole
 //! in memory instead, each in one slab (the planner cuts no slab through
 //! one), encoded, and written in one call.
@@ -14,7 +16,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::pieces::{PackingBuffer, PieceGrid, RowLayout};
+use super::pieces::{InFile, PackingBuffer, PieceGrid, RowLayout};
 use super::seekio::{self, FileKey, SeekLog};
 use super::sink::{BlockSink, OutputTarget};
 use crate::array::geometry::{show_shape, volume, IndexBox, Region};
@@ -286,7 +288,12 @@ impl<'a> Writer<'a> {
         let target = sink.target(rank)?;
         check_file_holds(&target, block)?;
         let file_box = Region::new(block.origin.clone(), target.file_shape.to_vec());
-        let layout = RowLayout::new(region, &file_box, self.elem, grid);
+        // A padded edge chunk is written as if its file held just its
+        // block: each run of rows in one call, the padding between them
+        // filled with zeros (the fill value), as the planner counts.
+        let place = InFile::of(region, &file_box)
+            .bridging(Region::new(vec![0; block.ndim()], block.shape.clone()));
+        let layout = RowLayout::in_file(region, &place, self.elem, grid);
         let mut writes = SeekLog::default();
         write_segments(
             &target,

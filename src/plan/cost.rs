@@ -77,6 +77,73 @@ pub(super) fn plan_read_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
     read_seeks(dims, &problem.input_spans_exactly(&problem.input()))
 }
 
+/// Array bytes the plan `dims` makes for `problem` reads from its input
+/// files: every element once, and the bytes between the rows that a read
+/// through a window smaller than its file spans ([`gap_elements`]). Encoded
+/// inputs are read a whole decoded block at a time instead: the input
+/// blocks are a product of intervals, so their decoded volumes sum to the
+/// product of each dimension's summed extents.
+pub(super) fn plan_bytes_read(problem: &Problem, dims: &[&DimOption]) -> u128 {
+    let elem = problem.elem_size as u128;
+    let input = problem.input();
+    if problem.reads_whole_inputs() {
+        return (0..problem.ndim())
+            .map(|d| {
+                problem
+                    .input_file_extents(d, input.axis(d))
+                    .iter()
+                    .map(|&e| e as u128)
+                    .sum::<u128>()
+            })
+            .product::<u128>()
+            * elem;
+    }
+    let volume: u128 = problem.array.iter().map(|&a| a as u128).product();
+    (volume + gap_elements(dims)) * elem
+}
+
+/// Elements that reads span between the rows they want, summed over every
+/// read segment. A segment of a piece (read block ∩ input block) whose
+/// `q` ([`segments`]) is `q` holds one index of each dimension before `q`,
+/// the piece's `P_q` in dimension `q` and the window whole after it; in
+/// its file, whose strides are `S`, it spans
+/// `(P_q − 1)·S_q + Σ_{d>q} (W_d − 1)·S_d + 1` elements of which it wants
+/// `P_q · Π_{d>q} W_d`. The sums over the pieces factor by dimension, as
+/// in [`segments`], the dimensions after `q` folded from the last.
+fn gap_elements(dims: &[&DimOption]) -> u128 {
+    let n = dims.len();
+    let gaps: Vec<_> = dims.iter().map(|o| o.read_gaps).collect();
+    let (mut spanned, mut wanted) = (0u128, 0u128);
+    // Over the pieces whole in every dimension after q: their count, the
+    // sums of Π_{d>q} F_d and of Π_{d>q} W_d, and the sum of
+    // Σ_{d>q} (W_d − 1)·Π_{e>d} F_e.
+    let (mut count, mut files, mut windows, mut inner) = (1u128, 1u128, 1u128, 0u128);
+    for q in (0..n).rev() {
+        let before: u128 = dims[..q]
+            .iter()
+            .map(|o| o.reads.extent_sum as u128)
+            .product();
+        let (pieces, extent, extent_less_one) = if q == 0 {
+            let all = dims[0].reads;
+            (
+                all.pieces as u128,
+                all.extent_sum as u128,
+                gaps[0].extent_less_one,
+            )
+        } else {
+            (gaps[q].cut_count, gaps[q].cut_extent, gaps[q].cut_extent_less_one)
+        };
+        spanned += before * (extent_less_one * files + pieces * (inner + count));
+        wanted += before * extent * windows;
+        let whole = dims[q].reads.whole as u128;
+        inner = gaps[q].whole_window_less_one * files + whole * inner;
+        count *= whole;
+        files *= gaps[q].whole_file;
+        windows *= gaps[q].whole_window;
+    }
+    spanned - wanted
+}
+
 /// The peak of [`simulate_peak`]: while a step is read, plus the decoded
 /// input blocks held beside it (encoded inputs); or once a slab is handed
 /// to the writer, plus the output block being encoded (encoded outputs).

@@ -8,14 +8,17 @@
 //! lcm(input block, output block), where no input block is shared and
 //! nothing costs more; at output block boundaries, where an input block
 //! straddling the cut is read by both parts, each reading only its own
-//! rows: along the first (slowest) dimension that is one more seek per
+//! box: along the first (slowest) dimension that is one more seek per
 //! such block and no byte more; along inner dimensions a straddling block
-//! costs a seek per row. Every way of writing N as a product of part
-//! counts per dimension is tried, each dimension cut either way, and the
-//! one with the least overhead (extra seeks and bytes, against one
-//! machine) plus imbalance (largest part over the mean) is chosen.
+//! costs a seek per row, or, read *bridged* (`Problem::bridged`), a seek
+//! per run of its clipped box's rows and the bytes of the other parts'
+//! rows between them. Every way of writing N as a product of part counts
+//! per dimension is tried, each dimension cut either way and each inner
+//! dimension bridged or not, and the one with the least overhead (extra
+//! seeks and extra bytes, as fractions of one machine's) plus imbalance
+//! (largest part over the mean) is chosen.
 
-use super::{keep_rhat, Problem};
+use super::{keep_rhat_io, Problem};
 use crate::array::geometry::{Axis, IndexBox, Partition, Region};
 use crate::error::{Error, Result};
 
@@ -25,6 +28,9 @@ use crate::error::{Error, Result};
 pub struct Parts {
     pub problem: Problem,
     pub grid: Partition,
+    /// Per dimension: whether the parts read the input blocks they clip
+    /// there bridged (`Problem::bridged`).
+    pub bridged: Vec<bool>,
 }
 
 impl Parts {
@@ -40,29 +46,10 @@ impl Parts {
 
     /// Part `k` as a problem of its own.
     pub fn problem(&self, k: u64) -> Problem {
-        self.problem.part(&self.region(k))
+        self.problem
+            .part(&self.region(k))
+            .with_bridged(self.bridged.clone())
     }
-}
-
-/// Array bytes `problem` reads from its input files: its own box's, except
-/// for encoded inputs, read a whole (decoded) block at a time.
-pub fn bytes_read(problem: &Problem) -> u64 {
-    let volume: u64 = if problem.reads_whole_inputs() {
-        // The input blocks are a product of intervals: their decoded
-        // volumes sum to the product of each dimension's summed extents.
-        let input = problem.input();
-        (0..problem.ndim())
-            .map(|d| {
-                problem
-                    .input_file_extents(d, input.axis(d))
-                    .iter()
-                    .sum::<u64>()
-            })
-            .product()
-    } else {
-        problem.array.iter().product()
-    };
-    volume * problem.elem_size
 }
 
 /// `problem` cut into `parts` boxes of whole output blocks, the cheapest
@@ -75,19 +62,16 @@ pub fn cut(problem: &Problem, parts: u64) -> Result<Parts> {
         )));
     }
     let base = Cost::of(std::slice::from_ref(problem));
-    let mut best: Option<(f64, Partition)> = None;
+    let mut best: Option<(f64, Partition, Vec<bool>)> = None;
     for counts in factorizations(parts, problem.ndim()) {
         for grid in grids(problem, &counts) {
-            let pieces: Vec<Problem> = IndexBox::grid(&grid.grid_shape())
-                .map(|index| problem.part(&grid.block(&index)))
-                .collect();
-            let score = Cost::of(&pieces).score(&base);
-            if best.as_ref().is_none_or(|(least, _)| score < *least - 1e-9) {
-                best = Some((score, grid));
+            let (score, bridged) = least_bridges(problem, &grid, &base);
+            if best.as_ref().is_none_or(|(least, ..)| score < *least - 1e-9) {
+                best = Some((score, grid, bridged));
             }
         }
     }
-    let (_, grid) = best.ok_or_else(|| {
+    let (_, grid, bridged) = best.ok_or_else(|| {
         Error::BadArgument(format!(
             "--parts {parts}: the output grid cannot be cut into {parts} boxes of whole blocks; \
              try a number that divides its block counts"
@@ -96,7 +80,39 @@ pub fn cut(problem: &Problem, parts: u64) -> Result<Parts> {
     Ok(Parts {
         problem: problem.clone(),
         grid,
+        bridged,
     })
+}
+
+/// The dimensions the parts of `grid` read bridged, chosen one dimension
+/// at a time (the first never needs it: its rows are whole), each kept
+/// where it lowers the score against `base`; and the score.
+fn least_bridges(problem: &Problem, grid: &Partition, base: &Cost) -> (f64, Vec<bool>) {
+    let score_of = |bridged: &[bool]| -> f64 {
+        let pieces: Vec<Problem> = IndexBox::grid(&grid.grid_shape())
+            .map(|index| {
+                problem
+                    .part(&grid.block(&index))
+                    .with_bridged(bridged.to_vec())
+            })
+            .collect();
+        Cost::of(&pieces).score(base)
+    };
+    let mut bridged = vec![false; problem.ndim()];
+    let mut least = score_of(&bridged);
+    for d in 1..problem.ndim() {
+        if grid.axis(d).count() == 1 || problem.reads_whole_inputs() {
+            continue;
+        }
+        bridged[d] = true;
+        let score = score_of(&bridged);
+        if score < least - 1e-9 {
+            least = score;
+        } else {
+            bridged[d] = false;
+        }
+    }
+    (least, bridged)
 }
 
 /// What a set of parts costs, as keep(r̂) plans them: the measure the cuts
@@ -110,12 +126,9 @@ struct Cost {
 
 impl Cost {
     fn of(parts: &[Problem]) -> Cost {
-        let bytes: Vec<u128> = parts.iter().map(|p| bytes_read(p) as u128).collect();
+        let (seeks, bytes): (Vec<u128>, Vec<u128>) = parts.iter().map(keep_rhat_io).unzip();
         Cost {
-            seeks: parts
-                .iter()
-                .map(|p| keep_rhat(p).prediction.seeks() as u128)
-                .sum(),
+            seeks: seeks.iter().sum(),
             bytes: bytes.iter().sum(),
             largest: bytes.iter().copied().max().unwrap_or(0),
             parts: parts.len() as u128,
@@ -219,7 +232,7 @@ fn gcd(a: u64, b: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{baseline, plan, Strategy};
+    use crate::plan::{baseline, keep_rhat, plan, Strategy};
 
     fn config4() -> Problem {
         Problem::new(vec![3500; 3], vec![175; 3], vec![250; 3], 2).unwrap()
@@ -236,8 +249,10 @@ mod tests {
             .map(|k| keep_rhat(&parts.problem(k)).prediction.seeks())
             .sum();
         assert_eq!(seeks, keep_rhat(&problem).prediction.seeks());
-        let bytes: u64 = (0..4).map(|k| bytes_read(&parts.problem(k))).sum();
-        assert_eq!(bytes, bytes_read(&problem));
+        let bytes: u64 = (0..4)
+            .map(|k| keep_rhat(&parts.problem(k)).prediction.bytes_read)
+            .sum();
+        assert_eq!(bytes, keep_rhat(&problem).prediction.bytes_read);
     }
 
     #[test]
