@@ -32,6 +32,9 @@ pub(super) struct DimOption {
     /// What the bytes bridged reads read past their rows need.
     pub(super) read_gaps: Gaps,
     pub(super) writes: Overlap,
+    /// What the padding a write fills between the rows of a padded edge
+    /// chunk needs.
+    pub(super) write_gaps: Gaps,
     /// Counts over read intervals for read-continuation prediction.
     pub(super) unit_reads: u64,
     pub(super) unit_reads_completing: u64,
@@ -79,7 +82,8 @@ pub(super) struct Overlap {
 /// dimension, each pair with its extent `P`, its window's `W` and its
 /// file's `F` ([`Problem::read_window`]): what the bytes a read reads
 /// between the rows of a window smaller than its file add up to
-/// (`cost::gap_elements`).
+/// (`cost::gap_elements`). Likewise over (write interval, output interval)
+/// pairs, the window being the output block and the file its padded chunk.
 ///
 /// [`Problem::read_window`]: super::Problem::read_window
 #[derive(Clone, Copy, Debug, Default)]
@@ -146,14 +150,14 @@ impl DimOption {
     /// `read`: the read intervals, of `read_step` (clipped at the array's
     /// ends); `input` and `output`: the file axes along this dimension,
     /// the extents of the input files' read windows and of the files with
-    /// them (per input interval; `Problem::read_window`). Output
-    /// files count as holding exactly their blocks: the writer fills a
-    /// padded edge chunk's padding between the rows it writes, in the same
-    /// calls.
+    /// them (per input interval; `Problem::read_window`), and the output
+    /// files' extents (per output interval). Output files count as holding
+    /// exactly their blocks: the writer fills a padded edge chunk's padding
+    /// between the rows it writes, in the same calls.
     pub(super) fn new(
         read: Axis,
         (input, windows, files): (&Axis, &[u64], &[u64]),
-        output: &Axis,
+        (output, output_files): (&Axis, &[u64]),
         read_step: u64,
         mode: WriteMode,
     ) -> DimOption {
@@ -161,6 +165,7 @@ impl DimOption {
             WriteMode::Immediate => (read.clone(), (0..read.count()).map(Some).collect()),
             WriteMode::Keep => keep_write_intervals(&read, output),
         };
+        let blocks: Vec<u64> = (0..output.count()).map(|f| output.extent(f)).collect();
         let completed_len = completes
             .iter()
             .map(|c| c.map_or(0, |w| write.extent(w)))
@@ -175,6 +180,7 @@ impl DimOption {
             reads: Overlap::of(&read, input, |f| windows[f]),
             read_gaps: Gaps::of(&read, input, windows, files),
             writes: Overlap::of(&write, output, |f| output.extent(f)),
+            write_gaps: Gaps::of(&write, output, &blocks, output_files),
             unit_reads: 0,
             unit_reads_completing: 0,
             inner_reads: 0,

@@ -41,7 +41,7 @@ use serde::Serialize;
 use crate::array::geometry::{Partition, Region};
 use crate::array::units::show_bytes;
 use crate::error::{Error, Result};
-use cost::{clamp, plan_bytes_read, plan_peak, plan_read_seeks, write_seeks};
+use cost::{clamp, plan_bytes_read, plan_bytes_written, plan_peak, plan_read_seeks, write_seeks};
 use dims::DimOption;
 pub use dims::WriteMode;
 pub use problem::Problem;
@@ -93,6 +93,11 @@ pub struct Prediction {
     /// bridged reads span between the rows they want (`Problem::bridged`);
     /// for encoded inputs, each decoded block once.
     pub bytes_read: u64,
+    /// Array bytes written to the output files: each element once, plus
+    /// the padding filled between the rows of padded edge chunks; for
+    /// encoded outputs, the whole blocks gathered, padding included, before
+    /// encoding.
+    pub bytes_written: u64,
 }
 
 impl Prediction {
@@ -294,6 +299,7 @@ fn assemble(problem: &Problem, strategy: Strategy, dims: &[&DimOption]) -> Plan 
         write_seeks: clamp(write_seeks(problem, dims)),
         peak_bytes: clamp(plan_peak(problem, dims, &steps, u128::MAX)),
         bytes_read: clamp(plan_bytes_read(problem, dims)),
+        bytes_written: clamp(plan_bytes_written(problem, dims)),
     };
     Plan {
         strategy,
