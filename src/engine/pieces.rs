@@ -763,11 +763,7 @@ impl RowLayout {
 /// The element offset of the row at `row`: the sum of its coordinates'
 /// offsets in `parts`, plus `column`.
 fn offset_in(parts: &[Vec<u64>], column: u64, row: &[usize]) -> u64 {
-    row.iter()
-        .zip(parts)
-        .map(|(&i, part)| part[i])
-        .sum::<u64>()
-        + column
+    row.iter().zip(parts).map(|(&i, part)| part[i]).sum::<u64>() + column
 }
 
 /// Hands the last merged part, if any, to `visit`.

@@ -145,10 +145,7 @@ fn gap_elements(overlaps: &[Overlap], gaps: &[Gaps]) -> u128 {
     // Σ_{d>q} (W_d − 1)·Π_{e>d} F_e.
     let (mut count, mut files, mut windows, mut inner) = (1u128, 1u128, 1u128, 0u128);
     for q in (0..n).rev() {
-        let before: u128 = overlaps[..q]
-            .iter()
-            .map(|o| o.extent_sum as u128)
-            .product();
+        let before: u128 = overlaps[..q].iter().map(|o| o.extent_sum as u128).product();
         let (pieces, extent, extent_less_one) = if q == 0 {
             let all = overlaps[0];
             (
@@ -157,7 +154,11 @@ fn gap_elements(overlaps: &[Overlap], gaps: &[Gaps]) -> u128 {
                 gaps[0].extent_less_one,
             )
         } else {
-            (gaps[q].cut_count, gaps[q].cut_extent, gaps[q].cut_extent_less_one)
+            (
+                gaps[q].cut_count,
+                gaps[q].cut_extent,
+                gaps[q].cut_extent_less_one,
+            )
         };
         spanned += before * (extent_less_one * files + pieces * (inner + count));
         wanted += before * extent * windows;

@@ -66,7 +66,10 @@ pub fn cut(problem: &Problem, parts: u64) -> Result<Parts> {
     for counts in factorizations(parts, problem.ndim()) {
         for grid in grids(problem, &counts) {
             let (score, bridged) = least_bridges(problem, &grid, &base);
-            if best.as_ref().is_none_or(|(least, ..)| score < *least - 1e-9) {
+            if best
+                .as_ref()
+                .is_none_or(|(least, ..)| score < *least - 1e-9)
+            {
                 best = Some((score, grid, bridged));
             }
         }
