@@ -87,9 +87,11 @@ pub fn cut(problem: &Problem, parts: u64) -> Result<Parts> {
     })
 }
 
-/// The dimensions the parts of `grid` read bridged, chosen one dimension
-/// at a time (the first never needs it: its rows are whole), each kept
-/// where it lowers the score against `base`; and the score.
+/// The dimensions the parts of `grid` read bridged: of every set of the
+/// dimensions `grid` cuts (but the first, whose rows are whole anyway),
+/// the one with the least score against `base`; and the score. Bridging
+/// one dimension can pay only once another is bridged too, so every set
+/// is tried (at most 2^(N-1) of them).
 fn least_bridges(problem: &Problem, grid: &Partition, base: &Cost) -> (f64, Vec<bool>) {
     let score_of = |bridged: &[bool]| -> f64 {
         let pieces: Vec<Problem> = IndexBox::grid(&grid.grid_shape())
@@ -101,21 +103,21 @@ fn least_bridges(problem: &Problem, grid: &Partition, base: &Cost) -> (f64, Vec<
             .collect();
         Cost::of(&pieces).score(base)
     };
-    let mut bridged = vec![false; problem.ndim()];
-    let mut least = score_of(&bridged);
-    for d in 1..problem.ndim() {
-        if grid.axis(d).count() == 1 || problem.reads_whole_inputs() {
-            continue;
+    let cut: Vec<usize> = (1..problem.ndim())
+        .filter(|&d| grid.axis(d).count() > 1 && !problem.reads_whole_inputs())
+        .collect();
+    let mut best: Option<(f64, Vec<bool>)> = None;
+    for set in 0..1u64 << cut.len() {
+        let mut bridged = vec![false; problem.ndim()];
+        for (bit, &d) in cut.iter().enumerate() {
+            bridged[d] = set >> bit & 1 == 1;
         }
-        bridged[d] = true;
         let score = score_of(&bridged);
-        if score < least - 1e-9 {
-            least = score;
-        } else {
-            bridged[d] = false;
+        if best.as_ref().is_none_or(|(least, _)| score < *least - 1e-9) {
+            best = Some((score, bridged));
         }
     }
-    (least, bridged)
+    best.unwrap_or((f64::INFINITY, vec![false; problem.ndim()]))
 }
 
 /// What a set of parts costs, as keep(r̂) plans them: the measure the cuts
