@@ -260,6 +260,44 @@ mod tests {
         assert_eq!(bytes, keep_rhat(&problem).prediction.bytes_read);
     }
 
+    /// The jobs of docs/cluster.md's table, each part planned in 4 GiB as
+    /// `rechunk --part` plans it: seeks and bytes read, summed.
+    fn job_in_parts(problem: &Problem, count: u64) -> (u64, u64) {
+        let parts = cut(problem, count).unwrap();
+        (0..count)
+            .map(|k| {
+                let chosen = plan(&parts.problem(k), Strategy::Keep, Some(4 << 30)).unwrap();
+                (chosen.prediction.seeks(), chosen.prediction.bytes_read)
+            })
+            .fold((0, 0), |(s, b), (ps, pb)| (s + ps, b + pb))
+    }
+
+    #[test]
+    fn bigbrain_and_config_4_in_64_and_256_parts() {
+        // BigBrain (u16) into 256³: one machine makes n_I + n_O = 2,813
+        // seeks. 64 and 256 parts must cut inner dimensions (16 output
+        // blocks along the first), and each part meets at least one more
+        // input block per cut: 16 × 4 × 4 parts meet 20 × 8 × 8 = 1,280.
+        // Their clipped blocks are read bridged, one seek each, for the
+        // rows of the other parts between.
+        let bigbrain = Problem::new(
+            vec![3850, 3025, 3500],
+            vec![770, 605, 700],
+            vec![256; 3],
+            2,
+        )
+        .unwrap();
+        assert_eq!(job_in_parts(&bigbrain, 1), (2_813, 81_523_750_000));
+        assert_eq!(job_in_parts(&bigbrain, 16), (3_188, 81_523_750_000));
+        assert_eq!(job_in_parts(&bigbrain, 64), (3_408, 117_292_392_000));
+        assert_eq!(job_in_parts(&bigbrain, 256), (3_968, 208_293_568_000));
+        // Configuration 4: one machine in 4 GiB makes 12,312 seeks.
+        let config4 = config4();
+        assert_eq!(job_in_parts(&config4, 1), (12_312, 85_750_000_000));
+        assert_eq!(job_in_parts(&config4, 64), (14_184, 94_261_300_000));
+        assert_eq!(job_in_parts(&config4, 256), (17_616, 122_411_816_800));
+    }
+
     #[test]
     fn a_part_clips_the_input_blocks_it_straddles() {
         // 12 along each axis in 4-blocks -> 3-blocks; a part from 3 to 9.
