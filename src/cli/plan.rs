@@ -326,6 +326,7 @@ impl JobPlan {
             "bytes_read": self.total_bytes(),
             "extra_bytes_read": self.total_bytes() as i64 - self.single_bytes as i64,
             "balance": self.balance(),
+            "bridged": order.to_user(&self.parts.bridged),
             "peak_memory_bytes": self.peak_bytes(),
             "list": list,
         })
@@ -381,11 +382,25 @@ impl JobPlan {
             percent(self.total_bytes(), self.single_bytes),
         );
         println!("  balance     {:.2} (largest part / mean)", self.balance());
-        if self.total_seeks() > 2 * self.single_seeks {
+        let bridged = order.to_user(&self.parts.bridged);
+        if bridged.contains(&true) {
+            let dims: Vec<String> = (0..bridged.len())
+                .filter(|&d| bridged[d])
+                .map(|d| d.to_string())
+                .collect();
+            let noun = if dims.len() == 1 { "dimension" } else { "dimensions" };
             println!(
-                "  note        cuts across input blocks along inner dimensions read those blocks \
-                 a row at a time; fewer parts, or a count the first dimension's output blocks \
-                 allow, cost far less (docs/cluster.md)"
+                "  bridged     {noun} {}: each input block a part clips there is read in one \
+                 call, with the other parts' rows between (the extra bytes above)",
+                dims.join(", ")
+            );
+        }
+        if self.total_seeks() > 2 * self.single_seeks || self.total_bytes() > 2 * self.single_bytes
+        {
+            println!(
+                "  note        cuts across input blocks along inner dimensions cost a seek per \
+                 row of each block they clip, or its other parts' bytes; fewer parts, or a count \
+                 the first dimension's output blocks allow, cost far less (docs/cluster.md)"
             );
         }
     }
