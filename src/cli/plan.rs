@@ -388,7 +388,11 @@ impl JobPlan {
                 .filter(|&d| bridged[d])
                 .map(|d| d.to_string())
                 .collect();
-            let noun = if dims.len() == 1 { "dimension" } else { "dimensions" };
+            let noun = if dims.len() == 1 {
+                "dimension"
+            } else {
+                "dimensions"
+            };
             println!(
                 "  bridged     {noun} {}: each input block a part clips there is read in one \
                  call, with the other parts' rows between (the extra bytes above)",

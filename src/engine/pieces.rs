@@ -661,7 +661,9 @@ impl RowLayout {
     }
 
     /// Writes `segment` to `file` (its data at `data_offset`) from the
-    /// pieces `pieces`.
+    /// pieces `pieces`, zeros in the gaps it bridges, and after its last
+    /// row up to its end when it was made longer than its rows (a slab of a
+    /// padded edge chunk, to meet the next).
     pub fn write_segment(
         &self,
         file: &File,
@@ -715,6 +717,8 @@ impl RowLayout {
             end = part.at + part.len;
             Ok(())
         })?;
+        // Padding after the last row, when the segment was extended over it.
+        push(scratch, None, segment.len as usize - end)?;
         if !scratch.is_empty() {
             seekio::write_all_at(file, path, &mut [IoSlice::new(scratch)], at_file + flushed)?;
             scratch.clear();

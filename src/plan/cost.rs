@@ -106,8 +106,11 @@ pub(super) fn plan_bytes_read(problem: &Problem, dims: &[&DimOption]) -> u128 {
 
 /// Array bytes the plan `dims` makes for `problem` writes: every element
 /// once, and the padding filled between the rows of padded edge chunks
-/// ([`gap_elements`]). Encoded outputs are gathered whole instead, padding
-/// included: the bytes they are encoded from.
+/// ([`gap_elements`]). A slab of one that stops inside it along the first
+/// dimension is written with the padding up to the next plane
+/// (`engine::writer`), the same bytes its piece's one segment would span:
+/// steps do not change the count. Encoded outputs are gathered whole
+/// instead, padding included: the bytes they are encoded from.
 pub(super) fn plan_bytes_written(problem: &Problem, dims: &[&DimOption]) -> u128 {
     let elem = problem.elem_size as u128;
     if problem.writes_whole_outputs() {

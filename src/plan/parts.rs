@@ -280,13 +280,8 @@ mod tests {
         // input block per cut: 16 × 4 × 4 parts meet 20 × 8 × 8 = 1,280.
         // Their clipped blocks are read bridged, one seek each, for the
         // rows of the other parts between.
-        let bigbrain = Problem::new(
-            vec![3850, 3025, 3500],
-            vec![770, 605, 700],
-            vec![256; 3],
-            2,
-        )
-        .unwrap();
+        let bigbrain =
+            Problem::new(vec![3850, 3025, 3500], vec![770, 605, 700], vec![256; 3], 2).unwrap();
         assert_eq!(job_in_parts(&bigbrain, 1), (2_813, 81_523_750_000));
         assert_eq!(job_in_parts(&bigbrain, 16), (3_188, 81_523_750_000));
         assert_eq!(job_in_parts(&bigbrain, 64), (3_408, 117_292_392_000));

@@ -149,16 +149,6 @@ impl Problem {
         Region::new(origin, shape)
     }
 
-    /// Whether some output block of this problem's array is a padded edge
-    /// chunk along a dimension after the first: its rows are then written
-    /// with the padding between them, and a write that stops before the
-    /// padding after its last row does not continue into the next.
-    pub(super) fn pads_outputs_after_first(&self) -> bool {
-        self.output_files.is_padded()
-            && (1..self.ndim())
-                .any(|d| (self.origin[d] + self.array[d]) % self.output_block[d] != 0)
-    }
-
     /// The whole array's regular intervals of `step` along dimension `d`,
     /// as they cut this problem's array (its coordinates).
     pub fn axis_of(&self, d: usize, step: u64) -> Axis {
