@@ -667,3 +667,31 @@ fn inside_a_memory_cgroup_plans_leave_half_of_it_to_the_page_cache() {
     assert_eq!(inside["peak_memory_bytes"], outside["peak_memory_bytes"]);
     assert!(common::json_u64(&inside, "peak_memory_bytes") > 128 << 20);
 }
+
+/// `mount --help` names every format a view serves, precomputed too.
+#[test]
+fn mount_help_names_every_format_a_view_serves() {
+    let output = rechunkfs(&["mount", "--help"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let help = String::from_utf8_lossy(&output.stdout);
+    let format = help
+        .split("--format <FORMAT>")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no --format in:\n{help}"));
+    let format = &format[..format.find("\n  -").unwrap_or(format.len())];
+    for name in [
+        "h5",
+        "npy",
+        "nii",
+        "nii2",
+        "raw",
+        "zarr",
+        "zarr3",
+        "precomputed",
+    ] {
+        assert!(
+            format.contains(name),
+            "--format leaves out {name}:\n{format}"
+        );
+    }
+}

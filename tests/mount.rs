@@ -1005,3 +1005,44 @@ fn expected_npy_file(
     ));
     header
 }
+
+/// `mount` tells the user's terminal nothing but what goes wrong: the
+/// view's planning of a pyramid's level 0 is no line there.
+#[test]
+fn mounting_a_pyramid_prints_no_log_lines() {
+    require!(Fuse);
+    let root = tempfile::tempdir().unwrap();
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &[20, 18, 16],
+        &[10, 9, 8],
+        dtype("<u2"),
+        BlockFormat::Hdf5,
+    );
+    let view = root.path().join("view");
+    fs::create_dir_all(&view).unwrap();
+    let staging = root.path().join("staging");
+    let output = common::run_rechunkfs(
+        &[
+            "mount",
+            input.to_str().unwrap(),
+            view.to_str().unwrap(),
+            "--staging",
+            staging.to_str().unwrap(),
+            "--shape",
+            "8,8,8",
+            "--format",
+            "zarr",
+            "--levels",
+            "2",
+        ],
+        0,
+    );
+    // Unmounted when dropped, whatever the asserts find.
+    let mounted = common::mounted::MountedView { view };
+    let said = stderr(&output);
+    assert!(output.status.success(), "mount failed: {said}");
+    assert!(!said.contains("INFO"), "log lines on the terminal:\n{said}");
+    mounted.wait_complete();
+}

@@ -913,7 +913,15 @@ fn run_case(case: &Case, scratch: &Path) {
         nbytes
     };
     assert_eq!(stats.bytes_read, read, "every byte read once");
-    assert_eq!(stats.bytes_written, nbytes, "every byte written once");
+    // Every byte written once, and the padding between the rows of a
+    // padded (Zarr) edge chunk filled in the same calls, as predicted.
+    assert_eq!(
+        stats.bytes_written, predicted.bytes_written,
+        "bytes written vs plan"
+    );
+    if !matches!(case.output, BlockFormat::Zarr | BlockFormat::Zarr3) {
+        assert_eq!(stats.bytes_written, nbytes, "every byte written once");
+    }
     verify_output(case, &out, &whole);
 
     let past = |block: &[u64]| block.iter().zip(array).any(|(b, a)| b > a);

@@ -958,7 +958,6 @@ fn two_hosts_or_an_absolute_target_naming_another_host_are_bad_requests() {
     }
 }
 
-
 /// The Neuroglancer state in the link `serve` prints for `path`.
 fn printed_state(path: &Path) -> serde_json::Value {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))

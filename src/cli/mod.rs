@@ -104,7 +104,7 @@ pub struct MountArgs {
     /// Where to write the blocks (default: under ~/.cache/rechunkfs, keyed by input, shape and format).
     #[arg(long, value_name = "DIR")]
     pub staging: Option<PathBuf>,
-    /// Block file format: h5, npy, nii (NIfTI-1), nii2 (NIfTI-2), raw, zarr (the view is a Zarr v2 array) or zarr3 (Zarr v3) (default: the input's; h5 for MINC2 input).
+    /// Block file format: h5, npy, nii (NIfTI-1), nii2 (NIfTI-2), raw, zarr (the view is a Zarr v2 array), zarr3 (Zarr v3) or precomputed (Neuroglancer, raw chunks) (default: the input's; h5 for MINC2 input).
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
     #[command(flatten)]

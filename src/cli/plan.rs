@@ -227,8 +227,7 @@ pub(super) struct JobPlan {
 /// (one machine's) was planned in.
 fn plan_job(problem: &Problem, count: u64, plans: &Plans) -> anyhow::Result<JobPlan> {
     let budget = (plans.budget.requested, plans.budget.cgroup_limit);
-    let single_seeks = plans.chosen.prediction.seeks();
-    plan_job_within(problem, count, plans.chosen.strategy, budget, single_seeks)
+    plan_job_within(problem, count, plans.chosen.strategy, budget, &plans.chosen)
 }
 
 /// `problem` cut into `count` parts, each planned with `strategy` within
@@ -240,18 +239,17 @@ pub(super) fn plan_job_of(
     requested: Option<u64>,
 ) -> anyhow::Result<JobPlan> {
     let single = plan::plan(problem, strategy, requested)?;
-    let single_seeks = single.prediction.seeks();
-    plan_job_within(problem, count, strategy, (requested, None), single_seeks)
+    plan_job_within(problem, count, strategy, (requested, None), &single)
 }
 
 /// `problem` cut into `count` parts, each planned within `(requested,
-/// cgroup_limit)` as `rechunk` would; one machine would make `single_seeks`.
+/// cgroup_limit)` as `rechunk` would; against `single`, one machine's plan.
 fn plan_job_within(
     problem: &Problem,
     count: u64,
     strategy: Strategy,
     (requested, cgroup_limit): (Option<u64>, Option<u64>),
-    single_seeks: u64,
+    single: &Plan,
 ) -> anyhow::Result<JobPlan> {
     let parts = plan::parts::cut(problem, count)?;
     let plans_of_parts = (0..parts.count())
@@ -261,7 +259,7 @@ fn plan_job_within(
                 .with_context(|| format!("planning part {k} of {count}"))?;
             Ok(PartPlan {
                 region: parts.region(k),
-                bytes_read: plan::parts::bytes_read(&part),
+                bytes_read: chosen.prediction.bytes_read,
                 plan: chosen,
             })
         })
@@ -269,8 +267,8 @@ fn plan_job_within(
     Ok(JobPlan {
         parts,
         plans: plans_of_parts,
-        single_seeks,
-        single_bytes: plan::parts::bytes_read(problem),
+        single_seeks: single.prediction.seeks(),
+        single_bytes: single.prediction.bytes_read,
     })
 }
 
@@ -328,6 +326,7 @@ impl JobPlan {
             "bytes_read": self.total_bytes(),
             "extra_bytes_read": self.total_bytes() as i64 - self.single_bytes as i64,
             "balance": self.balance(),
+            "bridged": order.to_user(&self.parts.bridged),
             "peak_memory_bytes": self.peak_bytes(),
             "list": list,
         })
@@ -383,11 +382,29 @@ impl JobPlan {
             percent(self.total_bytes(), self.single_bytes),
         );
         println!("  balance     {:.2} (largest part / mean)", self.balance());
-        if self.total_seeks() > 2 * self.single_seeks {
+        let bridged = order.to_user(&self.parts.bridged);
+        if bridged.contains(&true) {
+            let dims: Vec<String> = (0..bridged.len())
+                .filter(|&d| bridged[d])
+                .map(|d| d.to_string())
+                .collect();
+            let noun = if dims.len() == 1 {
+                "dimension"
+            } else {
+                "dimensions"
+            };
             println!(
-                "  note        cuts across input blocks along inner dimensions read those blocks \
-                 a row at a time; fewer parts, or a count the first dimension's output blocks \
-                 allow, cost far less (docs/cluster.md)"
+                "  bridged     {noun} {}: each input block a part clips there is read in one \
+                 call, with the other parts' rows between (the extra bytes above)",
+                dims.join(", ")
+            );
+        }
+        if self.total_seeks() > 2 * self.single_seeks || self.total_bytes() > 2 * self.single_bytes
+        {
+            println!(
+                "  note        cuts across input blocks along inner dimensions cost a seek per \
+                 row of each block they clip, or its other parts' bytes; fewer parts, or a count \
+                 the first dimension's output blocks allow, cost far less (docs/cluster.md)"
             );
         }
     }

@@ -377,7 +377,10 @@ impl<'a> InputReader<'a> {
                 .collect(),
             region.shape.clone(),
         );
-        (self.grid.linear(&global), InFile::of(&in_whole, &file_box))
+        // A part of a job may read the blocks it clips bridged.
+        let window = problem.read_window(&block_box, &file_box);
+        let place = InFile::of(&in_whole, &file_box).bridging(window);
+        (self.grid.linear(&global), place)
     }
 
     /// The bytes of input `input_index` that read block `read_box` reads,

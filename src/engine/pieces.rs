@@ -163,10 +163,22 @@ pub struct Part {
 /// Where a region lies in its file: the file's shape (a C-order array)
 /// and the region's origin in it. A part of a job clips input blocks, so a
 /// region's coordinates and its file's need not share an origin.
+///
+/// The region's rows are grouped into segments as they lie in the file's
+/// *window*, a box of the file holding the region: the whole file, or a
+/// smaller box whose gaps one call bridges. Rows that follow each other in
+/// the window are one segment, one call over the file from the first row
+/// to the last, gaps included: a read reads the gaps and drops them, a
+/// write fills them with zeros. So a padded Zarr edge chunk (window: its
+/// block) is written in one call, its padding filled, and a part of a job
+/// reads an input block it clips (window: the clipped box) in one call,
+/// reading the bytes of its neighbours' parts too.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InFile {
     pub shape: Vec<u64>,
     pub origin: Vec<u64>,
+    /// The window (in the file's coordinates); None: the whole file.
+    window: Option<Region>,
 }
 
 impl InFile {
@@ -175,7 +187,17 @@ impl InFile {
         InFile {
             shape: file_box.shape.clone(),
             origin: region.relative_to(file_box).origin,
+            window: None,
         }
+    }
+
+    /// The same place, its segments grouped as they lie in `window` (a box
+    /// of the file, in its coordinates, holding the region): see the type's
+    /// doc. The whole file's box is no window.
+    pub fn bridging(mut self, window: Region) -> InFile {
+        let whole = window.origin.iter().all(|&o| o == 0) && window.shape == self.shape;
+        self.window = (!whole).then_some(window);
+        self
     }
 
     /// The place of `part`, a box inside `region` (same coordinates).
@@ -185,6 +207,7 @@ impl InFile {
             origin: (0..region.ndim())
                 .map(|d| self.origin[d] + part.origin[d] - region.origin[d])
                 .collect(),
+            window: self.window.clone(),
         }
     }
 }
@@ -201,6 +224,9 @@ pub struct RowLayout {
     file_part: Vec<Vec<u64>>,
     /// Element offset in the file of a row's first element, within its row.
     file_column: u64,
+    /// The same in the window ([`InFile`]), when it is not the whole file:
+    /// rows that follow each other there are one segment.
+    window_part: Option<(Vec<Vec<u64>>, u64)>,
     /// Per dimension but the last, per coordinate: what it adds to the
     /// piece's index (the piece interval it falls in, times its stride).
     piece_part: Vec<Vec<usize>>,
@@ -210,8 +236,8 @@ pub struct RowLayout {
     piece_strides: Vec<Vec<u64>>,
     /// The parts every row is cut into along the last dimension.
     columns: Vec<Column>,
-    /// Whether the region is one run of the file: it spans the file block
-    /// in every dimension but the first.
+    /// Whether the region is one segment: it spans the window in every
+    /// dimension but the first.
     contiguous: bool,
     /// [`for_each_part`](Self::for_each_part)'s working space, kept so
     /// that a call makes no allocation: a baseline plan calls it once per
@@ -277,16 +303,27 @@ impl RowLayout {
     pub fn in_file(region: &Region, place: &InFile, elem: u64, grid: &PieceGrid) -> RowLayout {
         let n = region.ndim();
         let last = n - 1;
-        let file_strides = strides(&place.shape);
-        let grid_strides = grid.strides();
         let coordinates = |d: usize| region.origin[d]..region.end(d);
-        let file_part = (0..last)
-            .map(|d| {
-                coordinates(d)
-                    .map(|x| (x - region.origin[d] + place.origin[d]) * file_strides[d])
-                    .collect()
-            })
-            .collect();
+        // Element offsets of the rows in a C-order array of `shape` in
+        // which the region starts at `origin`.
+        let offsets = |shape: &[u64], origin: &[u64]| -> (Vec<Vec<u64>>, u64) {
+            let steps = strides(shape);
+            let parts = (0..last)
+                .map(|d| {
+                    coordinates(d)
+                        .map(|x| (x - region.origin[d] + origin[d]) * steps[d])
+                        .collect()
+                })
+                .collect();
+            (parts, origin[last])
+        };
+        let (file_part, file_column) = offsets(&place.shape, &place.origin);
+        let window_part = place.window.as_ref().map(|window| {
+            let origin: Vec<u64> = (0..n).map(|d| place.origin[d] - window.origin[d]).collect();
+            offsets(&window.shape, &origin)
+        });
+        let spanned = place.window.as_ref().map_or(&place.shape, |w| &w.shape);
+        let grid_strides = grid.strides();
         let piece_part = (0..last)
             .map(|d| {
                 coordinates(d)
@@ -311,12 +348,13 @@ impl RowLayout {
             row_shape: region.shape[..last].to_vec(),
             row_bytes: region.shape[last] * elem,
             file_part,
-            file_column: place.origin[last],
+            file_column,
+            window_part,
             piece_part,
             in_piece,
             piece_strides,
             columns,
-            contiguous: (1..n).all(|d| region.shape[d] == place.shape[d]),
+            contiguous: (1..n).all(|d| region.shape[d] == spanned[d]),
             cursor: RefCell::new(Cursor {
                 row: vec![0; last],
                 placed: Vec::with_capacity(columns_count),
@@ -350,38 +388,53 @@ impl RowLayout {
 
     /// Byte offset in the file's data of the row at `row`.
     fn file_offset(&self, row: &[usize]) -> u64 {
-        let element: u64 = row
-            .iter()
-            .zip(&self.file_part)
-            .map(|(&i, part)| part[i])
-            .sum::<u64>()
-            + self.file_column;
-        element * self.elem
+        offset_in(&self.file_part, self.file_column, row) * self.elem
     }
 
-    /// Calls `visit` with the file's contiguous runs of the region's rows,
-    /// in C order. They are not collected: a baseline plan's region of a
-    /// W2 block is 30,000 one-row runs.
+    /// Byte offset in the window of the row at `row` (the file's, when the
+    /// window is the whole file).
+    fn window_offset(&self, row: &[usize]) -> u64 {
+        match &self.window_part {
+            Some((parts, column)) => offset_in(parts, *column, row) * self.elem,
+            None => self.file_offset(row),
+        }
+    }
+
+    /// Bytes of the region's rows `rows` (a segment's bytes, but for the
+    /// gaps it bridges).
+    fn dense_len(&self, rows: &Range<u64>) -> u64 {
+        (rows.end - rows.start) * self.row_bytes
+    }
+
+    /// Calls `visit` with the segments of the region's rows, in C order:
+    /// the runs of rows that follow each other in the window, each spanning
+    /// the file from its first row to its last. They are not collected: a
+    /// baseline plan's region of a W2 block is 30,000 one-row runs.
     pub fn for_each_segment(&self, mut visit: impl FnMut(&Segment) -> Result<()>) -> Result<()> {
         let rows = self.rows();
+        let mut row = vec![0usize; self.row_shape.len()];
         if self.contiguous {
+            let offset = self.file_offset(&row);
+            let last: Vec<usize> = self.row_shape.iter().map(|&n| n as usize - 1).collect();
             return visit(&Segment {
-                offset: self.file_offset(&vec![0; self.row_shape.len()]),
-                len: rows * self.row_bytes,
+                offset,
+                len: self.file_offset(&last) + self.row_bytes - offset,
                 rows: 0..rows,
             });
         }
-        let mut current: Option<Segment> = None;
-        let mut row = vec![0usize; self.row_shape.len()];
+        // The segment so far, and where its last row ends in the window.
+        let mut current: Option<(Segment, u64)> = None;
         for number in 0..rows {
             if number > 0 {
                 self.advance(&mut row);
             }
             let offset = self.file_offset(&row);
+            let in_window = self.window_offset(&row);
             match &mut current {
-                Some(segment) if segment.offset + segment.len == offset => {
-                    segment.len += self.row_bytes;
+                Some((segment, window_end)) if *window_end == in_window => {
+                    segment.len = offset + self.row_bytes - segment.offset;
                     segment.rows.end = number + 1;
+                    *window_end += self.row_bytes;
                 }
                 _ => {
                     let next = Segment {
@@ -389,16 +442,44 @@ impl RowLayout {
                         len: self.row_bytes,
                         rows: number..number + 1,
                     };
-                    if let Some(done) = current.replace(next) {
+                    if let Some((done, _)) = current.replace((next, in_window + self.row_bytes)) {
                         visit(&done)?;
                     }
                 }
             }
         }
         match current {
-            Some(segment) => visit(&segment),
+            Some((segment, _)) => visit(&segment),
             None => Ok(()),
         }
+    }
+
+    /// Calls `visit` with the parts of `segment`, in order, each part's
+    /// `at` counting from the segment's first byte in the file: past the
+    /// gaps between rows when the segment bridges any.
+    fn for_each_part_in_file(
+        &self,
+        segment: &Segment,
+        mut visit: impl FnMut(Part) -> Result<()>,
+    ) -> Result<()> {
+        if segment.len == self.dense_len(&segment.rows) {
+            return self.for_each_part(segment.rows.clone(), visit);
+        }
+        let mut row = vec![0usize; self.row_shape.len()];
+        self.set_row(&mut row, segment.rows.start);
+        for number in segment.rows.clone() {
+            if number > segment.rows.start {
+                self.advance(&mut row);
+            }
+            let row_at = (self.file_offset(&row) - segment.offset) as usize;
+            self.for_each_part(number..number + 1, |part| {
+                visit(Part {
+                    at: row_at + part.at,
+                    ..part
+                })
+            })?;
+        }
+        Ok(())
     }
 
     /// Calls `visit` with the parts of `rows`, in order (`Part::at` counts
@@ -507,6 +588,10 @@ impl RowLayout {
     /// are to be packed. Parts merge across rows only where a row is one
     /// whole row of its piece; only then are they counted first.
     fn vectored_parts(&self, segment: &Segment) -> Result<Option<Vec<Part>>> {
+        if segment.len != self.dense_len(&segment.rows) {
+            // Bridged gaps go through the packing buffer.
+            return Ok(None);
+        }
         let rows = segment.rows.end - segment.rows.start;
         let mut count = rows * self.columns.len() as u64;
         if count > 2 && self.columns.len() == 1 && self.columns[0].whole_row {
@@ -548,20 +633,21 @@ impl RowLayout {
         let total = segment.len as usize;
         scratch.resize(capacity.min(total), 0);
         // The bytes of the segment in `scratch`: [chunk_at, chunk_at + chunk_len).
+        // Every byte is read, in order, so each call continues the last.
         let (mut chunk_at, mut chunk_len) = (0usize, 0usize);
-        self.for_each_part(segment.rows.clone(), |part| {
+        self.for_each_part_in_file(segment, |part| {
             let mut done = 0;
             while done < part.len {
                 let at = part.at + done;
-                if at == chunk_at + chunk_len {
-                    chunk_at = at;
-                    chunk_len = capacity.min(total - at);
+                while at >= chunk_at + chunk_len {
+                    chunk_at += chunk_len;
+                    chunk_len = capacity.min(total - chunk_at);
                     let chunk = &mut scratch[..chunk_len];
                     seekio::read_exact_at(
                         file,
                         path,
                         &mut [IoSliceMut::new(chunk)],
-                        at_file + at as u64,
+                        at_file + chunk_at as u64,
                     )?;
                 }
                 let n = (part.len - done).min(chunk_at + chunk_len - at);
@@ -575,7 +661,9 @@ impl RowLayout {
     }
 
     /// Writes `segment` to `file` (its data at `data_offset`) from the
-    /// pieces `pieces`.
+    /// pieces `pieces`, zeros in the gaps it bridges, and after its last
+    /// row up to its end when it was made longer than its rows (a slab of a
+    /// padded edge chunk, to meet the next).
     pub fn write_segment(
         &self,
         file: &File,
@@ -597,13 +685,17 @@ impl RowLayout {
         scratch.clear();
         scratch.reserve(capacity.min(segment.len as usize));
         let mut flushed = 0u64;
-        self.for_each_part(segment.rows.clone(), |part| {
+        // Fills `scratch` with `n` bytes from `source` (None: zeros, for a
+        // bridged gap), writing it out each time it is full.
+        let mut push = |scratch: &mut Vec<u8>, source: Option<&[u8]>, n: usize| -> Result<()> {
             let mut done = 0;
-            while done < part.len {
-                let n = (part.len - done).min(capacity - scratch.len());
-                let from = part.offset + done;
-                scratch.extend_from_slice(&pieces[part.piece][from..from + n]);
-                done += n;
+            while done < n {
+                let take = (n - done).min(capacity - scratch.len());
+                match source {
+                    Some(bytes) => scratch.extend_from_slice(&bytes[done..done + take]),
+                    None => scratch.resize(scratch.len() + take, 0),
+                }
+                done += take;
                 if scratch.len() == capacity {
                     seekio::write_all_at(
                         file,
@@ -616,7 +708,17 @@ impl RowLayout {
                 }
             }
             Ok(())
+        };
+        let mut end = 0usize;
+        self.for_each_part_in_file(segment, |part| {
+            push(scratch, None, part.at - end)?;
+            let bytes = &pieces[part.piece][part.offset..part.offset + part.len];
+            push(scratch, Some(bytes), part.len)?;
+            end = part.at + part.len;
+            Ok(())
         })?;
+        // Padding after the last row, when the segment was extended over it.
+        push(scratch, None, segment.len as usize - end)?;
         if !scratch.is_empty() {
             seekio::write_all_at(file, path, &mut [IoSlice::new(scratch)], at_file + flushed)?;
             scratch.clear();
@@ -634,7 +736,7 @@ impl RowLayout {
         buffers: &mut [Vec<u8>],
     ) -> Result<()> {
         let base = (segment.offset - span_offset) as usize;
-        self.for_each_part(segment.rows.clone(), |part| {
+        self.for_each_part_in_file(segment, |part| {
             let from = base + part.at;
             buffers[part.piece][part.offset..part.offset + part.len]
                 .copy_from_slice(&span[from..from + part.len]);
@@ -660,6 +762,12 @@ impl RowLayout {
             Ok(())
         })
     }
+}
+
+/// The element offset of the row at `row`: the sum of its coordinates'
+/// offsets in `parts`, plus `column`.
+fn offset_in(parts: &[Vec<u64>], column: u64, row: &[usize]) -> u64 {
+    row.iter().zip(parts).map(|(&i, part)| part[i]).sum::<u64>() + column
 }
 
 /// Hands the last merged part, if any, to `visit`.
@@ -891,6 +999,99 @@ mod tests {
                         prop_assert_eq!(got, &value(&point)[..]);
                     } else {
                         prop_assert!(got.iter().all(|&b| b == 0), "wrote outside the region at {:?}", point);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A window between the region and the file block of `c`, from the
+    /// numbers that placed the container.
+    fn window_of(c: &Case, dims: &[Dim]) -> Region {
+        let (origin, shape) = (0..c.region.ndim())
+            .map(|d| {
+                let n = dims[d].1;
+                let (lo, hi) = (c.region.origin[d], c.region.end(d));
+                let (file_lo, file_hi) = (c.file_box.origin[d], c.file_box.end(d));
+                let start = lo - n[2] % (lo - file_lo + 1);
+                let end = hi + n[3] % (file_hi - hi + 1);
+                (start, end - start)
+            })
+            .unzip();
+        Region::new(origin, shape)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// Through a window, segments are the runs of rows the region makes
+        /// in a file of the window's shape, each spanning the real file from
+        /// its first row to its last; reads drop the bytes between, writes
+        /// fill them with zeros, and both move the region's bytes exactly.
+        #[test]
+        fn bridged_segments_follow_the_window_and_move_exactly_the_region(
+            dims in dims(),
+            capacity in 1usize..40,
+        ) {
+            let c = case(&dims);
+            let window = window_of(&c, &dims);
+            let place = InFile::of(&c.region, &c.file_box)
+                .bridging(window.relative_to(&c.file_box));
+            let layout = RowLayout::in_file(&c.region, &place, 4, &c.grid);
+            let as_file = RowLayout::new(&c.region, &window, 4, &c.grid);
+            let (bridged, modelled) = (segments(&layout), segments(&as_file));
+            prop_assert_eq!(
+                bridged.iter().map(|s| s.rows.clone()).collect::<Vec<_>>(),
+                modelled.iter().map(|s| s.rows.clone()).collect::<Vec<_>>()
+            );
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("block");
+            let file = File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+            let data = file_bytes(&c.file_box);
+            file.write_all_at(&data, 5).unwrap();
+            let expected = expected_pieces(&c);
+            for capacity in [capacity, PACKED_BYTES] {
+                let mut packing = PackingBuffer::with_capacity(capacity);
+                let mut pieces = empty_pieces(&c);
+                for segment in &bridged {
+                    layout
+                        .read_segment(&file, &path, 5, segment, &mut pieces, &mut packing)
+                        .unwrap();
+                }
+                prop_assert_eq!(&pieces, &expected);
+                let mut copied = empty_pieces(&c);
+                for segment in &bridged {
+                    layout.copy_segment_from(&data, 0, segment, &mut copied).unwrap();
+                }
+                prop_assert_eq!(&copied, &expected);
+
+                let out_path = dir.path().join("out");
+                let out = File::create(&out_path).unwrap();
+                out.write_all_at(&vec![0xAB; data.len()], 0).unwrap();
+                for segment in &bridged {
+                    layout
+                        .write_segment(&out, &out_path, 0, segment, &expected, &mut packing)
+                        .unwrap();
+                }
+                let written = std::fs::read(&out_path).unwrap();
+                let starts: Vec<u64> = bridged.iter().map(|s| s.offset).collect();
+                for (k, index) in IndexBox::grid(
+                    &c.file_box.shape.iter().map(|&s| s as usize).collect::<Vec<_>>(),
+                )
+                .enumerate()
+                {
+                    let point = point_of(&c.file_box, &index);
+                    let at = k * 4;
+                    let got = &written[at..at + 4];
+                    let spanned = bridged
+                        .iter()
+                        .any(|s| s.offset <= at as u64 && (at as u64) < s.offset + s.len);
+                    if inside(&c.region, &point) {
+                        prop_assert_eq!(got, &value(&point)[..]);
+                    } else if spanned {
+                        prop_assert!(got.iter().all(|&b| b == 0), "gap at {:?} not zeros ({:?})", point, starts);
+                    } else {
+                        prop_assert!(got.iter().all(|&b| b == 0xAB), "wrote outside the segments at {:?}", point);
                     }
                 }
             }

@@ -1,6 +1,8 @@
 //! The write side: pieces wait here until their write block is complete,
 //! then go, a slab at a time, to a writer thread that gathers them into
-//! the output files while the reader goes on with the next step. Encoded
+//! the output files while the reader goes on with the next step. A padded
+//! (Zarr) edge chunk is written as if its file held just its block, the
+//! padding between its rows filled in the same calls. Encoded
 //! output blocks (the sink's [`BlockSink::encoder`]) are gathered whole
 //! in memory instead, each in one slab (the planner cuts no slab through
 //! one), encoded, and written in one call.
@@ -15,7 +17,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::pieces::{PackingBuffer, PieceGrid, RowLayout};
+use super::pieces::{InFile, PackingBuffer, PieceGrid, RowLayout, Segment};
 use super::seekio::{self, FileKey, SeekLog};
 use super::sink::{BlockSink, OutputTarget};
 use crate::array::geometry::{show_shape, volume, IndexBox, Region};
@@ -187,6 +189,10 @@ impl<'a> Writer<'a> {
         let plan = self.plan;
         let write_box = &job.write_box;
         let grid = PieceGrid::new(&plan.steps, write_box);
+        // Where the write block this slab belongs to ends along the first
+        // dimension: slabs before it are followed by the rest.
+        let firsts = plan.write.axis(0);
+        let write_end = firsts.end(firsts.locate(write_box.origin[0]));
         let mut writes = SeekLog::default();
         let mut blocks_completed = 0;
         let mut encoded_from = 0;
@@ -214,7 +220,14 @@ impl<'a> Writer<'a> {
             // Writing the region again after a full disk rewrites the
             // same bytes in place; only the attempt that succeeds counts.
             let region_writes = loop {
-                match self.write_region(sink, rank, &block, &region, &grid, &job.pieces) {
+                match self.write_region(
+                    sink,
+                    rank,
+                    (&block, write_end),
+                    &region,
+                    &grid,
+                    &job.pieces,
+                ) {
                     Err(error) if error.is_no_space() => sink.no_space(error)?,
                     result => break result?,
                 }
@@ -280,13 +293,14 @@ impl<'a> Writer<'a> {
         Ok((writes, raw_len))
     }
 
-    /// Writes `region` of output block `rank` (`block`) from `pieces`;
+    /// Writes `region` of output block `rank` (`block`, in a write block
+    /// ending at `write_end` along the first dimension) from `pieces`;
     /// returns the calls made.
     fn write_region(
         &mut self,
         sink: &mut dyn BlockSink,
         rank: u64,
-        block: &Region,
+        (block, write_end): (&Region, u64),
         region: &Region,
         grid: &PieceGrid,
         pieces: &[Vec<u8>],
@@ -294,12 +308,18 @@ impl<'a> Writer<'a> {
         let target = sink.target(rank)?;
         check_file_holds(&target, block)?;
         let file_box = Region::new(block.origin.clone(), target.file_shape.to_vec());
-        let layout = RowLayout::new(region, &file_box, self.elem, grid);
+        // A padded edge chunk is written as if its file held just its
+        // block: each run of rows in one call, the padding between them
+        // filled with zeros (the fill value), as the planner counts.
+        let place = InFile::of(region, &file_box)
+            .bridging(Region::new(vec![0; block.ndim()], block.shape.clone()));
+        let layout = RowLayout::in_file(region, &place, self.elem, grid);
+        let tail = padding_after_slab(region, (block, write_end), target.file_shape) * self.elem;
         let mut writes = SeekLog::default();
         write_segments(
             &target,
             FileKey::Output(rank),
-            &layout,
+            (&layout, tail),
             pieces,
             &mut self.packing,
             &mut writes,
@@ -363,18 +383,57 @@ fn check_file_holds(target: &OutputTarget, block: &Region) -> Result<()> {
     Ok(())
 }
 
-/// Writes `layout`'s segments into `target` (file `key`), gathering from
-/// the `pieces`, logs each call in `writes`, and hands long segments to
-/// the disk at once.
+/// Elements of padding between the end of `region`, a slab of output
+/// block `block` along the first dimension that spans it in every other
+/// one and stops before its end and before `write_end` (where its write
+/// block ends: another slab of it follows), and the start of the block's
+/// next plane in its file of `file_shape` (a padded edge chunk's):
+/// written with the slab, so that the next slab's call continues it, as
+/// the planner counts; the slabs then write what the block's one call
+/// would, gaps included (`plan::Prediction::bytes_written`). 0 for any
+/// other region.
+fn padding_after_slab(
+    region: &Region,
+    (block, write_end): (&Region, u64),
+    file_shape: &[u64],
+) -> u64 {
+    let n = block.ndim();
+    let spans_rest =
+        (1..n).all(|d| region.origin[d] == block.origin[d] && region.shape[d] == block.shape[d]);
+    if !spans_rest || region.end(0) >= block.end(0).min(write_end) {
+        return 0;
+    }
+    let strides = crate::array::geometry::strides(file_shape);
+    let plane_end: u64 = (1..n)
+        .map(|d| (block.shape[d] - 1) * strides[d])
+        .sum::<u64>()
+        + 1;
+    strides[0] - plane_end
+}
+
+/// Writes `layout`'s segments into `target` (file `key`), each `tail`
+/// bytes longer (padding after a slab, [`padding_after_slab`], whose
+/// region is one segment), gathering from the `pieces`, logs each call in
+/// `writes`, and hands long segments to the disk at once.
 fn write_segments(
     target: &OutputTarget,
     key: FileKey,
-    layout: &RowLayout,
+    (layout, tail): (&RowLayout, u64),
     pieces: &[Vec<u8>],
     packing: &mut PackingBuffer,
     writes: &mut SeekLog,
 ) -> Result<()> {
     layout.for_each_segment(|segment| {
+        let extended;
+        let segment = if tail > 0 {
+            extended = Segment {
+                len: segment.len + tail,
+                ..segment.clone()
+            };
+            &extended
+        } else {
+            segment
+        };
         layout.write_segment(
             target.file,
             target.path,

@@ -4,7 +4,7 @@
 //! executor is held to these numbers (`tests/engine.rs`), so they model its
 //! order of calls, not an estimate of it.
 
-use super::dims::{DimOption, Overlap};
+use super::dims::{DimOption, Gaps, Overlap};
 use super::problem::Problem;
 use crate::array::geometry::{Axis, IndexBox};
 
@@ -75,6 +75,103 @@ pub(super) fn plan_read_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
         return dims.iter().map(|o| o.reads.pieces as u128).product();
     }
     read_seeks(dims, &problem.input_spans_exactly(&problem.input()))
+}
+
+/// Array bytes the plan `dims` makes for `problem` reads from its input
+/// files: every element once, and the bytes between the rows that a read
+/// through a window smaller than its file spans ([`gap_elements`]). Encoded
+/// inputs are read a whole decoded block at a time instead: the input
+/// blocks are a product of intervals, so their decoded volumes sum to the
+/// product of each dimension's summed extents.
+pub(super) fn plan_bytes_read(problem: &Problem, dims: &[&DimOption]) -> u128 {
+    let elem = problem.elem_size as u128;
+    let input = problem.input();
+    if problem.reads_whole_inputs() {
+        return (0..problem.ndim())
+            .map(|d| {
+                problem
+                    .input_file_extents(d, input.axis(d))
+                    .iter()
+                    .map(|&e| e as u128)
+                    .sum::<u128>()
+            })
+            .product::<u128>()
+            * elem;
+    }
+    let volume: u128 = problem.array.iter().map(|&a| a as u128).product();
+    let overlaps: Vec<Overlap> = dims.iter().map(|o| o.reads).collect();
+    let gaps: Vec<Gaps> = dims.iter().map(|o| o.read_gaps).collect();
+    (volume + gap_elements(&overlaps, &gaps)) * elem
+}
+
+/// Array bytes the plan `dims` makes for `problem` writes: every element
+/// once, and the padding filled between the rows of padded edge chunks
+/// ([`gap_elements`]). A slab of one that stops inside it along the first
+/// dimension is written with the padding up to the next plane
+/// (`engine::writer`), the same bytes its piece's one segment would span:
+/// steps do not change the count. Encoded outputs are gathered whole
+/// instead, padding included: the bytes they are encoded from.
+pub(super) fn plan_bytes_written(problem: &Problem, dims: &[&DimOption]) -> u128 {
+    let elem = problem.elem_size as u128;
+    if problem.writes_whole_outputs() {
+        let output = problem.output();
+        return (0..problem.ndim())
+            .map(|d| {
+                let axis = output.axis(d);
+                (0..axis.count())
+                    .map(|f| problem.output_files.file_extent(d, axis.extent(f)) as u128)
+                    .sum::<u128>()
+            })
+            .product::<u128>()
+            * elem;
+    }
+    let volume: u128 = problem.array.iter().map(|&a| a as u128).product();
+    let overlaps: Vec<Overlap> = dims.iter().map(|o| o.writes).collect();
+    let gaps: Vec<Gaps> = dims.iter().map(|o| o.write_gaps).collect();
+    (volume + gap_elements(&overlaps, &gaps)) * elem
+}
+
+/// Elements that calls span between the rows they move, summed over every
+/// segment (`overlaps` and `gaps`: per dimension, of the reads or of the
+/// writes). A segment of a piece (read block ∩ input block) whose
+/// `q` ([`segments`]) is `q` holds one index of each dimension before `q`,
+/// the piece's `P_q` in dimension `q` and the window whole after it; in
+/// its file, whose strides are `S`, it spans
+/// `(P_q − 1)·S_q + Σ_{d>q} (W_d − 1)·S_d + 1` elements of which it wants
+/// `P_q · Π_{d>q} W_d`. The sums over the pieces factor by dimension, as
+/// in [`segments`], the dimensions after `q` folded from the last.
+fn gap_elements(overlaps: &[Overlap], gaps: &[Gaps]) -> u128 {
+    let n = overlaps.len();
+    let (mut spanned, mut wanted) = (0u128, 0u128);
+    // Over the pieces whole in every dimension after q: their count, the
+    // sums of Π_{d>q} F_d and of Π_{d>q} W_d, and the sum of
+    // Σ_{d>q} (W_d − 1)·Π_{e>d} F_e.
+    let (mut count, mut files, mut windows, mut inner) = (1u128, 1u128, 1u128, 0u128);
+    for q in (0..n).rev() {
+        let before: u128 = overlaps[..q].iter().map(|o| o.extent_sum as u128).product();
+        let (pieces, extent, extent_less_one) = if q == 0 {
+            let all = overlaps[0];
+            (
+                all.pieces as u128,
+                all.extent_sum as u128,
+                gaps[0].extent_less_one,
+            )
+        } else {
+            (
+                gaps[q].cut_count,
+                gaps[q].cut_extent,
+                gaps[q].cut_extent_less_one,
+            )
+        };
+        spanned += before * (extent_less_one * files + pieces * (inner + count));
+        wanted += before * extent * windows;
+        let whole = overlaps[q].whole as u128;
+        inner = gaps[q].whole_window_less_one * files + whole * inner;
+        count *= whole;
+        files *= gaps[q].whole_file;
+        windows *= gaps[q].whole_window;
+    }
+    spanned - wanted
 }
 
 /// The peak of [`simulate_peak`]: while a step is read, plus the decoded

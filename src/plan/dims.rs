@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use crate::array::geometry::{Axis, FileShape};
+use crate::array::geometry::Axis;
 
 /// How write intervals follow read intervals along one dimension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -29,7 +29,12 @@ pub(super) struct DimOption {
     /// Per read interval: length of the write interval it completes (0: none).
     pub(super) completed_len: Vec<u64>,
     pub(super) reads: Overlap,
+    /// What the bytes bridged reads read past their rows need.
+    pub(super) read_gaps: Gaps,
     pub(super) writes: Overlap,
+    /// What the padding a write fills between the rows of a padded edge
+    /// chunk needs.
+    pub(super) write_gaps: Gaps,
     /// Counts over read intervals for read-continuation prediction.
     pub(super) unit_reads: u64,
     pub(super) unit_reads_completing: u64,
@@ -73,6 +78,51 @@ pub(super) struct Overlap {
     pub(super) extent_sum: u64,
 }
 
+/// Sums over the (read interval, input interval) pairs along one
+/// dimension, each pair with its extent `P`, its window's `W` and its
+/// file's `F` ([`Problem::read_window`]): what the bytes a read reads
+/// between the rows of a window smaller than its file add up to
+/// (`cost::gap_elements`). Likewise over (write interval, output interval)
+/// pairs, the window being the output block and the file its padded chunk.
+///
+/// [`Problem::read_window`]: super::Problem::read_window
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Gaps {
+    /// Over the pairs spanning their window: Σ W, Σ (W − 1), Σ F.
+    pub(super) whole_window: u128,
+    pub(super) whole_window_less_one: u128,
+    pub(super) whole_file: u128,
+    /// Over the pairs not spanning their window: their count, Σ P, Σ (P − 1).
+    pub(super) cut_count: u128,
+    pub(super) cut_extent: u128,
+    pub(super) cut_extent_less_one: u128,
+    /// Over all pairs: Σ (P − 1).
+    pub(super) extent_less_one: u128,
+}
+
+impl Gaps {
+    fn of(moving: &Axis, file: &Axis, windows: &[u64], files: &[u64]) -> Gaps {
+        let mut gaps = Gaps::default();
+        for f in 0..file.count() {
+            let (start, end) = (file.start(f), file.end(f));
+            for m in moving.overlapping(start, end) {
+                let extent = (moving.end(m).min(end) - moving.start(m).max(start)) as u128;
+                gaps.extent_less_one += extent - 1;
+                if moving.start(m) <= start && moving.end(m) >= end && windows[f] == end - start {
+                    gaps.whole_window += windows[f] as u128;
+                    gaps.whole_window_less_one += windows[f] as u128 - 1;
+                    gaps.whole_file += files[f] as u128;
+                } else {
+                    gaps.cut_count += 1;
+                    gaps.cut_extent += extent;
+                    gaps.cut_extent_less_one += extent - 1;
+                }
+            }
+        }
+        gaps
+    }
+}
+
 impl Overlap {
     /// `file_extent(f)`: the length of file interval `f`'s file along this
     /// dimension; a piece spans its file whole only when it covers the
@@ -98,14 +148,16 @@ impl Overlap {
 
 impl DimOption {
     /// `read`: the read intervals, of `read_step` (clipped at the array's
-    /// ends); `input` and `output`: the file axes along dimension `d`,
-    /// with their files' extents (per input interval; as the output files
-    /// are shaped).
+    /// ends); `input` and `output`: the file axes along this dimension,
+    /// the extents of the input files' read windows and of the files with
+    /// them (per input interval; `Problem::read_window`), and the output
+    /// files' extents (per output interval). Output files count as holding
+    /// exactly their blocks: the writer fills a padded edge chunk's padding
+    /// between the rows it writes, in the same calls.
     pub(super) fn new(
         read: Axis,
-        (input, input_extents): (&Axis, &[u64]),
-        (output, output_files): (&Axis, &FileShape),
-        d: usize,
+        (input, windows, files): (&Axis, &[u64], &[u64]),
+        (output, output_files): (&Axis, &[u64]),
         read_step: u64,
         mode: WriteMode,
     ) -> DimOption {
@@ -113,6 +165,7 @@ impl DimOption {
             WriteMode::Immediate => (read.clone(), (0..read.count()).map(Some).collect()),
             WriteMode::Keep => keep_write_intervals(&read, output),
         };
+        let blocks: Vec<u64> = (0..output.count()).map(|f| output.extent(f)).collect();
         let completed_len = completes
             .iter()
             .map(|c| c.map_or(0, |w| write.extent(w)))
@@ -124,10 +177,10 @@ impl DimOption {
         let mut option = DimOption {
             read_step,
             mode,
-            reads: Overlap::of(&read, input, |f| input_extents[f]),
-            writes: Overlap::of(&write, output, |f| {
-                output_files.file_extent(d, output.extent(f))
-            }),
+            reads: Overlap::of(&read, input, |f| windows[f]),
+            read_gaps: Gaps::of(&read, input, windows, files),
+            writes: Overlap::of(&write, output, |f| output.extent(f)),
+            write_gaps: Gaps::of(&write, output, &blocks, output_files),
             unit_reads: 0,
             unit_reads_completing: 0,
             inner_reads: 0,

@@ -41,7 +41,7 @@ use serde::Serialize;
 use crate::array::geometry::{Partition, Region};
 use crate::array::units::show_bytes;
 use crate::error::{Error, Result};
-use cost::{clamp, plan_peak, plan_read_seeks, write_seeks};
+use cost::{clamp, plan_bytes_read, plan_bytes_written, plan_peak, plan_read_seeks, write_seeks};
 use dims::DimOption;
 pub use dims::WriteMode;
 pub use problem::Problem;
@@ -89,6 +89,15 @@ pub struct Prediction {
     /// the slab being written, every piece waiting for its write block, and
     /// with encoded outputs the block being encoded (see `cost`).
     pub peak_bytes: u64,
+    /// Array bytes read from the input files: each element once, plus what
+    /// bridged reads span between the rows they want (`Problem::bridged`);
+    /// for encoded inputs, each decoded block once.
+    pub bytes_read: u64,
+    /// Array bytes written to the output files: each element once, plus
+    /// the padding filled between the rows of padded edge chunks; for
+    /// encoded outputs, the whole blocks gathered, padding included, before
+    /// encoding.
+    pub bytes_written: u64,
 }
 
 impl Prediction {
@@ -255,7 +264,8 @@ pub fn baseline(problem: &Problem) -> Plan {
 }
 
 /// keep(r̂): read blocks of shape `r̂`, keep mode in every dimension; costs
-/// exactly `n_I + n_O` seeks, whatever its memory, when no file is padded.
+/// exactly `n_I + n_O` seeks, whatever its memory, when no input file is
+/// padded.
 pub fn keep_rhat(problem: &Problem) -> Plan {
     let (input, output) = (problem.input(), problem.output());
     let rhat = problem.rhat();
@@ -263,6 +273,21 @@ pub fn keep_rhat(problem: &Problem) -> Plan {
         .map(|d| problem.dim_option(d, &input, &output, rhat[d], WriteMode::Keep))
         .collect();
     assemble(problem, Strategy::Keep, &dims.iter().collect::<Vec<_>>())
+}
+
+/// keep(r̂)'s seeks and bytes read, without simulating its memory: what
+/// cutting a job into parts compares.
+pub(crate) fn keep_rhat_io(problem: &Problem) -> (u128, u128) {
+    let (input, output) = (problem.input(), problem.output());
+    let rhat = problem.rhat();
+    let dims: Vec<DimOption> = (0..problem.ndim())
+        .map(|d| problem.dim_option(d, &input, &output, rhat[d], WriteMode::Keep))
+        .collect();
+    let dims: Vec<&DimOption> = dims.iter().collect();
+    (
+        plan_read_seeks(problem, &dims) + write_seeks(problem, &dims),
+        plan_bytes_read(problem, &dims),
+    )
 }
 
 /// The plan that `dims` make, one option per dimension, with its costs.
@@ -273,6 +298,8 @@ fn assemble(problem: &Problem, strategy: Strategy, dims: &[&DimOption]) -> Plan 
         read_seeks: clamp(plan_read_seeks(problem, dims)),
         write_seeks: clamp(write_seeks(problem, dims)),
         peak_bytes: clamp(plan_peak(problem, dims, &steps, u128::MAX)),
+        bytes_read: clamp(plan_bytes_read(problem, dims)),
+        bytes_written: clamp(plan_bytes_written(problem, dims)),
     };
     Plan {
         strategy,

@@ -8,14 +8,17 @@
 //! lcm(input block, output block), where no input block is shared and
 //! nothing costs more; at output block boundaries, where an input block
 //! straddling the cut is read by both parts, each reading only its own
-//! rows: along the first (slowest) dimension that is one more seek per
+//! box: along the first (slowest) dimension that is one more seek per
 //! such block and no byte more; along inner dimensions a straddling block
-//! costs a seek per row. Every way of writing N as a product of part
-//! counts per dimension is tried, each dimension cut either way, and the
-//! one with the least overhead (extra seeks and bytes, against one
-//! machine) plus imbalance (largest part over the mean) is chosen.
+//! costs a seek per row, or, read *bridged* (`Problem::bridged`), a seek
+//! per run of its clipped box's rows and the bytes of the other parts'
+//! rows between them. Every way of writing N as a product of part counts
+//! per dimension is tried, each dimension cut either way and each inner
+//! dimension bridged or not, and the one with the least overhead (extra
+//! seeks and extra bytes, as fractions of one machine's) plus imbalance
+//! (largest part over the mean) is chosen.
 
-use super::{keep_rhat, Problem};
+use super::{keep_rhat_io, Problem};
 use crate::array::geometry::{Axis, IndexBox, Partition, Region};
 use crate::error::{Error, Result};
 
@@ -25,6 +28,9 @@ use crate::error::{Error, Result};
 pub struct Parts {
     pub problem: Problem,
     pub grid: Partition,
+    /// Per dimension: whether the parts read the input blocks they clip
+    /// there bridged (`Problem::bridged`).
+    pub bridged: Vec<bool>,
 }
 
 impl Parts {
@@ -40,29 +46,10 @@ impl Parts {
 
     /// Part `k` as a problem of its own.
     pub fn problem(&self, k: u64) -> Problem {
-        self.problem.part(&self.region(k))
+        self.problem
+            .part(&self.region(k))
+            .with_bridged(self.bridged.clone())
     }
-}
-
-/// Array bytes `problem` reads from its input files: its own box's, except
-/// for encoded inputs, read a whole (decoded) block at a time.
-pub fn bytes_read(problem: &Problem) -> u64 {
-    let volume: u64 = if problem.reads_whole_inputs() {
-        // The input blocks are a product of intervals: their decoded
-        // volumes sum to the product of each dimension's summed extents.
-        let input = problem.input();
-        (0..problem.ndim())
-            .map(|d| {
-                problem
-                    .input_file_extents(d, input.axis(d))
-                    .iter()
-                    .sum::<u64>()
-            })
-            .product()
-    } else {
-        problem.array.iter().product()
-    };
-    volume * problem.elem_size
 }
 
 /// `problem` cut into `parts` boxes of whole output blocks, the cheapest
@@ -75,19 +62,19 @@ pub fn cut(problem: &Problem, parts: u64) -> Result<Parts> {
         )));
     }
     let base = Cost::of(std::slice::from_ref(problem));
-    let mut best: Option<(f64, Partition)> = None;
+    let mut best: Option<(f64, Partition, Vec<bool>)> = None;
     for counts in factorizations(parts, problem.ndim()) {
         for grid in grids(problem, &counts) {
-            let pieces: Vec<Problem> = IndexBox::grid(&grid.grid_shape())
-                .map(|index| problem.part(&grid.block(&index)))
-                .collect();
-            let score = Cost::of(&pieces).score(&base);
-            if best.as_ref().is_none_or(|(least, _)| score < *least - 1e-9) {
-                best = Some((score, grid));
+            let (score, bridged) = least_bridges(problem, &grid, &base);
+            if best
+                .as_ref()
+                .is_none_or(|(least, ..)| score < *least - 1e-9)
+            {
+                best = Some((score, grid, bridged));
             }
         }
     }
-    let (_, grid) = best.ok_or_else(|| {
+    let (_, grid, bridged) = best.ok_or_else(|| {
         Error::BadArgument(format!(
             "--parts {parts}: the output grid cannot be cut into {parts} boxes of whole blocks; \
              try a number that divides its block counts"
@@ -96,7 +83,41 @@ pub fn cut(problem: &Problem, parts: u64) -> Result<Parts> {
     Ok(Parts {
         problem: problem.clone(),
         grid,
+        bridged,
     })
+}
+
+/// The dimensions the parts of `grid` read bridged: of every set of the
+/// dimensions `grid` cuts (but the first, whose rows are whole anyway),
+/// the one with the least score against `base`; and the score. Bridging
+/// one dimension can pay only once another is bridged too, so every set
+/// is tried (at most 2^(N-1) of them).
+fn least_bridges(problem: &Problem, grid: &Partition, base: &Cost) -> (f64, Vec<bool>) {
+    let score_of = |bridged: &[bool]| -> f64 {
+        let pieces: Vec<Problem> = IndexBox::grid(&grid.grid_shape())
+            .map(|index| {
+                problem
+                    .part(&grid.block(&index))
+                    .with_bridged(bridged.to_vec())
+            })
+            .collect();
+        Cost::of(&pieces).score(base)
+    };
+    let cut: Vec<usize> = (1..problem.ndim())
+        .filter(|&d| grid.axis(d).count() > 1 && !problem.reads_whole_inputs())
+        .collect();
+    let mut best: Option<(f64, Vec<bool>)> = None;
+    for set in 0..1u64 << cut.len() {
+        let mut bridged = vec![false; problem.ndim()];
+        for (bit, &d) in cut.iter().enumerate() {
+            bridged[d] = set >> bit & 1 == 1;
+        }
+        let score = score_of(&bridged);
+        if best.as_ref().is_none_or(|(least, _)| score < *least - 1e-9) {
+            best = Some((score, bridged));
+        }
+    }
+    best.unwrap_or((f64::INFINITY, vec![false; problem.ndim()]))
 }
 
 /// What a set of parts costs, as keep(r̂) plans them: the measure the cuts
@@ -110,12 +131,9 @@ struct Cost {
 
 impl Cost {
     fn of(parts: &[Problem]) -> Cost {
-        let bytes: Vec<u128> = parts.iter().map(|p| bytes_read(p) as u128).collect();
+        let (seeks, bytes): (Vec<u128>, Vec<u128>) = parts.iter().map(keep_rhat_io).unzip();
         Cost {
-            seeks: parts
-                .iter()
-                .map(|p| keep_rhat(p).prediction.seeks() as u128)
-                .sum(),
+            seeks: seeks.iter().sum(),
             bytes: bytes.iter().sum(),
             largest: bytes.iter().copied().max().unwrap_or(0),
             parts: parts.len() as u128,
@@ -219,7 +237,7 @@ fn gcd(a: u64, b: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{baseline, plan, Strategy};
+    use crate::plan::{baseline, keep_rhat, plan, Strategy};
 
     fn config4() -> Problem {
         Problem::new(vec![3500; 3], vec![175; 3], vec![250; 3], 2).unwrap()
@@ -236,8 +254,43 @@ mod tests {
             .map(|k| keep_rhat(&parts.problem(k)).prediction.seeks())
             .sum();
         assert_eq!(seeks, keep_rhat(&problem).prediction.seeks());
-        let bytes: u64 = (0..4).map(|k| bytes_read(&parts.problem(k))).sum();
-        assert_eq!(bytes, bytes_read(&problem));
+        let bytes: u64 = (0..4)
+            .map(|k| keep_rhat(&parts.problem(k)).prediction.bytes_read)
+            .sum();
+        assert_eq!(bytes, keep_rhat(&problem).prediction.bytes_read);
+    }
+
+    /// The jobs of docs/cluster.md's table, each part planned in 4 GiB as
+    /// `rechunk --part` plans it: seeks and bytes read, summed.
+    fn job_in_parts(problem: &Problem, count: u64) -> (u64, u64) {
+        let parts = cut(problem, count).unwrap();
+        (0..count)
+            .map(|k| {
+                let chosen = plan(&parts.problem(k), Strategy::Keep, Some(4 << 30)).unwrap();
+                (chosen.prediction.seeks(), chosen.prediction.bytes_read)
+            })
+            .fold((0, 0), |(s, b), (ps, pb)| (s + ps, b + pb))
+    }
+
+    #[test]
+    fn bigbrain_and_config_4_in_64_and_256_parts() {
+        // BigBrain (u16) into 256³: one machine makes n_I + n_O = 2,813
+        // seeks. 64 and 256 parts must cut inner dimensions (16 output
+        // blocks along the first), and each part meets at least one more
+        // input block per cut: 16 × 4 × 4 parts meet 20 × 8 × 8 = 1,280.
+        // Their clipped blocks are read bridged, one seek each, for the
+        // rows of the other parts between.
+        let bigbrain =
+            Problem::new(vec![3850, 3025, 3500], vec![770, 605, 700], vec![256; 3], 2).unwrap();
+        assert_eq!(job_in_parts(&bigbrain, 1), (2_813, 81_523_750_000));
+        assert_eq!(job_in_parts(&bigbrain, 16), (3_188, 81_523_750_000));
+        assert_eq!(job_in_parts(&bigbrain, 64), (3_408, 117_292_392_000));
+        assert_eq!(job_in_parts(&bigbrain, 256), (3_968, 208_293_568_000));
+        // Configuration 4: one machine in 4 GiB makes 12,312 seeks.
+        let config4 = config4();
+        assert_eq!(job_in_parts(&config4, 1), (12_312, 85_750_000_000));
+        assert_eq!(job_in_parts(&config4, 64), (14_184, 94_261_300_000));
+        assert_eq!(job_in_parts(&config4, 256), (17_616, 122_411_816_800));
     }
 
     #[test]

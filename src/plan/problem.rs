@@ -28,6 +28,17 @@ pub struct Problem {
     pub origin: Vec<u64>,
     /// The whole array's shape (`array` but for a part).
     pub whole: Vec<u64>,
+    /// Per dimension: whether an input block this problem's array clips
+    /// there is read as if its file held just the clipped box, each run
+    /// of its rows in one call that reads the rows of the neighbouring
+    /// parts between them and drops them ([`Problem::read_window`]): one
+    /// seek where rows would cost one each, for the bytes between.
+    #[serde(skip_serializing_if = "no_bridges")]
+    pub bridged: Vec<bool>,
+}
+
+fn no_bridges(bridged: &[bool]) -> bool {
+    !bridged.contains(&true)
 }
 
 impl Problem {
@@ -48,6 +59,7 @@ impl Problem {
             output_block: clip(output_block),
             origin: vec![0; array.len()],
             whole: array.clone(),
+            bridged: vec![false; array.len()],
             array,
             elem_size,
             input_files: FileShape::Exact,
@@ -109,6 +121,34 @@ impl Problem {
         part
     }
 
+    /// The same problem reading the input blocks it clips in the
+    /// dimensions `bridged` says as if their files held just the clipped
+    /// box (see the field). Encoded inputs are read whole anyway.
+    pub fn with_bridged(mut self, bridged: Vec<bool>) -> Problem {
+        if bridged.len() == self.ndim() && !self.reads_whole_inputs() {
+            self.bridged = bridged;
+        }
+        self
+    }
+
+    /// The box of an input block's file (`file_box`, holding `block`, both
+    /// in the whole array's coordinates) whose runs of rows the reads
+    /// follow, in the file's coordinates: the whole file, but in bridged
+    /// dimensions the part of the block inside this problem's array.
+    pub fn read_window(&self, block: &Region, file_box: &Region) -> Region {
+        let (origin, shape) = (0..self.ndim())
+            .map(|d| {
+                if !self.bridged[d] {
+                    return (0, file_box.shape[d]);
+                }
+                let start = block.origin[d].max(self.origin[d]);
+                let end = block.end(d).min(self.origin[d] + self.array[d]);
+                (start - file_box.origin[d], end.saturating_sub(start))
+            })
+            .unzip();
+        Region::new(origin, shape)
+    }
+
     /// The whole array's regular intervals of `step` along dimension `d`,
     /// as they cut this problem's array (its coordinates).
     pub fn axis_of(&self, d: usize, step: u64) -> Axis {
@@ -136,6 +176,16 @@ impl Problem {
             .collect()
     }
 
+    /// Per input interval along dimension `d`: the extent of the window
+    /// its reads follow ([`Problem::read_window`]): the file's, or in a
+    /// bridged dimension the interval's own.
+    pub(super) fn input_window_extents(&self, d: usize, input: &Axis) -> Vec<u64> {
+        if self.bridged[d] {
+            return (0..input.count()).map(|f| input.extent(f)).collect();
+        }
+        self.input_file_extents(d, input)
+    }
+
     /// The options for dimension `d`: read intervals of `read_step`, writes following them in `mode`.
     pub(super) fn dim_option(
         &self,
@@ -145,12 +195,16 @@ impl Problem {
         read_step: u64,
         mode: WriteMode,
     ) -> DimOption {
-        let input_extents = self.input_file_extents(d, input.axis(d));
+        let files = self.input_file_extents(d, input.axis(d));
+        let windows = self.input_window_extents(d, input.axis(d));
+        let outputs = output.axis(d);
+        let output_files: Vec<u64> = (0..outputs.count())
+            .map(|f| self.output_files.file_extent(d, outputs.extent(f)))
+            .collect();
         DimOption::new(
             self.axis_of(d, read_step),
-            (input.axis(d), &input_extents),
-            (output.axis(d), &self.output_files),
-            d,
+            (input.axis(d), &windows, &files),
+            (outputs, &output_files),
             read_step,
             mode,
         )
@@ -228,8 +282,9 @@ impl Problem {
     }
 
     /// `n_I + n_O`: every input block read whole and every output block
-    /// written whole, once. (With padded files an edge block cannot be
-    /// one segment, so no plan reaches it then.)
+    /// written whole, once. (With padded input files an edge block cannot
+    /// be one segment, so no plan reaches it then; padded output files are
+    /// written whole, their padding filled.)
     pub fn lower_bound_seeks(&self) -> u64 {
         self.input().count() + self.output().count()
     }

@@ -21,14 +21,19 @@ const MAX_STEPS_PER_READ: u64 = 16;
 /// boundary, or anywhere when every write interval of the other dimensions
 /// lies inside one output. Cuts closer than 1/16 of the read block are
 /// skipped, so each step moves enough bytes to pay for its hand-over.
+/// An input block read bridged is not cut inside: the two calls would
+/// not continue each other across the gap after the first one's last row.
+/// (A slab of a padded edge chunk is written with the padding after its
+/// last row, so the next continues it: `engine::writer`.)
 /// When `problem` reads input blocks whole (encoded inputs), only input
 /// boundaries cut, so no step cuts an input block; when it writes output
 /// blocks whole (encoded outputs), only output boundaries cut, so each
 /// slab handed to the writer holds whole output blocks.
 pub(super) fn step_axis(dims: &[&DimOption], problem: &Problem) -> Axis {
     let first = dims[0];
-    let reads_in_one_input =
-        !problem.reads_whole_inputs() && dims[1..].iter().all(|o| o.reads_within_one_input);
+    let reads_in_one_input = !problem.reads_whole_inputs()
+        && !problem.bridged.contains(&true)
+        && dims[1..].iter().all(|o| o.reads_within_one_input);
     let writes_in_one_output =
         !problem.writes_whole_outputs() && dims[1..].iter().all(|o| o.writes_within_one_output);
     let mut bounds = Vec::with_capacity(first.read.count() + 1);

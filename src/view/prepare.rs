@@ -329,7 +329,7 @@ fn plan_view(
     let left = request.mem.map(|mem| mem.saturating_sub(reserved));
     let (plan, mem) = plan::plan_within(&problem, request.strategy, left, cgroup_limit)?;
     if reserved > 0 {
-        log::info!("planning level 0 within {left:?} bytes: {reserved} are for pyramid blocks");
+        log::debug!("planning level 0 within {left:?} bytes: {reserved} are for pyramid blocks");
     } else if mem != request.mem {
         log::info!(
             "planning within {} bytes, half of the memory cgroup's {} bytes (--mem: {:?})",
