@@ -1171,6 +1171,24 @@ fn a_stopped_daemon_is_named_by_status_and_umount_at_once() {
     check_view(&view, &array, &block, "u1");
 }
 
+/// Mounts `input` on `view` staged in `staging`, which must be refused
+/// before anything is mounted; the refusal's output.
+fn refused_mount(input: &Path, view: &Path, staging: &Path) -> Output {
+    let args = View::args(input, view, staging, "8,8", &[]);
+    let output = run(&args.iter().map(String::as_str).collect::<Vec<_>>(), 0);
+    let mounted = rechunkfs::fuse::session::is_mounted(view);
+    if mounted {
+        let _ = rechunkfs::fuse::session::detach(view);
+    }
+    assert!(
+        !output.status.success() && !mounted,
+        "{} staged in {}: mounted",
+        view.display(),
+        staging.display()
+    );
+    output
+}
+
 #[test]
 fn staging_inside_the_view_or_the_input_and_a_view_inside_staging_are_refused() {
     require!(Fuse);
@@ -1209,18 +1227,7 @@ fn staging_inside_the_view_or_the_input_and_a_view_inside_staging_are_refused() 
             "is inside the staging area",
         ),
     ] {
-        let args = View::args(&input, &view, &staging, "8,8", &[]);
-        let output = run(&args.iter().map(String::as_str).collect::<Vec<_>>(), 0);
-        let mounted = rechunkfs::fuse::session::is_mounted(&view);
-        if mounted {
-            let _ = rechunkfs::fuse::session::detach(&view);
-        }
-        assert!(
-            !output.status.success() && !mounted,
-            "{} staged in {}: mounted",
-            view.display(),
-            staging.display()
-        );
+        let output = refused_mount(&input, &view, &staging);
         assert!(stderr(&output).contains(said), "{}", stderr(&output));
         assert_eq!(listing(&input), input_files, "the input was added to");
         assert_eq!(listing(&view), Vec::<std::ffi::OsString>::new());
@@ -1297,17 +1304,7 @@ fn a_staging_area_another_user_owns_or_may_write_is_refused_naming_it() {
             "may be written by other users (mode 0777, not sticky)",
         ),
     ] {
-        let args = View::args(&input, &view, &staging, "8,8", &[]);
-        let output = run(&args.iter().map(String::as_str).collect::<Vec<_>>(), 0);
-        let mounted = rechunkfs::fuse::session::is_mounted(&view);
-        if mounted {
-            let _ = rechunkfs::fuse::session::detach(&view);
-        }
-        assert!(
-            !output.status.success() && !mounted,
-            "staged in {}: mounted",
-            staging.display()
-        );
+        let output = refused_mount(&input, &view, &staging);
         let said = format!("{}: {said}", culprit.display());
         assert!(stderr(&output).contains(&said), "{}", stderr(&output));
         assert_untouched(&victim);
