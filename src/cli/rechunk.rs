@@ -2,7 +2,8 @@
 //! progress bar; the whole job, or one part of it (`--part K/N`, see
 //! `plan::parts`). What the output format cannot hold, or an OUT that is
 //! the input, is refused before OUT is touched. OUT records the job
-//! (`output::job`); a run that fails, is interrupted by SIGINT, SIGTERM or
+//! (`output::job`), and a later part takes the input and the cuts from
+//! that record instead of scanning and searching; a run that fails, is interrupted by SIGINT, SIGTERM or
 //! SIGHUP, or is killed keeps every block it finished, and the same
 //! command run again writes only the rest.
 

@@ -6,7 +6,10 @@
 //! bytes: dtype and byte order, `--values`, `--compress`, `--shard`,
 //! `--dataset`; the cuts into parts), the identity of every input file
 //! ([`FileIdentity`], as the view journals them), the size of each kind of
-//! block file, and the array metadata that `finish` writes last. It is created by a hard link from a synced temporary: of runs
+//! block file, and the array metadata that `finish` writes last; and, for
+//! the parts after the first, the input as scanned and the cuts' bridged
+//! dimensions, so that they neither scan nor search again. It is created
+//! by a hard link from a synced temporary: of runs
 //! starting at once exactly one link succeeds (on NFS, Lustre and GPFS
 //! too, which do not all offer `flock`), and the others read it and
 //! refuse a mismatch. A block's final name means complete and exact
