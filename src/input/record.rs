@@ -124,7 +124,7 @@ impl InputArray {
         if ndim == 0 || ndim > MAX_DIMS || record.block_shape.len() != ndim {
             return Err(bad(format!("{ndim} dimensions")));
         }
-        if record.block_shape.iter().any(|&b| b == 0) || record.shape.iter().any(|&s| s == 0) {
+        if record.block_shape.contains(&0) || record.shape.contains(&0) {
             return Err(bad("an empty dimension".into()));
         }
         let dtype = DType::new(record.kind, record.size, record.endian)?;
@@ -208,7 +208,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
+    if text.len() % 2 != 0 {
         return None;
     }
     (0..text.len())
