@@ -655,3 +655,81 @@ fn parts_cut_across_inner_dimensions_read_each_clipped_block_in_one_call() {
     // plan's, and the parts' output is one machine's, byte for byte.
     run_case(&case);
 }
+
+/// The parts after the first take the input from the job's record: they
+/// neither list the input's directory nor read its headers, so a stray
+/// name there that a scan refuses goes unseen, and the output is still
+/// one machine's, byte for byte as libhdf5 reads it. An input file
+/// changed since the record, here replaced by a block of another shape, is
+/// still refused by the next part, naming it, before that part writes any
+/// block: a stat of each file finds it.
+#[test]
+fn parts_after_the_first_take_the_input_from_the_record_and_refuse_a_changed_one() {
+    let root = tempfile::tempdir().unwrap();
+    let input = common::make_blocks(
+        root.path(),
+        "in",
+        &ARRAY,
+        &[16, 16, 16],
+        common::dtype("u2"),
+        BlockFormat::Hdf5,
+    );
+    let part = |out: &Path, k: &str| {
+        rechunkfs(&[
+            "rechunk",
+            text(&input),
+            text(out),
+            "--shape",
+            "20,25,15",
+            "-q",
+            "--part",
+            k,
+        ])
+    };
+    let out = root.path().join("out");
+    let first = part(&out, "0/3");
+    assert!(first.status.success(), "{}", common::stderr(&first));
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join(".rechunkfs-job.json")).unwrap()).unwrap();
+    let blocks = record["input_scan"]["blocks"].as_array().map(Vec::len);
+    assert_eq!(blocks, Some(4 * 4 * 3), "the record holds the scan");
+    std::fs::write(input.join("9_9_9.h5"), b"no block").unwrap();
+    let scan = rechunkfs(&["plan", text(&input), "--shape", "20,25,15"]);
+    assert!(!scan.status.success(), "a scan refuses the stray name");
+    for k in ["1/3", "2/3"] {
+        let output = part(&out, k);
+        assert!(output.status.success(), "{}", common::stderr(&output));
+    }
+    let finished = rechunkfs(&["finish", text(&out)]);
+    assert!(finished.status.success(), "{}", common::stderr(&finished));
+    common::verify_output(
+        &out,
+        &ARRAY,
+        &OUT_BLOCK,
+        common::dtype("u2"),
+        BlockFormat::Hdf5,
+    );
+
+    std::fs::remove_file(input.join("9_9_9.h5")).unwrap();
+    let out = root.path().join("changed");
+    let first = part(&out, "0/3");
+    assert!(first.status.success(), "{}", common::stderr(&first));
+    let sorted = |mut paths: Vec<PathBuf>| {
+        paths.sort();
+        paths
+    };
+    let before = sorted(walk(&out));
+    // The last block (12×2×8) replaced by a copy of the first (16³), put in
+    // its place by a rename as a careful writer does.
+    let copy = input.join(".3_3_2.h5.new");
+    std::fs::copy(input.join("0_0_0.h5"), &copy).unwrap();
+    std::fs::rename(&copy, input.join("3_3_2.h5")).unwrap();
+    let refused = part(&out, "2/3");
+    let message = common::stderr(&refused);
+    assert_eq!(refused.status.code(), Some(1), "{message}");
+    assert!(
+        message.contains("changed since") && message.contains("3_3_2.h5"),
+        "{message}"
+    );
+    assert_eq!(sorted(walk(&out)), before, "the refused part wrote nothing");
+}

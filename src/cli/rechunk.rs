@@ -2,7 +2,8 @@
 //! progress bar; the whole job, or one part of it (`--part K/N`, see
 //! `plan::parts`). What the output format cannot hold, or an OUT that is
 //! the input, is refused before OUT is touched. OUT records the job
-//! (`output::job`); a run that fails, is interrupted by SIGINT, SIGTERM or
+//! (`output::job`), and a later part takes the input and the cuts from
+//! that record instead of scanning and searching; a run that fails, is interrupted by SIGINT, SIGTERM or
 //! SIGHUP, or is killed keeps every block it finished, and the same
 //! command run again writes only the rest.
 
@@ -33,14 +34,32 @@ use crate::sys::{disk, signals};
 
 pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    // Headers are checked as the run reads each block (see crate::input).
-    let input = InputArray::scan_with(
-        &args.input,
-        Some(&args.input_args.dataset),
-        HeaderChecks::BeforeUse,
-    )?;
+    let part = PartArg::of(&args)?;
+    let recorded = recorded_job(&args, part);
+    let input = match recorded.as_ref() {
+        Some(record) => record.input(&args.output)?,
+        None => None,
+    };
+    let from_record = input.is_some();
+    let (input, space) = match input {
+        Some((input, space)) => (input, Some(space)),
+        // Headers are checked as the run reads each block (see crate::input).
+        None => (
+            InputArray::scan_with(
+                &args.input,
+                Some(&args.input_args.dataset),
+                HeaderChecks::BeforeUse,
+            )?,
+            None,
+        ),
+    };
     log::debug!(
-        "scanned {} input blocks in {:.3} s",
+        "{} {} input blocks in {:.3} s",
+        if from_record {
+            "took from the job record"
+        } else {
+            "scanned"
+        },
         input.blocks.len(),
         started.elapsed().as_secs_f64()
     );
@@ -48,10 +67,19 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         Some(text) => text.parse::<BlockFormat>()?,
         None => input.format.default_output(),
     };
-    let part = PartArg::of(&args)?;
     let input = input.with_values(args.input_args.values()?, format)?;
+    let space = match space {
+        Some(space) => space,
+        None => input.space()?,
+    };
     let (problem, encoding) = encoded_problem_of(&input, &args.planning, format)?;
-    let parts = plan::parts::cut(&problem, part.count)?;
+    let parts = match recorded
+        .as_ref()
+        .and_then(|r| recorded_parts(r, &problem, part))
+    {
+        Some(parts) => parts,
+        None => plan::parts::cut(&problem, part.count)?,
+    };
     let (plan, mem) = plan_rechunk(&args, &parts.problem(part.index))?;
     let format = output_format(format, &plan);
     if same_directory(&args.input, &args.output) {
@@ -64,7 +92,7 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         format,
         dataset: args.input_args.dataset.clone(),
         dtype: input.dtype,
-        space: input.space()?,
+        space: space.clone(),
         axis_order: input.axis_order(),
         encoding,
     };
@@ -94,7 +122,16 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         let extra = built.map(|built| levels.report(&built, order, args.json));
         return report_run(&plan, &stats, order, started.elapsed(), args.json, extra);
     }
-    let record = job_record(&args, &input, &parts, &spec)?;
+    let identities = match recorded.filter(|_| from_record) {
+        // Compared with the files a moment ago, by `JobRecord::input`.
+        Some(record) => record.inputs,
+        None => job::input_identity(&input)?,
+    };
+    let record = JobRecord {
+        inputs: identities,
+        input_scan: input.record(&space),
+        ..job_record(&args, &input, &parts, &spec)?
+    };
     let inputs = InputFiles::of(&input);
     let stats = write_output(
         &args,
@@ -152,7 +189,34 @@ impl PartArg {
     }
 }
 
-/// What this job makes, for OUT's record: every part computes the same.
+/// The record of `args`'s job in OUT, when there is one for this input
+/// and number of parts (and `--overwrite` does not start the job over):
+/// its input and cuts stand for a scan and a search. Whatever else
+/// differs is refused when the run records its job.
+fn recorded_job(args: &RechunkArgs, part: PartArg) -> Option<JobRecord> {
+    if args.overwrite {
+        return None;
+    }
+    // An OUT that cannot be read is said so when the run prepares it.
+    let record = job::read_job(&args.output).ok()??;
+    let input = args.input.canonicalize().ok()?;
+    let same = record.spec.input == input
+        && record.spec.dataset == args.input_args.dataset
+        && record.spec.parts == part.count;
+    same.then_some(record)
+}
+
+/// The parts `record` cut `problem` into, if it is the problem recorded.
+fn recorded_parts(record: &JobRecord, problem: &Problem, part: PartArg) -> Option<Parts> {
+    let spec = &record.spec;
+    let same = spec.array == problem.array
+        && spec.input_block == problem.input_block
+        && spec.output_block == problem.output_block;
+    same.then(|| plan::parts::recorded(problem, part.count, &spec.cuts, &record.bridged))?
+}
+
+/// What this job makes, for OUT's record (but the input files'
+/// identities): every part computes the same.
 fn job_record(
     args: &RechunkArgs,
     input: &InputArray,
@@ -208,9 +272,11 @@ fn job_record(
             }
             .into(),
         },
-        inputs: job::input_identity(input)?,
+        inputs: Vec::new(),
         block_sizes,
         metadata_files,
+        bridged: parts.bridged.clone(),
+        input_scan: None,
     })
 }
 

@@ -24,10 +24,12 @@
 mod discover;
 mod grid;
 mod probe;
+mod record;
 mod tiff;
 mod values;
 mod zarr;
 
+pub use record::ScanRecord;
 pub use values::Values;
 
 use std::fs;

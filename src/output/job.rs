@@ -6,7 +6,10 @@
 //! bytes: dtype and byte order, `--values`, `--compress`, `--shard`,
 //! `--dataset`; the cuts into parts), the identity of every input file
 //! ([`FileIdentity`], as the view journals them), the size of each kind of
-//! block file, and the array metadata that `finish` writes last. It is created by a hard link from a synced temporary: of runs
+//! block file, and the array metadata that `finish` writes last; and, for
+//! the parts after the first, the input as scanned and the cuts' bridged
+//! dimensions, so that they neither scan nor search again. It is created
+//! by a hard link from a synced temporary: of runs
 //! starting at once exactly one link succeeds (on NFS, Lustre and GPFS
 //! too, which do not all offer `flock`), and the others read it and
 //! refuse a mismatch. A block's final name means complete and exact
@@ -26,7 +29,7 @@ use crate::array::axes::AxisOrder;
 use crate::array::geometry::{Axis, IndexBox, Partition, Region};
 use crate::error::{Error, Result};
 use crate::format::BlockFormat;
-use crate::input::{FileIdentity, InputArray};
+use crate::input::{FileIdentity, InputArray, ScanRecord};
 use crate::output::filetree::{Dir, FileTree, Node};
 
 /// The job record's name in OUT: hidden, so that no reader takes the
@@ -108,6 +111,34 @@ pub struct JobRecord {
     /// The files describing the whole array (name, text), which `finish`
     /// writes once every block is in place.
     pub metadata_files: Vec<(String, String)>,
+    /// Per dimension, whether the parts read the input blocks they clip
+    /// there bridged: with the cuts, the parts as `plan::parts::cut` chose
+    /// them, so that no part searches for them again.
+    #[serde(default)]
+    pub bridged: Vec<bool>,
+    /// The input as the first run scanned it, its blocks' files those of
+    /// `inputs`: the parts after it read this instead of the input's
+    /// headers (`None` for an input no record holds, which each part scans).
+    #[serde(default)]
+    pub input_scan: Option<ScanRecord>,
+}
+
+impl JobRecord {
+    /// The input this record holds, if it holds one, and its place in the
+    /// world. A record is refused if any input file's identity differs from
+    /// the one recorded (one stat each, naming the files): a changed file
+    /// may hold another geometry than the record's, and the blocks of
+    /// other parts were made from it as it was.
+    pub fn input(&self, out: &Path) -> Result<Option<(InputArray, crate::array::space::Space)>> {
+        let Some(scan) = &self.input_scan else {
+            return Ok(None);
+        };
+        let paths = self.inputs.iter().map(|i| i.path.clone()).collect();
+        let input = InputArray::from_record(scan, paths, &out.join(JOB_NAME))?;
+        let now = input_identity(&input.0)?;
+        check_inputs(out, &self.inputs, &now)?;
+        Ok(Some(input))
+    }
 }
 
 /// Every input file's identity, now.
@@ -245,14 +276,19 @@ fn check_same_job(out: &Path, found: &JobRecord, wanted: &JobRecord) -> Result<(
             ),
         });
     }
-    let changed: Vec<String> = found
-        .inputs
+    check_inputs(out, &found.inputs, &wanted.inputs)
+}
+
+/// Refuses input files whose identity `now` is not the one `recorded`,
+/// naming them.
+fn check_inputs(out: &Path, recorded: &[InputIdentity], now: &[InputIdentity]) -> Result<()> {
+    let changed: Vec<String> = recorded
         .iter()
-        .zip(&wanted.inputs)
+        .zip(now)
         .filter(|(was, is)| was != is)
         .map(|(was, is)| describe_change(was, is))
         .collect();
-    if !changed.is_empty() || found.inputs.len() != wanted.inputs.len() {
+    if !changed.is_empty() || recorded.len() != now.len() {
         return Err(Error::BadOutput {
             path: out.to_path_buf(),
             problem: format!(

@@ -52,6 +52,39 @@ impl Parts {
     }
 }
 
+/// `problem` cut as a job's record says it was (`cuts`: per dimension the
+/// parts' bounds; `bridged`), so that a part does not search again; `None`
+/// unless those are `parts` boxes of whole output blocks over the array.
+pub fn recorded(
+    problem: &Problem,
+    parts: u64,
+    cuts: &[Vec<u64>],
+    bridged: &[bool],
+) -> Option<Parts> {
+    let ndim = problem.ndim();
+    if cuts.len() != ndim || bridged.len() != ndim {
+        return None;
+    }
+    let mut count = 1u64;
+    for (d, bounds) in cuts.iter().enumerate() {
+        let whole = bounds.first() == Some(&0)
+            && bounds.last() == Some(&problem.array[d])
+            && bounds.windows(2).all(|w| w[0] < w[1])
+            && bounds[1..bounds.len() - 1]
+                .iter()
+                .all(|b| b % problem.output_block[d] == 0);
+        if !whole {
+            return None;
+        }
+        count = count.checked_mul(bounds.len() as u64 - 1)?;
+    }
+    (count == parts).then(|| Parts {
+        problem: problem.clone(),
+        grid: Partition::new(cuts.iter().map(|b| Axis::from_bounds(b.clone())).collect()),
+        bridged: bridged.to_vec(),
+    })
+}
+
 /// `problem` cut into `parts` boxes of whole output blocks, the cheapest
 /// way (see the module's doc).
 pub fn cut(problem: &Problem, parts: u64) -> Result<Parts> {
