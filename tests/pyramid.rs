@@ -674,9 +674,10 @@ print(json.dumps([int(a.min()), int(a.max())]))
         let root = dir.path().join(format);
         std::fs::create_dir(&root).unwrap();
         let flags = [
-            "--shape", "16,16,16", "--format", format, "--levels", "3", "--mem", "64K",
+            "--shape", "8,8,8", "--format", format, "--levels", "4", "--mem", "64K",
         ];
-        // 50 ms after each of 64 read blocks: level 1 needs the last.
+        // 50 ms after each of 64 read blocks: level 1 needs the last; level
+        // 2 has blocks built before level 1 completes.
         let view = MountedView::new(&input, &root, &flags, 50);
         let window = |metadata: &serde_json::Value| match format {
             "precomputed" => metadata["rechunkfs"]["window"].clone(),

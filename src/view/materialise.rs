@@ -212,7 +212,9 @@ impl StagingSink {
                 window.level1_done(&core);
             }
         }
-        self.window = window.filter(|w| !w.complete);
+        if k == 1 {
+            self.window = window.filter(|w| !w.complete);
+        }
         built?;
         // One level's buffers at a time: the next level's block, if this
         // one completes its sources, comes after these are freed.
