@@ -527,7 +527,7 @@ impl Level0Window {
         let left = level1.clone().filter(|&rank| !core.is_done(rank)).count() as u64;
         let mut window = Level0Window {
             values: LevelValues::new(
-                &files.level_grid(0),
+                files.level_grid(0),
                 core.layout().format,
                 core.layout().dtype,
             )
