@@ -235,7 +235,8 @@ fn neuroglancer_draws_a_view_served_while_it_fills() {
         status["state"], "complete",
         "the view filled before the browser came: {status}"
     );
-    // A view's OME-Zarr metadata is made before its data: no omero window.
+    // A filling view's metadata has no window yet: the link printed at
+    // mount gives no range.
     let shot = dir.path().join("view.png");
     let (summary, ok) = neuroglancer(&mounted.link, &shot, &["--range", "1000,3016"]);
     assert!(ok, "{summary}");
@@ -252,6 +253,28 @@ fn neuroglancer_draws_a_view_served_while_it_fills() {
         status["on_demand_blocks"].as_u64() > Some(0),
         "the browser read no pending block: {status}"
     );
+    // Once level 1 is done the view's metadata carries level 0's window:
+    // a link made from the view then gives the range by itself.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let status = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+            .args(["status", "--json"])
+            .arg(&view)
+            .output()
+            .unwrap();
+        let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+        if status["state"] == "complete" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the view did not fill: {status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let served = serve(&view);
+    let shot = dir.path().join("view-complete.png");
+    let (summary, ok) = neuroglancer(&served.link, &shot, &[]);
+    assert!(ok, "{summary}");
+    assert_eq!(summary["wrong_tiles"], 0, "{summary}");
+    drop(served);
     drop(mounted);
     // Killed in the foreground, the view is left for umount (it also
     // detaches a view whose daemon has died).

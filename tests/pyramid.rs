@@ -552,14 +552,11 @@ fn a_remounted_view_resumes_its_pyramid() {
     check(&view.view, "precomputed", &input, "mode", "2,2,2");
 }
 
-#[test]
-fn ome_zarr_carries_level_zeros_range_as_its_omero_window() {
-    require!(Readers);
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("narrow.zarr");
-    // uint16 in 1000..=3000 (a viewer's default 0-65535 shows it black), in
-    // a shape the output chunks do not divide: the padding of edge chunks
-    // (zeros) must not count.
+/// A uint16 Zarr array in 1000..=3000 (a viewer's default 0-65535 shows
+/// it black), in a shape 16³ chunks do not divide: the padding of edge
+/// chunks (zeros) must not count.
+fn make_narrow(dir: &Path) -> PathBuf {
+    let input = dir.join("narrow.zarr");
     let make = r#"
 import sys, numpy as np, zarr
 data = np.random.default_rng(3).integers(1000, 3000, size=(37, 29, 23), endpoint=True).astype("<u2")
@@ -572,7 +569,12 @@ z[...] = data
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", stderr(&output));
-    let read = r#"
+    input
+}
+
+/// Reads an OME-Zarr image's `omero` window with zarr-python, beside
+/// numpy's range of the source.
+const READ_OMERO: &str = r#"
 import json, sys, numpy as np, zarr
 source = zarr.open_array(sys.argv[1], mode="r")[...]
 group = zarr.open_group(sys.argv[2], mode="r")
@@ -583,6 +585,13 @@ print(json.dumps({"window": [window["start"], window["end"], window["min"], wind
                   "numpy": [int(source.min()), int(source.max())],
                   "channels": len(omero["channels"])}))
 "#;
+
+#[test]
+fn ome_zarr_carries_level_zeros_range_as_its_omero_window() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_narrow(dir.path());
+    let read = READ_OMERO;
     for format in ["zarr", "zarr3"] {
         let out = dir.path().join(format);
         rechunk(
@@ -605,5 +614,123 @@ print(json.dumps({"window": [window["start"], window["end"], window["min"], wind
             "{format}: {seen}"
         );
         assert_eq!(seen["channels"], 1, "{format}");
+    }
+}
+
+/// The metadata file `name` of a view, read through the mount: its size
+/// as `stat` gives it and as read, and whether it parses as JSON.
+const READ_METADATA: &str = r#"
+import json, os, sys
+path = sys.argv[1]
+size = os.stat(path).st_size
+data = open(path, "rb").read()
+print(json.dumps({"size": size, "read": len(data), "json": json.loads(data)}))
+"#;
+
+fn view_metadata(path: &Path) -> serde_json::Value {
+    let output = Command::new(python())
+        .args(["-c", READ_METADATA])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}: {}",
+        path.display(),
+        stderr(&output)
+    );
+    let seen: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        seen["size"],
+        seen["read"],
+        "{}: stat and read disagree",
+        path.display()
+    );
+    seen["json"].clone()
+}
+
+#[test]
+fn a_views_metadata_gains_level_zeros_window_when_level_1_completes() {
+    require!(Fuse, Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_narrow(dir.path());
+    let numpy = r#"
+import json, sys, zarr
+a = zarr.open_array(sys.argv[1], mode="r")[...]
+print(json.dumps([int(a.min()), int(a.max())]))
+"#;
+    let output = Command::new(python())
+        .args(["-c", numpy])
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let range: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    for (format, file) in [
+        ("zarr", ".zattrs"),
+        ("zarr3", "zarr.json"),
+        ("precomputed", "info"),
+    ] {
+        let root = dir.path().join(format);
+        std::fs::create_dir(&root).unwrap();
+        let flags = [
+            "--shape", "8,8,8", "--format", format, "--levels", "4", "--mem", "64K",
+        ];
+        // 50 ms after each of 64 read blocks: level 1 needs the last; level
+        // 2 has blocks built before level 1 completes.
+        let view = MountedView::new(&input, &root, &flags, 50);
+        let window = |metadata: &serde_json::Value| match format {
+            "precomputed" => metadata["rechunkfs"]["window"].clone(),
+            _ => {
+                let ome = if format == "zarr3" {
+                    &metadata["attributes"]["ome"]
+                } else {
+                    metadata
+                };
+                let window = &ome["omero"]["channels"][0]["window"];
+                if window.is_null() {
+                    return serde_json::Value::Null;
+                }
+                serde_json::json!([window["start"], window["end"]])
+            }
+        };
+        let pending = view_metadata(&view.view.join(file));
+        let level1 = &view.status()["levels"][1];
+        assert!(
+            json_u64(level1, "blocks_done") < json_u64(level1, "blocks_total"),
+            "{format}: level 1 completed before the pending metadata was read: {level1}"
+        );
+        assert!(
+            window(&pending).is_null(),
+            "{format}: a window before level 1 is done: {pending}"
+        );
+        view.wait_complete();
+        let done = view_metadata(&view.view.join(file));
+        assert_eq!(window(&done), range, "{format}: {done}");
+        if format != "precomputed" {
+            let output = Command::new(python())
+                .args(["-c", READ_OMERO])
+                .arg(&input)
+                .arg(&view.view)
+                .output()
+                .unwrap();
+            assert!(output.status.success(), "{format}: {}", stderr(&output));
+            let seen: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+            let (lo, hi) = (&seen["numpy"][0], &seen["numpy"][1]);
+            assert_eq!(
+                seen["window"],
+                serde_json::json!([lo, hi, lo, hi]),
+                "{format}: {seen}"
+            );
+        }
+        view.unmount();
+        // The journal holds it: a remount serves it before anything runs.
+        let journal = rechunkfs::view::staging::Journal::read(&root.join("staging")).unwrap();
+        let recorded = journal.window.expect("a window recorded in the journal");
+        assert!(recorded.complete, "{format}: {recorded:?}");
+        let view = MountedView::new(&input, &root, &flags, 0);
+        let again = view_metadata(&view.view.join(file));
+        assert_eq!(window(&again), range, "{format} remounted: {again}");
+        view.unmount();
     }
 }

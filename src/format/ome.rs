@@ -142,6 +142,12 @@ impl WindowOf {
         WindowOf { dtype, seen: None }
     }
 
+    /// Goes on from `window`, a range seen before (by an earlier run).
+    pub fn seen(mut self, window: Option<Window>) -> WindowOf {
+        self.seen = window;
+        self
+    }
+
     /// Takes in whole elements of `bytes` (a trailing partial one is ignored).
     pub fn observe(&mut self, bytes: &[u8]) {
         let size = self.dtype.size;
@@ -319,6 +325,34 @@ pub fn group_files(
     }
 }
 
+/// An OME-Zarr group file from [`group_files`] made without a window
+/// (`.zattrs`, or the Zarr v3 group's `zarr.json`; others are returned
+/// unchanged) with `window`'s `omero` block: what a view serves once the
+/// window is known. Unchanged without a window, or if it does not parse.
+pub fn with_omero(
+    file: Vec<u8>,
+    axes: &[WorldAxis],
+    shape: &[u64],
+    window: Option<Window>,
+) -> Vec<u8> {
+    let Some(window) = window else {
+        return file;
+    };
+    let Ok(mut value) = serde_json::from_slice::<Value>(&file) else {
+        return file;
+    };
+    if value["attributes"]["ome"].is_object() {
+        value["attributes"]["ome"]["omero"] = omero(axes, shape, window, false);
+    } else if value["multiscales"].is_array() {
+        value["omero"] = omero(axes, shape, window, true);
+    } else {
+        return file;
+    }
+    let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or(file);
+    bytes.push(b'\n');
+    bytes
+}
+
 /// A Zarr v3 array's `zarr.json` with `dimension_names`, which OME-Zarr 0.5
 /// asks to match the axes' names (unchanged if it does not parse).
 pub fn with_dimension_names(zarr_json: Vec<u8>, axes: &[WorldAxis]) -> Vec<u8> {
@@ -363,6 +397,28 @@ mod tests {
             .flat_map(|x| x.to_le_bytes())
             .collect();
         assert_eq!(range("<f2", &f2), Some((-0.5, 8.0)));
+    }
+
+    #[test]
+    fn a_window_added_later_gives_the_group_files_made_with_it() {
+        let (axes, _) = world_axes(&Space::identity(3), 3, false).unwrap();
+        let levels = [ScaleLevel {
+            shape: vec![4, 6, 8],
+            block: vec![2, 3, 4],
+            factor: vec![1, 1, 1],
+        }];
+        let window = Window {
+            min: -3.0,
+            max: 7.5,
+        };
+        for zarr3 in [false, true] {
+            let with = group_files(&axes, &levels, "mean", zarr3, Some(window));
+            let without = group_files(&axes, &levels, "mean", zarr3, None);
+            for ((name, later), (_, made)) in without.into_iter().zip(with) {
+                let later = with_omero(later, &axes, &levels[0].shape, Some(window));
+                assert_eq!(later, made, "{name}");
+            }
+        }
     }
 
     #[test]

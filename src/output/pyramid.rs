@@ -156,12 +156,7 @@ pub fn build_levels(
         let rows = rows_per_pass(pyramid, &files, k, spec.dtype.size as u64, output.mem)?;
         let mut builder = LevelBuilder::new(pyramid, &files, k, rows, spec.dtype);
         let below = built.sinks.last_mut().unwrap_or(&mut *level0);
-        let watched = (k == 1).then(|| LevelValues {
-            grid: &pyramid.levels[0],
-            files: files(&pyramid.levels[0]),
-            elem: spec.dtype.size as u64,
-            range: WindowOf::new(spec.dtype),
-        });
+        let watched = (k == 1).then(|| LevelValues::new(&pyramid.levels[0], format, spec.dtype));
         let mut source = SinkFiles {
             sink: below,
             watched,
@@ -178,7 +173,7 @@ pub fn build_levels(
             }
         }
         if let Some(watched) = &source.watched {
-            built.window = watched.range.window();
+            built.window = watched.window();
         }
         let finished = finish_array(&mut sink, output.input_block, output.source);
         built.stats.push(builder.stats);
@@ -274,7 +269,7 @@ pub fn scale_levels(pyramid: &Pyramid) -> Vec<ScaleLevel> {
 struct SinkFiles<'a> {
     sink: &'a mut DirectorySink,
     /// The level's values, watched as they are read.
-    watched: Option<LevelValues<'a>>,
+    watched: Option<LevelValues>,
 }
 
 impl LevelFiles for SinkFiles<'_> {
@@ -293,15 +288,39 @@ impl LevelFiles for SinkFiles<'_> {
 /// The range of a level's values, from whole rows (along the first axis)
 /// of its block files as they are read: the voxels of each row that are
 /// the block's, not the padding of an edge block's file.
-struct LevelValues<'a> {
-    grid: &'a Partition,
+pub struct LevelValues {
+    grid: Partition,
     files: FileShape,
     elem: u64,
     range: WindowOf,
 }
 
-impl LevelValues<'_> {
-    fn observe(&mut self, rank: u64, offset: u64, rows: &[u8]) {
+impl LevelValues {
+    /// Watches the values of `grid`'s blocks, in `format`'s files of `dtype`.
+    pub fn new(grid: &Partition, format: BlockFormat, dtype: crate::DType) -> LevelValues {
+        LevelValues {
+            grid: grid.clone(),
+            files: files_of(format)(grid),
+            elem: dtype.size as u64,
+            range: WindowOf::new(dtype),
+        }
+    }
+
+    /// Goes on from `window`, the range of values seen before.
+    pub fn seen(mut self, window: Option<Window>) -> LevelValues {
+        self.range = self.range.seen(window);
+        self
+    }
+
+    /// The range of the values observed, if any was finite.
+    pub fn window(&self) -> Option<Window> {
+        self.range.window()
+    }
+
+    /// Takes in `rows`, the bytes at `offset` in the data of block
+    /// `rank`'s file (whole rows along the first axis from a row's start;
+    /// others are ignored).
+    pub fn observe(&mut self, rank: u64, offset: u64, rows: &[u8]) {
         let block = self.grid.block(&self.grid.unravel(rank));
         let file = self.files.file_box(&block).shape;
         let ndim = file.len();

@@ -17,7 +17,7 @@ use crate::array::geometry::{IndexBox, Partition};
 use crate::array::space::Space;
 use crate::error::Result;
 use crate::format::encode::{BlockEncode, Encoding, ShardLayout};
-use crate::format::ome::{self, WorldAxis};
+use crate::format::ome::{self, Window, WorldAxis};
 use crate::format::{self, precomputed, BlockFormat, BlockTemplate};
 use crate::output::directory::metadata_json;
 use crate::output::filetree::{Dir, FileTree, Node};
@@ -196,6 +196,9 @@ pub(super) struct StaticFile {
     pub(super) ino: u64,
     pub(super) name: String,
     pub(super) bytes: Vec<u8>,
+    /// The pyramid's metadata, which gains level 0's display window once
+    /// it is known ([`windowed`]): its size and bytes change once.
+    pub(super) windowed: bool,
 }
 
 /// The view's names: the block files' tree and the static files, and the
@@ -218,6 +221,7 @@ impl Namespace {
             ino: METADATA_INO,
             name: METADATA_NAME.into(),
             bytes: view_metadata(layout, &files),
+            windowed: false,
         }];
         let extra: Vec<(Dir, String, Vec<u8>)> = match pyramid {
             Some(pyramid) => pyramid_files(layout, &files, pyramid),
@@ -233,11 +237,15 @@ impl Namespace {
             .collect(),
         };
         for (i, (dir, name, bytes)) in extra.into_iter().enumerate() {
+            let windowed = pyramid.is_some()
+                && dir == Dir::Root
+                && matches!(name.as_str(), ".zattrs" | "zarr.json" | "info");
             statics.push(StaticFile {
                 dir,
                 ino: FIRST_EXTRA_STATIC_INO + i as u64,
                 name,
                 bytes,
+                windowed,
             });
         }
         Namespace { files, statics }
@@ -354,6 +362,25 @@ fn pyramid_files(
         _ => {}
     }
     out
+}
+
+/// A pyramid's metadata file `bytes` (made without a window) with level
+/// 0's display window: the OME-Zarr group's `omero`, or the precomputed
+/// `info`'s `rechunkfs.window`.
+pub(super) fn windowed(
+    layout: &ViewLayout,
+    view: &ViewPyramid,
+    bytes: &[u8],
+    window: Option<Window>,
+) -> Vec<u8> {
+    match layout.format {
+        BlockFormat::Precomputed => ome::with_window(bytes.to_vec(), window),
+        BlockFormat::Zarr | BlockFormat::Zarr3 => {
+            let shape = view.pyramid.levels[0].array_shape();
+            ome::with_omero(bytes.to_vec(), &view.axes, &shape, window)
+        }
+        _ => bytes.to_vec(),
+    }
 }
 
 /// The metadata file's bytes: the array and its new grid as

@@ -25,11 +25,11 @@ use crate::engine::{
 };
 use crate::error::{Error, Result};
 use crate::input::InputArray;
-use crate::output::pyramid::files_of;
+use crate::output::pyramid::{files_of, LevelValues};
 use crate::plan::Plan;
 use crate::sys::pagecache;
 use crate::view::space::SpaceWait;
-use crate::view::staging::Staging;
+use crate::view::staging::{Staging, WindowRecord};
 use crate::view::ViewCore;
 
 /// Staging files kept open while partially written.
@@ -59,6 +59,8 @@ pub struct StagingSink {
     /// input ahead of the plan, within this memory limit.
     on_demand: Option<OnDemand>,
     space: SpaceWait,
+    /// A pyramid's window, while it is gathered.
+    window: Option<Level0Window>,
 }
 
 /// What extracting blocks ahead of the plan needs.
@@ -85,7 +87,6 @@ impl StagingSink {
             * core.layout().dtype.size as u64;
         StagingSink {
             drop_synced: crate::sys::cgroup::page_cache_cannot_hold(array_bytes),
-            core,
             files: OutputFiles::new(OPEN_OUTPUTS),
             unsynced: Vec::new(),
             unsynced_bytes: 0,
@@ -93,6 +94,8 @@ impl StagingSink {
             batch_age: sync_batch_age(),
             on_demand: None,
             space: SpaceWait::new(),
+            window: Level0Window::of(&core),
+            core,
         }
     }
 
@@ -194,13 +197,25 @@ impl StagingSink {
         let files = files_of(core.layout().format);
         let mut builder =
             LevelBuilder::new(&view.pyramid, &files, k, view.rows[k], core.layout().dtype);
+        // Level 1 reads every voxel of level 0: its window is gathered so.
+        let mut window = if k == 1 { self.window.take() } else { None };
         let mut below = StagedLevel {
             core: &core,
             first: core.files().level_ranks(k - 1).start,
+            watched: window.as_mut().map(|w| &mut w.values),
         };
         let first = core.files().level_ranks(k).start;
         let mut sink = LevelSink { sink: self, first };
-        builder.build(local, &mut below, &mut sink)?;
+        let built = builder.build(local, &mut below, &mut sink);
+        if let Some(window) = &mut window {
+            if built.is_ok() {
+                window.level1_done(&core);
+            }
+        }
+        if k == 1 {
+            self.window = window.filter(|w| !w.complete);
+        }
+        built?;
         // One level's buffers at a time: the next level's block, if this
         // one completes its sources, comes after these are freed.
         drop(builder);
@@ -211,6 +226,9 @@ impl StagingSink {
     /// view's, left when it stopped between a source and its block).
     fn catch_up_levels(&mut self) -> Result<()> {
         let core = self.core.clone();
+        if let Some(window) = &mut self.window {
+            window.reread_if_unrecorded(&core)?;
+        }
         let files = core.files();
         for k in 1..files.level_count() {
             let grid = files.level_grid(k);
@@ -456,16 +474,118 @@ impl BlockSink for LevelSink<'_> {
 struct StagedLevel<'a> {
     core: &'a ViewCore,
     first: u64,
+    /// Level 0's values, watched as they are read (building level 1).
+    watched: Option<&'a mut LevelValues>,
 }
 
 impl LevelFiles for StagedLevel<'_> {
     fn read_data(&mut self, rank: u64, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let local = rank;
         let rank = self.first + rank;
         let path = self.core.staged_path(rank);
         let data_offset = self.core.template(rank).data_offset;
         let file = Staging::open_block(&path, false)?;
         std::os::unix::fs::FileExt::read_exact_at(&file, buf, data_offset + offset)
-            .map_err(|e| Error::io(&path, "reading back", e))
+            .map_err(|e| Error::io(&path, "reading back", e))?;
+        if let Some(values) = &mut self.watched {
+            values.observe(local, offset, buf);
+            // Noted before the level-1 block completes, so the journal
+            // records it no later than the block it covers.
+            self.core.staging().note_window(WindowRecord {
+                seen: values.window(),
+                complete: false,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Level 0's range of values (the pyramid's display window), gathered as
+/// level 1's blocks read level 0 back, at no read more; complete once
+/// every level-1 block is done. What was gathered is recorded in the
+/// journal with the blocks it covers, so a remount goes on from it.
+struct Level0Window {
+    values: LevelValues,
+    /// Level-1 blocks not done yet.
+    left: u64,
+    /// Nothing recorded, yet level-1 blocks are done (an area from a
+    /// version that recorded no window): their sources are read again.
+    unrecorded: bool,
+    complete: bool,
+}
+
+impl Level0Window {
+    /// The window of `core`'s pyramid, unless there is none or it is complete.
+    fn of(core: &ViewCore) -> Option<Level0Window> {
+        let view = core.pyramid()?;
+        if core.window().complete || view.pyramid.levels.len() < 2 {
+            return None;
+        }
+        let files = core.files();
+        let recorded = core.staging().recorded_window();
+        let level1 = files.level_ranks(1);
+        let left = level1.clone().filter(|&rank| !core.is_done(rank)).count() as u64;
+        let mut window = Level0Window {
+            values: LevelValues::new(
+                files.level_grid(0),
+                core.layout().format,
+                core.layout().dtype,
+            )
+            .seen(recorded.and_then(|r| r.seen)),
+            unrecorded: recorded.is_none() && left < level1.end - level1.start,
+            left,
+            complete: false,
+        };
+        if !window.unrecorded {
+            window.complete_if_done(core);
+        }
+        Some(window)
+    }
+
+    /// A level-1 block is done.
+    fn level1_done(&mut self, core: &ViewCore) {
+        self.left = self.left.saturating_sub(1);
+        self.complete_if_done(core);
+    }
+
+    /// With every level-1 block done, the window is complete: the view
+    /// serves it, and the journal records it.
+    fn complete_if_done(&mut self, core: &ViewCore) {
+        if self.left > 0 {
+            return;
+        }
+        let record = WindowRecord {
+            seen: self.values.window(),
+            complete: true,
+        };
+        self.complete = true;
+        core.staging().note_window(record);
+        core.set_window(record);
+    }
+
+    /// Reads level 0's done blocks for an area that recorded no window.
+    fn reread_if_unrecorded(&mut self, core: &ViewCore) -> Result<()> {
+        if !std::mem::take(&mut self.unrecorded) {
+            return Ok(());
+        }
+        for rank in core.files().level_ranks(0) {
+            if !core.is_done(rank) {
+                continue;
+            }
+            let path = core.staged_path(rank);
+            let template = core.template(rank);
+            let mut data = vec![0u8; template.data_len as usize];
+            let file = Staging::open_block(&path, false)?;
+            std::os::unix::fs::FileExt::read_exact_at(&file, &mut data, template.data_offset)
+                .map_err(|e| Error::io(&path, "reading back", e))?;
+            self.values.observe(rank, 0, &data);
+        }
+        core.staging().note_window(WindowRecord {
+            seen: self.values.window(),
+            complete: false,
+        });
+        self.complete_if_done(core);
+        Ok(())
     }
 }
 

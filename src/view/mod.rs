@@ -54,7 +54,7 @@ use crate::plan::Plan;
 use crate::sys::pagecache;
 use crate::view::layout::Namespace;
 use crate::view::opens::OpenFiles;
-use crate::view::staging::Staging;
+use crate::view::staging::{Staging, WindowRecord};
 use crate::view::sweep::Sweeps;
 
 /// An errno for a reply.
@@ -226,7 +226,12 @@ pub struct ViewCore {
     planned_seeks: u64,
     state: Mutex<ViewState>,
     staged_files: Mutex<LruCache<u64, Arc<File>>>,
+    /// Per open handle of a file whose contents change (the status files,
+    /// a pyramid's windowed metadata): its bytes when opened, so that
+    /// reads at several offsets agree.
     status_snapshots: Mutex<HashMap<u64, Vec<u8>>>,
+    /// Level 0's display window, for a pyramid's metadata once complete.
+    window: Mutex<WindowRecord>,
     opens: Mutex<OpenFiles>,
     sweeps: Mutex<Sweeps>,
     read_ahead_blocks: AtomicU64,
@@ -300,6 +305,7 @@ impl ViewCore {
                 NonZeroUsize::new(OPEN_STAGED_FILES).unwrap_or(NonZeroUsize::MIN),
             )),
             status_snapshots: Mutex::new(HashMap::new()),
+            window: Mutex::new(staging.recorded_window().unwrap_or_default()),
             opens: Mutex::new(OpenFiles::default()),
             sweeps: Mutex::new(sweeps),
             read_ahead_blocks: AtomicU64::new(0),
@@ -464,16 +470,48 @@ impl ViewCore {
     }
 
     /// Whether `ino`'s size and contents change while the view is mounted
-    /// (the status files), so that the kernel must not keep its attributes.
+    /// (the status files, a pyramid's windowed metadata), so that the
+    /// kernel must keep neither its attributes nor its pages.
     pub fn changes(&self, ino: u64) -> bool {
-        ino == STATUS_INO || ino == WAIT_INO
+        ino == STATUS_INO
+            || ino == WAIT_INO
+            || self
+                .names
+                .static_file(ino)
+                .is_some_and(|file| file.windowed)
+    }
+
+    /// The window gathered so far from level 0 (as level 1 is built), and
+    /// whether it is complete: then the pyramid's metadata carries it.
+    pub fn window(&self) -> WindowRecord {
+        *self.window.lock()
+    }
+
+    /// Sets the window gathered from level 0 (see [`ViewCore::window`]).
+    pub fn set_window(&self, window: WindowRecord) {
+        *self.window.lock() = window;
+    }
+
+    /// A static file's bytes now: a pyramid's metadata with the window
+    /// once it is complete.
+    fn static_bytes<'a>(&self, file: &'a layout::StaticFile) -> Cow<'a, [u8]> {
+        let window = self.window();
+        match &self.pyramid {
+            Some(view) if file.windowed && window.complete => Cow::Owned(layout::windowed(
+                &self.layout,
+                view,
+                &file.bytes,
+                window.seen,
+            )),
+            _ => Cow::Borrowed(&file.bytes),
+        }
     }
 
     fn node_attr(&self, ino: u64) -> std::result::Result<NodeAttr, Errno> {
         let (kind, size) = if ino == STATUS_INO || ino == WAIT_INO {
             (NodeKind::File, self.status_bytes().len() as u64)
         } else if let Some(file) = self.names.static_file(ino) {
-            (NodeKind::File, file.bytes.len() as u64)
+            (NodeKind::File, self.static_bytes(file).len() as u64)
         } else if let Some(rank) = self.names.block_rank(ino) {
             (NodeKind::File, self.template(rank).file_len())
         } else if self.names.dir_of(ino).is_some() {
@@ -587,6 +625,11 @@ impl ViewCore {
             // Its snapshot is taken when materialising has ended.
             return Ok((handle, CacheMode::Direct));
         }
+        if let Some(file) = self.names.static_file(ino).filter(|file| file.windowed) {
+            let bytes = self.static_bytes(file).into_owned();
+            self.status_snapshots.lock().insert(handle, bytes);
+            return Ok((handle, CacheMode::Direct));
+        }
         Ok((handle, CacheMode::KeepCache))
     }
 
@@ -630,7 +673,12 @@ impl ViewCore {
             return self.read_wait_file(handle, read);
         }
         if let Some(file) = self.names.static_file(ino) {
-            return (read.reply)(Ok(fixed(&file.bytes)));
+            if file.windowed {
+                if let Some(snapshot) = self.status_snapshots.lock().get(&handle) {
+                    return (read.reply)(Ok(fixed(snapshot)));
+                }
+            }
+            return (read.reply)(Ok(fixed(&self.static_bytes(file))));
         }
         if self.names.dir_of(ino).is_some() {
             return (read.reply)(Err(libc::EISDIR));

@@ -38,6 +38,7 @@ use crate::array::dtype::DType;
 use crate::array::geometry::show_shape;
 use crate::engine::InputWitness;
 use crate::error::{Error, Result};
+use crate::format::ome::Window;
 use crate::format::{BlockFormat, BlockTemplate};
 use crate::input::{FileIdentity, InputArray, InputBlock, Values};
 use crate::sys::pagecache;
@@ -62,6 +63,14 @@ const DONE_RECORD: u64 = 1;
 /// Input file `a` was read with the identity in the other words
 /// ([`identity_words`]).
 const INPUT_RECORD: u64 = 2;
+/// Level 0's range of values so far, as level 1's blocks read it back
+/// ([`WindowRecord`]): `a` and `b` the bits of its least and greatest
+/// value (f64), `c` [`WINDOW_SEEN`] and [`WINDOW_COMPLETE`]. The last one
+/// holds; it goes ahead of the done records of the level-1 blocks it
+/// covers, in the same write.
+const WINDOW_RECORD: u64 = 3;
+const WINDOW_SEEN: u64 = 1;
+const WINDOW_COMPLETE: u64 = 2;
 /// Owner only: the staged blocks hold the inputs' data.
 const FILE_MODE: u32 = 0o600;
 /// Names the staging area in refusals of its directories.
@@ -226,6 +235,9 @@ pub struct Staging {
     dir: PathBuf,
     journal: Mutex<File>,
     inputs_read: Mutex<InputsRead>,
+    /// The window recorded when the area was opened, and one to record
+    /// with the next completed blocks.
+    window: Mutex<(Option<WindowRecord>, Option<WindowRecord>)>,
     /// The area's lock file, locked: closed (never unlocked explicitly, as
     /// a forked daemon shares the lock) when the last process holding it
     /// ends.
@@ -240,13 +252,47 @@ struct InputsRead {
     unwritten: Vec<u8>,
 }
 
+/// The range of level 0's values gathered so far (a pyramid's display
+/// window), and whether it covers all of level 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WindowRecord {
+    /// `None`: no finite value seen.
+    pub seen: Option<Window>,
+    pub complete: bool,
+}
+
+impl WindowRecord {
+    fn words(&self) -> [u64; RECORD_WORDS] {
+        let (min, max, seen) = match self.seen {
+            Some(w) => (w.min.to_bits(), w.max.to_bits(), WINDOW_SEEN),
+            None => (0, 0, 0),
+        };
+        let complete = if self.complete { WINDOW_COMPLETE } else { 0 };
+        [min, max, seen | complete, 0, 0, 0]
+    }
+
+    fn from_words(min: u64, max: u64, flags: u64) -> WindowRecord {
+        let (min, max) = (f64::from_bits(min), f64::from_bits(max));
+        WindowRecord {
+            // A range that is not one (a bad record) is none.
+            seen: (flags & WINDOW_SEEN != 0 && min <= max && min.is_finite() && max.is_finite())
+                .then_some(Window { min, max }),
+            complete: flags & WINDOW_COMPLETE != 0,
+        }
+    }
+}
+
 /// What a staging area's journal holds.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Journal {
     /// Output blocks complete, in the order recorded.
     pub done: Vec<u64>,
     /// Input files read, by rank, with their identity when first read.
     pub inputs_read: Vec<(u64, FileIdentity)>,
+    /// The last window recorded, if any (a pyramid's).
+    pub window: Option<WindowRecord>,
+    /// Records read, valid ones up to the first damaged.
+    records: usize,
 }
 
 impl Journal {
@@ -275,6 +321,7 @@ impl Journal {
             }
             match kind {
                 DONE_RECORD => journal.done.push(a),
+                WINDOW_RECORD => journal.window = Some(WindowRecord::from_words(a, b, c)),
                 INPUT_RECORD => journal
                     .inputs_read
                     .push((a, identity_from_words([b, c, d, e, f]))),
@@ -286,6 +333,7 @@ impl Journal {
                     break;
                 }
             }
+            journal.records += 1;
         }
         Ok(journal)
     }
@@ -407,6 +455,7 @@ impl Staging {
                     recorded,
                     unwritten: Vec::new(),
                 }),
+                window: Mutex::new((journal.window, None)),
                 lock,
             },
             journal.done,
@@ -481,6 +530,17 @@ impl Staging {
         self.dir.join(BLOCKS).join(name)
     }
 
+    /// The last window recorded (a pyramid's), if any.
+    pub fn recorded_window(&self) -> Option<WindowRecord> {
+        self.window.lock().0
+    }
+
+    /// Records `window` with the next completed blocks, ahead of them
+    /// (it covers them: their values were read before they completed).
+    pub fn note_window(&self, window: WindowRecord) {
+        self.window.lock().1 = Some(window);
+    }
+
     /// Records blocks as complete, once everything written to the staging
     /// area's filesystem is synced (one syncfs: the blocks' data, the
     /// manifest, the directories; an fdatasync per block cost a journal
@@ -506,6 +566,10 @@ impl Staging {
         let journal = self.journal.lock();
         let input_records = std::mem::take(&mut self.inputs_read.lock().unwritten);
         let mut bytes = input_records.clone();
+        let window = self.window.lock().1.take();
+        if let Some(window) = &window {
+            push_record(&mut bytes, WINDOW_RECORD, window.words());
+        }
         bytes.reserve(ranks.len() * RECORD_BYTES);
         for &rank in ranks {
             push_record(&mut bytes, DONE_RECORD, [rank, 0, 0, 0, 0, 0]);
@@ -517,6 +581,12 @@ impl Staging {
             let mut inputs_read = self.inputs_read.lock();
             let later = std::mem::replace(&mut inputs_read.unwritten, input_records);
             inputs_read.unwritten.extend(later);
+            // Unless a newer one was noted meanwhile.
+            if let Some(window) = window {
+                self.window.lock().1.get_or_insert(window);
+            }
+        } else if window.is_some() {
+            self.window.lock().0 = window;
         }
         appended
     }
@@ -738,7 +808,7 @@ fn open_journal(path: &Path, journal: &Journal) -> Result<File> {
     let file = open_private(path, OpenOptions::new().append(true))?;
     // A torn or damaged tail (a crash while appending) is cut off, so
     // the records appended now start on a record boundary.
-    let valid = ((journal.done.len() + journal.inputs_read.len()) * RECORD_BYTES) as u64;
+    let valid = (journal.records * RECORD_BYTES) as u64;
     if file.metadata().map(|m| m.len()).unwrap_or(valid) > valid {
         file.set_len(valid)
             .map_err(|e| Error::io(path, "cutting a damaged tail from the journal", e))?;
