@@ -159,8 +159,17 @@ def _options(**options: Any) -> List[str]:
 def _error_of(command: Sequence[str], returncode: int, stderr: str) -> RechunkfsError:
     lines = [line for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("rechunkfs: error: ")]
+    # An argument the command line refuses: its paragraph, up to the usage.
+    usage = [i for i, line in enumerate(lines) if line.startswith("error: ")]
     if errors:
         message = errors[-1][len("rechunkfs: error: ") :]
+    elif usage:
+        paragraph = []
+        for line in lines[usage[0] :]:
+            if line.startswith(("Usage:", "For more information")):
+                break
+            paragraph.append(line.strip())
+        message = " ".join(paragraph)[len("error: ") :]
     elif lines:
         message = lines[-1]
     else:

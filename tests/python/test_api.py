@@ -82,6 +82,11 @@ def test_an_error_carries_the_commands_message(tmp_path):
     assert error.returncode == 1 and error.command[1] == "plan"
     with pytest.raises(rechunkfs.RechunkfsError, match="does-not-exist"):
         rechunkfs.rechunk(tmp_path / "does-not-exist", tmp_path / "out", shape=(4, 4, 4))
+    # One the command line itself refuses: its words, not "try --help".
+    with pytest.raises(rechunkfs.RechunkfsError) as caught:
+        rechunkfs.plan(None, shape=(4, 4, 4))
+    assert "required arguments were not provided: <IN>" in str(caught.value), str(caught.value)
+    assert "--help" not in str(caught.value)
 
 
 def test_rechunk_to_zarr_reads_back_exactly_with_zarr_python(tmp_path):
