@@ -218,6 +218,7 @@ def _planning(
     dataset: Optional[str],
     array: Optional[str],
     values: Optional[str],
+    threads: Optional[int] = None,
 ) -> List[str]:
     return ["--shape", _shape(shape)] + _options(
         mem=mem,
@@ -231,6 +232,7 @@ def _planning(
         dataset=dataset,
         array=array,
         values=values,
+        threads=threads,
     )
 
 
@@ -248,6 +250,7 @@ def plan(
     shard: Optional[Shape] = None,
     dataset: Optional[str] = None,
     values: Optional[str] = None,
+    threads: Optional[int] = None,
     array: Optional[Shape] = None,
     blocks: Optional[Shape] = None,
     dtype: Optional[str] = None,
@@ -259,14 +262,16 @@ def plan(
     ``input`` is a directory of block files, a Zarr array, TIFF slices or
     one file; with ``input=None``, plan from ``array``, ``blocks`` and
     ``dtype`` instead. Shapes are sequences of ints or ``"256,256,256"``;
-    sizes are bytes or ``"4G"``. Raises :class:`RechunkfsError`.
+    sizes are bytes or ``"4G"``. ``threads`` is ``--threads``: the
+    threads CPU work may use (default: the CPUs this process may use).
+    Raises :class:`RechunkfsError`.
     """
     args = ["plan", "--json"]
     if input is not None:
         args.append(os.fspath(input))
     args += _planning(
         shape, mem, strategy, format, levels, factors, downsample, compress, shard,
-        dataset, array if input is not None else None, values,
+        dataset, array if input is not None else None, values, threads,
     )
     if input is None:
         args += _options(array=array, blocks=blocks, dtype=dtype)
@@ -290,6 +295,7 @@ def rechunk(
     dataset: Optional[str] = None,
     array: Optional[str] = None,
     values: Optional[str] = None,
+    threads: Optional[int] = None,
     overwrite: bool = False,
     part: Optional[str] = None,
     progress: Optional[Callable[[Dict[str, Any]], None]] = None,
@@ -308,7 +314,7 @@ def rechunk(
     args = ["rechunk", "--json", "--quiet", os.fspath(input), os.fspath(output)]
     args += _planning(
         shape, mem, strategy, format, levels, factors, downsample, compress, shard,
-        dataset, array, values,
+        dataset, array, values, threads,
     )
     args += _options(overwrite=overwrite, part=part)
     if progress is None:
@@ -414,6 +420,7 @@ def mount(
     dataset: Optional[str] = None,
     array: Optional[str] = None,
     values: Optional[str] = None,
+    threads: Optional[int] = None,
     staging: Optional[PathLike] = None,
     rebuild: bool = False,
     allow_other: bool = False,
@@ -432,7 +439,7 @@ def mount(
     args = ["mount", os.fspath(input), os.fspath(view)]
     args += _planning(
         shape, mem, strategy, format, levels, factors, downsample, None, shard,
-        dataset, array, values,
+        dataset, array, values, threads,
     )
     args += _options(
         staging=os.fspath(staging) if staging is not None else None,

@@ -87,6 +87,8 @@ def test_an_error_carries_the_commands_message(tmp_path):
         rechunkfs.plan(None, shape=(4, 4, 4))
     assert "required arguments were not provided: <IN>" in str(caught.value), str(caught.value)
     assert "--help" not in str(caught.value)
+    with pytest.raises(rechunkfs.RechunkfsError, match="--threads"):
+        rechunkfs.plan(tmp_path / "in", shape=(4, 4, 4), threads=0)
 
 
 def test_rechunk_to_zarr_reads_back_exactly_with_zarr_python(tmp_path):
@@ -95,7 +97,8 @@ def test_rechunk_to_zarr_reads_back_exactly_with_zarr_python(tmp_path):
     data = make_h5_blocks(tmp_path / "in", (70, 60, 50), (35, 30, 25))
     seen = []
     report = rechunkfs.rechunk(tmp_path / "in", tmp_path / "out", shape=(32, 32, 32),
-                               mem="2M", format="zarr", progress=seen.append, interval=0.01)
+                               mem="2M", format="zarr", progress=seen.append, interval=0.01,
+                               threads=2)
     assert report["output_blocks"] == 12
     assert report["seeks"]["made"] == report["seeks"]["planned"]
     out = zarr.open_array(str(tmp_path / "out"), mode="r")
