@@ -382,7 +382,12 @@ impl BlockTemplate {
     /// left as a hole for positioned writes. Returns the file open read+write.
     pub fn create_file(&self, path: &Path) -> Result<File> {
         let file = create_fresh(path).map_err(|e| Error::io(path, "create", e))?;
-        self.write_into(&file, path)?;
+        if let Err(error) = self.write_into(&file, path) {
+            // A full disk fails the header's write: the file is ours,
+            // made a moment ago, and would otherwise be left behind.
+            let _ = std::fs::remove_file(path);
+            return Err(error);
+        }
         Ok(file)
     }
 
