@@ -163,8 +163,43 @@ impl Plan {
     }
 }
 
-/// The plan for `strategy` within `mem` bytes (None: unlimited).
+/// The plan for `strategy` within `mem` bytes (None: unlimited): the
+/// fewest seeks with one worker, then as many of `problem.workers` as fit
+/// in `mem` without a seek more (fewer than asked are logged).
 pub fn plan(problem: &Problem, strategy: Strategy, mem: Option<u64>) -> Result<Plan> {
+    let asked = problem.workers;
+    if asked <= 1 || !(problem.reads_whole_inputs() || problem.writes_whole_outputs()) {
+        // Workers hold nothing of their own: blocks are not encoded.
+        return plan_with(problem, strategy, mem);
+    }
+    let single = plan_with(&problem.clone().with_workers(1), strategy, mem)?;
+    let mut workers = asked;
+    while workers > 1 {
+        let wider = problem.clone().with_workers(workers);
+        if let Ok(chosen) = plan_with(&wider, strategy, mem) {
+            if chosen.prediction.seeks() == single.prediction.seeks() {
+                if workers < asked {
+                    log::info!(
+                        "{workers} threads decode and encode blocks, not {asked}: more do not \
+                         fit in --mem without more seeks"
+                    );
+                }
+                return Ok(chosen);
+            }
+        }
+        workers /= 2;
+    }
+    if asked > 1 {
+        log::info!(
+            "one thread decodes and encodes blocks, not {asked}: more do not fit in --mem \
+             without more seeks"
+        );
+    }
+    Ok(single)
+}
+
+/// The plan for `strategy` within `mem` bytes with `problem.workers`.
+fn plan_with(problem: &Problem, strategy: Strategy, mem: Option<u64>) -> Result<Plan> {
     if strategy == Strategy::Baseline && problem.writes_whole_outputs() {
         return Err(Error::BadArgument(
             "the baseline writes each input block's pieces of an output block at once, but a \
