@@ -279,8 +279,11 @@ fn zstd_chunks_carry_checksums_that_catch_damage_unless_left_out() {
     }
 }
 
+/// Files by path (relative to their tree) with their bytes.
+type Tree = Vec<(PathBuf, Vec<u8>)>;
+
 /// Every file under `dir`, by path relative to it, with its bytes.
-fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+fn files_under(dir: &Path) -> Tree {
     let mut files = Vec::new();
     let mut todo = vec![dir.to_path_buf()];
     while let Some(at) = todo.pop() {
@@ -311,7 +314,7 @@ fn every_thread_count_writes_the_same_bytes_holding_what_it_plans() {
         ("shard", &["--format", "zarr3", "--shard", "10,26,14"]),
         ("h5gz", &["--format", "h5", "--compress", "gzip:5"]),
     ] {
-        let mut first: Option<(Vec<(PathBuf, Vec<u8>)>, u64)> = None;
+        let mut first: Option<(Tree, u64)> = None;
         for threads in ["1", "2", "3", "8"] {
             let out = root.path().join(format!("{name}-{threads}"));
             let mut all = args.to_vec();
