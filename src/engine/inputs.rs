@@ -357,7 +357,9 @@ impl<'a> InputReader<'a> {
     /// input blocks in C order, a batch of one per worker at a time, each
     /// batch's encoded bytes read in order, decoded on the workers at once
     /// ([`on_workers`]), then copied into the pieces. A batch's decoded
-    /// blocks are held together ([`decoded_peak`](Self::decoded_peak)).
+    /// blocks are held together: counted in [`decoded_peak`](Self::decoded_peak)
+    /// as the planner allows for them, each at the largest the step decodes
+    /// (exact edge blocks are smaller), as many as the widest batch.
     fn read_encoded_step(
         &mut self,
         step_box: &Region,
@@ -371,6 +373,8 @@ impl<'a> InputReader<'a> {
                 Some((index, region))
             })
             .collect();
+        // Each worker's allowance is the step's largest decoded block.
+        let (mut widest, mut largest) = (0u64, 0u64);
         for batch in blocks.chunks(plan.problem.workers.max(1)) {
             let mut fetched = Vec::with_capacity(batch.len());
             for (input_index, region) in batch {
@@ -389,8 +393,11 @@ impl<'a> InputReader<'a> {
                 decode_fetched(block, shape, bytes)
             });
             let decoded: Vec<Vec<u8>> = decoded.into_iter().collect::<Result<_>>()?;
-            let held: u64 = decoded.iter().map(|block| block.len() as u64).sum();
-            self.decoded_peak = self.decoded_peak.max(held);
+            widest = widest.max(decoded.len() as u64);
+            largest = decoded
+                .iter()
+                .map(|block| block.len() as u64)
+                .fold(largest, u64::max);
             for (((input_index, region), (rank, place, _)), decoded) in
                 batch.iter().zip(&fetched).zip(decoded)
             {
@@ -401,6 +408,7 @@ impl<'a> InputReader<'a> {
                 self.done_with(input_index, *rank, region, step_box);
             }
         }
+        self.decoded_peak = self.decoded_peak.max(widest * largest);
         Ok(())
     }
 
