@@ -29,10 +29,10 @@ pub fn available() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// `job` applied to each of `items` (as many as there are workers), each on
-/// its own scoped thread, the results in the items' order; one item runs
-/// on the calling thread. A job that panics panics the caller, as it
-/// would have inline.
+/// `job` applied to each of `items` (as many as there are workers), the
+/// first on the calling thread and each other on a scoped thread of its
+/// own, the results in the items' order. A job that panics panics the
+/// caller, as it would have inline.
 pub(super) fn on_workers<I, R, F>(items: impl IntoIterator<Item = I>, job: F) -> Vec<R>
 where
     I: Send,
@@ -43,8 +43,8 @@ where
     if items.len() <= 1 {
         return items.drain(..).map(&job).collect();
     }
-    // Each item waits in a slot its thread takes it from: one the OS
-    // refuses a thread for is done here instead.
+    // Each item waits in a slot its thread takes it from: the first, and
+    // one the OS refuses a thread for, are done here instead.
     let slots: Vec<parking_lot::Mutex<Option<I>>> = items
         .into_iter()
         .map(|item| parking_lot::Mutex::new(Some(item)))
@@ -54,11 +54,14 @@ where
     std::thread::scope(|scope| {
         let handles: Vec<_> = slots
             .iter()
-            .map(|slot| {
-                std::thread::Builder::new()
-                    .name("worker".into())
-                    .spawn_scoped(scope, move || run(slot))
-                    .ok()
+            .enumerate()
+            .map(|(at, slot)| {
+                (at > 0).then(|| {
+                    std::thread::Builder::new()
+                        .name("worker".into())
+                        .spawn_scoped(scope, move || run(slot))
+                        .ok()
+                })?
             })
             .collect();
         handles
