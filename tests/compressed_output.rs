@@ -253,6 +253,9 @@ fn zstd_chunks_carry_checksums_that_catch_damage_unless_left_out() {
                 again.to_str().unwrap(),
                 "--shape",
                 "5,5,5",
+                // The damaged chunk is decoded by one of the workers.
+                "--threads",
+                "4",
             ]);
             let message = stderr(&output);
             assert_eq!(output.status.code(), Some(1), "{name}: {message}");
@@ -274,6 +277,92 @@ fn zstd_chunks_carry_checksums_that_catch_damage_unless_left_out() {
             );
         }
     }
+}
+
+/// Files by path (relative to their tree) with their bytes.
+type Tree = Vec<(PathBuf, Vec<u8>)>;
+
+/// Every file under `dir`, by path relative to it, with its bytes.
+fn files_under(dir: &Path) -> Tree {
+    let mut files = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(at) = todo.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                todo.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                files.push((path.strip_prefix(dir).unwrap().to_path_buf(), bytes));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn every_thread_count_writes_the_same_bytes_holding_what_it_plans() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    let array = [30u64, 26, 21];
+    let input = zarr_python_input(root.path(), &array, &[6, 5, 7], "<u2");
+    let shape = [10u64, 13, 7];
+    for (name, args) in [
+        ("zstd3", &["--format", "zarr3", "--compress", "zstd"][..]),
+        ("gzip2", &["--format", "zarr", "--compress", "gzip:5"]),
+        ("shard", &["--format", "zarr3", "--shard", "10,26,14"]),
+        ("h5gz", &["--format", "h5", "--compress", "gzip:5"]),
+    ] {
+        let mut first: Option<(Tree, u64)> = None;
+        for threads in ["1", "2", "3", "8"] {
+            let out = root.path().join(format!("{name}-{threads}"));
+            let mut all = args.to_vec();
+            all.extend(["--threads", threads]);
+            // Seeks and the peak held are the plan's for every count.
+            let report = rechunk_as_planned(&input, &out, &shape, &all);
+            let peak = json_u64(&report, "peak_memory_bytes");
+            let files = files_under(&out);
+            assert!(!files.is_empty(), "{name}: no output");
+            match &first {
+                None => first = Some((files, peak)),
+                Some((alone, peak_alone)) => {
+                    assert!(
+                        files == *alone,
+                        "{name}: {threads} threads wrote other bytes than one"
+                    );
+                    // Workers hold their blocks at once: a step's decoded
+                    // input chunks (6x5x7 of them, several per step) and a
+                    // slab's encoded outputs, so more of them hold more.
+                    assert!(
+                        peak > *peak_alone,
+                        "{name}: {threads} threads held {peak} bytes, one {peak_alone}"
+                    );
+                }
+            }
+        }
+        if name != "h5gz" {
+            let version = if name == "gzip2" { "2" } else { "3" };
+            let out = root.path().join(format!("{name}-8"));
+            both_readers_agree(&out, &array, &shape, "<u2", version);
+        }
+    }
+    // `plan` says how many threads its peak is for.
+    let planned = rechunkfs(&[
+        "plan",
+        input.to_str().unwrap(),
+        "--shape",
+        &shape_text(&shape),
+        "--format",
+        "zarr3",
+        "--compress",
+        "zstd",
+        "--threads",
+        "3",
+    ]);
+    let text = String::from_utf8_lossy(&planned.stdout);
+    assert!(planned.status.success(), "{}", stderr(&planned));
+    assert!(text.contains("threads       3 "), "{text}");
 }
 
 #[test]

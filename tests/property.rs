@@ -166,6 +166,8 @@ struct Case {
     output: BlockFormat,
     mem: Mem,
     baseline: bool,
+    /// Threads decoding input blocks (and encoding output blocks) at once.
+    workers: usize,
 }
 
 impl fmt::Debug for Case {
@@ -173,7 +175,7 @@ impl fmt::Debug for Case {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{:?} array {:?} in blocks {:?} as {:?}{} -> blocks {:?} as {} {}, mem {:?}",
+            "{:?} array {:?} in blocks {:?} as {:?}{} -> blocks {:?} as {} {}, mem {:?}, {} threads",
             self.elem,
             self.array,
             self.input_block,
@@ -187,6 +189,7 @@ impl fmt::Debug for Case {
             self.output.extension(),
             if self.baseline { "baseline" } else { "keep" },
             self.mem,
+            self.workers,
         )
     }
 }
@@ -334,14 +337,18 @@ fn mem_strategy() -> impl Strategy<Value = Mem> {
 fn case_strategy() -> impl Strategy<Value = Case> {
     let shapes = (1..=MAX_NDIM, fractions(), sides(), sides());
     let formats = (input_kind(), any::<bool>(), output_format());
-    let run = (mem_strategy(), proptest::bool::weighted(0.3));
+    let run = (
+        mem_strategy(),
+        proptest::bool::weighted(0.3),
+        proptest::sample::select(vec![1usize, 2, 3, 8]),
+    );
     (proptest::sample::select(Elem::all()), shapes, formats, run)
         .prop_map(
             |(
                 elem,
                 (ndim, array, input_block, output_block),
                 (kind, single_file, output),
-                (mem, baseline),
+                (mem, baseline, workers),
             )| {
                 let array: Vec<u64> = array[..ndim]
                     .iter()
@@ -389,6 +396,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                     output,
                     mem,
                     baseline,
+                    workers,
                 }
             },
         )
@@ -803,7 +811,9 @@ fn run_case(case: &Case, scratch: &Path) {
     .unwrap();
     let output_files =
         rechunkfs::output::filetree::output_file_shape(case.output, &problem.output());
-    let problem = problem.with_files(input.files.clone(), output_files);
+    let problem = problem
+        .with_files(input.files.clone(), output_files)
+        .with_workers(case.workers);
     let least = 2 * size;
     let mem = match case.mem {
         Mem::Unlimited => None,

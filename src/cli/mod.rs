@@ -440,6 +440,7 @@ pub struct SampleArgs {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Plan(mut args) => {
+            args.planning.set_threads();
             if let Some(input) = &args.input {
                 args.input = Some(chosen_array(input, &args.input_args)?);
             }

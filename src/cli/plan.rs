@@ -446,7 +446,9 @@ fn problem_of_args(
             let output_files =
                 crate::output::filetree::output_file_shape(format, &problem.output());
             let input_files = crate::array::geometry::FileShape::Exact;
-            let problem = problem.with_files(input_files, output_files);
+            let problem = problem
+                .with_files(input_files, output_files)
+                .with_workers(crate::engine::workers::threads());
             (encoded(problem, &encoding), dtype, AxisOrder::C, format)
         }
         (None, None) => bail!("give IN (block files) or --array, --blocks and --dtype"),
@@ -527,6 +529,7 @@ fn plan_json(
             "lower_bound": problem.lower_bound_seeks(),
         },
         "peak_memory_bytes": chosen.prediction.peak_bytes,
+        "threads": chosen.problem.workers,
         "mem_limit_bytes": budget.used,
         "mem_requested_bytes": budget.requested,
         "cgroup_memory_limit_bytes": budget.cgroup_limit,
@@ -552,11 +555,15 @@ fn print_plan(plans: &Plans, dtype: DType, order: AxisOrder, elapsed: Duration) 
         show_bytes(chosen.prediction.peak_bytes),
         thousands(chosen.prediction.peak_bytes)
     );
+    let workers = chosen.problem.workers;
+    println!(
+        "threads       {workers} decoding and encoding blocks (the peak counts what they hold)"
+    );
     let encoding = chosen.problem.encoding_bytes();
     if encoding > 0 {
         println!(
             "encoded       each output block gathered whole, encoded and written in one call; \
-             the peak includes {} for a block and its encoding",
+             the peak includes {} for each of up to {workers} blocks and its encoding",
             show_bytes(encoding)
         );
     }

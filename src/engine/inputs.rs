@@ -21,6 +21,7 @@ use lru::LruCache;
 
 use super::pieces::{InFile, PackingBuffer, PieceGrid, RowLayout};
 use super::seekio::{FileKey, SeekCounter, SeekLog};
+use super::workers::on_workers;
 use crate::array::geometry::{IndexBox, Partition, Region};
 use crate::error::{Error, Result};
 use crate::format::hdf5::Hdf5BlockReader;
@@ -314,6 +315,9 @@ impl<'a> InputReader<'a> {
         buffers: &mut [Vec<u8>],
         counter: &mut SeekCounter,
     ) -> Result<()> {
+        if self.input.files.is_encoded() {
+            return self.read_encoded_step(step_box, grid, buffers);
+        }
         let plan = self.plan;
         for input_index in IndexBox::new(plan.input.overlapping(step_box)) {
             let block = plan.input.block(&input_index);
@@ -324,20 +328,126 @@ impl<'a> InputReader<'a> {
             self.read_ahead();
             self.read_input(rank, &place, &region, grid, buffers, counter)?;
             self.check_unchanged(rank)?;
-            if let Some((_, _, len)) = self.input_span(&input_index, step_box) {
-                self.ahead.outstanding = self.ahead.outstanding.saturating_sub(len);
-            }
-            let unread = self.unread.entry(rank).or_insert(block.volume());
-            *unread = unread.saturating_sub(region.volume());
-            if *unread == 0 {
-                self.unread.remove(&rank);
-                self.identities.remove(&rank);
-                if self.drop_inputs {
-                    self.finished_with_input(rank);
-                }
-            }
+            self.done_with(&input_index, rank, &region, step_box);
         }
         Ok(())
+    }
+
+    /// After `region` of input `rank` (at `input_index`) is read for step
+    /// `step_box`: the read-ahead window moves on, and an input read to its
+    /// end is forgotten (its pages dropped where the page cache cannot
+    /// hold the array).
+    fn done_with(&mut self, input_index: &[usize], rank: u64, region: &Region, step_box: &Region) {
+        if let Some((_, _, len)) = self.input_span(input_index, step_box) {
+            self.ahead.outstanding = self.ahead.outstanding.saturating_sub(len);
+        }
+        let volume = self.plan.input.block(input_index).volume();
+        let unread = self.unread.entry(rank).or_insert(volume);
+        *unread = unread.saturating_sub(region.volume());
+        if *unread == 0 {
+            self.unread.remove(&rank);
+            self.identities.remove(&rank);
+            if self.drop_inputs {
+                self.finished_with_input(rank);
+            }
+        }
+    }
+
+    /// [`read_step`](Self::read_step) for encoded inputs: the step's
+    /// input blocks in C order, a batch of one per worker at a time, each
+    /// batch's encoded bytes read in order, decoded on the workers at once
+    /// ([`on_workers`]), then copied into the pieces. A batch's decoded
+    /// blocks are held together: counted in [`decoded_peak`](Self::decoded_peak)
+    /// as the planner allows for them, each at the largest the step decodes
+    /// (exact edge blocks are smaller), as many as the widest batch.
+    fn read_encoded_step(
+        &mut self,
+        step_box: &Region,
+        grid: &PieceGrid,
+        buffers: &mut [Vec<u8>],
+    ) -> Result<()> {
+        let plan = self.plan;
+        let blocks: Vec<(Vec<usize>, Region)> = IndexBox::new(plan.input.overlapping(step_box))
+            .filter_map(|index| {
+                let region = plan.input.block(&index).intersect(step_box)?;
+                Some((index, region))
+            })
+            .collect();
+        // Each worker's allowance is the step's largest decoded block.
+        let (mut widest, mut largest) = (0u64, 0u64);
+        for batch in blocks.chunks(plan.problem.workers.max(1)) {
+            let mut fetched = Vec::with_capacity(batch.len());
+            for (input_index, region) in batch {
+                let (rank, place) = self.locate(input_index, region);
+                self.read_ahead();
+                let bytes = self.fetch_encoded(rank, region)?;
+                self.check_unchanged(rank)?;
+                fetched.push((rank, place, bytes));
+            }
+            let input = self.input;
+            let work = fetched.iter_mut().map(|(rank, place, bytes)| {
+                let block = &input.blocks[*rank as usize];
+                (block, &place.shape, std::mem::replace(bytes, Fetched::Fill))
+            });
+            let decoded = on_workers(work, |(block, shape, bytes)| {
+                decode_fetched(block, shape, bytes)
+            });
+            let decoded: Vec<Vec<u8>> = decoded.into_iter().collect::<Result<_>>()?;
+            widest = widest.max(decoded.len() as u64);
+            largest = decoded
+                .iter()
+                .map(|block| block.len() as u64)
+                .fold(largest, u64::max);
+            for (((input_index, region), (rank, place, _)), decoded) in
+                batch.iter().zip(&fetched).zip(decoded)
+            {
+                let layout = RowLayout::in_file(region, place, self.elem, grid);
+                layout.for_each_segment(|segment| {
+                    layout.copy_segment_from(&decoded, 0, segment, buffers)
+                })?;
+                self.done_with(input_index, *rank, region, step_box);
+            }
+        }
+        self.decoded_peak = self.decoded_peak.max(widest * largest);
+        Ok(())
+    }
+
+    /// The encoded bytes of input block `rank` (`region` of it wanted),
+    /// read whole in one call and logged; an absent chunk's is nothing
+    /// (the fill value, logged as an empty call); a block its format's
+    /// library reads comes decoded.
+    fn fetch_encoded(&mut self, rank: u64, region: &Region) -> Result<Fetched> {
+        let block = &self.input.blocks[rank as usize];
+        let key = FileKey::Input(rank);
+        match &block.storage {
+            Storage::Absent { .. } => {
+                tell_witness(self.witness, rank, block, None)?;
+                self.fill_bytes += region.volume() * self.elem;
+                self.reads.read(key, 0, 0);
+                Ok(Fetched::Fill)
+            }
+            Storage::Encoded {
+                decoder,
+                offset,
+                len,
+            } => {
+                let opened = (&mut self.handles, &mut self.identities);
+                let InputHandle::Encoded(file) =
+                    ready_handle(opened, self.input, rank, self.witness)?
+                else {
+                    return Err(not_scanned_encoded(&block.path));
+                };
+                let fetched = match decoder.read_encoded(&block.path, file, *offset, *len)? {
+                    Some(bytes) => Fetched::Encoded(bytes),
+                    None => {
+                        Fetched::Decoded(decoder.read_decoded(&block.path, file, *offset, *len)?)
+                    }
+                };
+                self.reads.read(key, *offset, *len);
+                Ok(fetched)
+            }
+            _ => Err(not_scanned_encoded(&block.path)),
+        }
     }
 
     /// After a read of input `rank`: its file must still be the one first
@@ -512,9 +622,6 @@ impl<'a> InputReader<'a> {
         buffers: &mut [Vec<u8>],
         counter: &mut SeekCounter,
     ) -> Result<()> {
-        if self.input.files.is_encoded() {
-            return self.read_encoded(rank, place, region, grid, buffers);
-        }
         let block = &self.input.blocks[rank as usize];
         let layout = RowLayout::in_file(region, place, self.elem, grid);
         if let Storage::Absent { fill } = &block.storage {
@@ -547,41 +654,6 @@ impl<'a> InputReader<'a> {
             }
             InputHandle::Opened(_) | InputHandle::Encoded(_) => Err(unchecked(&block.path)),
         }
-    }
-
-    /// Reads `region` of encoded input block `rank` (lying in its decoded
-    /// block as `place` says) into the pieces `buffers` of `grid`: the
-    /// block is read whole and decoded ([`decoded_block`]), then the
-    /// region copied out of it.
-    fn read_encoded(
-        &mut self,
-        rank: u64,
-        place: &InFile,
-        region: &Region,
-        grid: &PieceGrid,
-        buffers: &mut [Vec<u8>],
-    ) -> Result<()> {
-        let block = &self.input.blocks[rank as usize];
-        let decoded = match &block.storage {
-            Storage::Absent { .. } => {
-                tell_witness(self.witness, rank, block, None)?;
-                self.fill_bytes += region.volume() * self.elem;
-                decoded_block(None, block, &place.shape, |offset, len| {
-                    self.reads.read(FileKey::Input(rank), offset, len)
-                })?
-            }
-            _ => {
-                let opened = (&mut self.handles, &mut self.identities);
-                let handle = ready_handle(opened, self.input, rank, self.witness)?;
-                let reads = &mut self.reads;
-                decoded_block(Some(handle), block, &place.shape, |offset, len| {
-                    reads.read(FileKey::Input(rank), offset, len)
-                })?
-            }
-        };
-        self.decoded_peak = self.decoded_peak.max(decoded.len() as u64);
-        let layout = RowLayout::in_file(region, place, self.elem, grid);
-        layout.for_each_segment(|segment| layout.copy_segment_from(&decoded, 0, segment, buffers))
     }
 }
 
@@ -616,11 +688,42 @@ pub(super) fn decoded_block(
             count(*offset, *len);
             Ok(decoded)
         }
-        _ => Err(Error::bad_input(
-            &block.path,
-            "is read as an encoded chunk but was not scanned as one",
-        )),
+        _ => Err(not_scanned_encoded(&block.path)),
     }
+}
+
+/// What [`InputReader::fetch_encoded`] read of an encoded input block.
+enum Fetched {
+    /// Absent: the fill value.
+    Fill,
+    /// Its encoded bytes, to decode.
+    Encoded(Vec<u8>),
+    /// Read and decoded by its format's library.
+    Decoded(Vec<u8>),
+}
+
+/// The decoded bytes of encoded input block `block` (all of its file, of
+/// `file_shape`, padding included) from what was `fetched` of it: work for
+/// any thread, no I/O.
+fn decode_fetched(block: &InputBlock, file_shape: &[u64], fetched: Fetched) -> Result<Vec<u8>> {
+    match (fetched, &block.storage) {
+        (Fetched::Fill, Storage::Absent { fill }) => {
+            Ok(fill.repeat(crate::array::geometry::volume(file_shape) as usize))
+        }
+        (Fetched::Encoded(bytes), Storage::Encoded { decoder, .. }) => {
+            decoder.decode(&block.path, &bytes)
+        }
+        (Fetched::Decoded(decoded), _) => Ok(decoded),
+        _ => Err(not_scanned_encoded(&block.path)),
+    }
+}
+
+/// The error for a block read as encoded that was not scanned as such.
+fn not_scanned_encoded(path: &Path) -> Error {
+    Error::bad_input(
+        path,
+        "is read as an encoded chunk but was not scanned as one",
+    )
 }
 
 /// Input block `rank`'s handle in `handles`, ready to read: the cached one,

@@ -117,6 +117,9 @@ pub struct Executor<'a> {
     /// Bytes the writer holds while it encodes an output block (the
     /// planner's allowance; 0 when blocks are written in place).
     encoding: u64,
+    /// Bytes the writer holds encoding the slab in flight: the allowance
+    /// for each block of its batch ([`Executor::writing_allowance`]).
+    writing: u64,
     stats: RunStats,
     cancel: Option<&'a AtomicBool>,
     pool: BufferPool,
@@ -138,6 +141,7 @@ impl<'a> Executor<'a> {
             in_flight: None,
             held: 0,
             encoding: plan.problem.encoding_bytes(),
+            writing: 0,
             stats: RunStats {
                 read_blocks_total: plan.read.count(),
                 output_blocks_total: plan.output.count(),
@@ -321,7 +325,8 @@ impl<'a> Executor<'a> {
         reports: &Receiver<Result<WriteReport>>,
     ) -> Result<()> {
         self.in_flight = Some(job.bytes);
-        self.note_peak(self.held + self.encoding);
+        self.writing = self.writing_allowance(&job.write_box);
+        self.note_peak(self.held + self.writing);
         if jobs.send(job).is_err() {
             // The writer stopped: its report says why.
             self.finish_write(reports)?;
@@ -373,6 +378,23 @@ impl<'a> Executor<'a> {
             + self.writes_now.written_bytes();
     }
 
+    /// Bytes the writer holds encoding `slab`: the planner's allowance for
+    /// a block times the blocks its workers encode at once (the slab's
+    /// output blocks, at most one per worker).
+    fn writing_allowance(&self, slab: &Region) -> u64 {
+        if self.encoding == 0 {
+            return 0;
+        }
+        let blocks: u64 = self
+            .plan
+            .output
+            .overlapping(slab)
+            .iter()
+            .map(|range| range.len() as u64)
+            .product();
+        self.encoding * blocks.min(self.plan.problem.workers.max(1) as u64)
+    }
+
     fn hold(&mut self, bytes: u64) {
         self.held += bytes;
         self.note_peak(self.held);
@@ -403,7 +425,7 @@ impl<'a> Executor<'a> {
         // read, and the writer encodes a block while a slab is in flight.
         let decoded = std::mem::take(&mut self.reader.decoded_peak);
         let encoding = if self.in_flight.is_some() {
-            self.encoding
+            self.writing
         } else {
             0
         };

@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use super::pieces::{InFile, PackingBuffer, PieceGrid, RowLayout, Segment};
 use super::seekio::{self, FileKey, SeekLog};
 use super::sink::{BlockSink, OutputTarget};
+use super::workers::on_workers;
 use crate::array::geometry::{show_shape, volume, IndexBox, Region};
 use crate::error::{Error, Result};
 use crate::format::encode::BlockEncode;
@@ -196,6 +197,7 @@ impl<'a> Writer<'a> {
         let mut writes = SeekLog::default();
         let mut blocks_completed = 0;
         let mut encoded_from = 0;
+        let mut batch = Vec::new();
         for output_index in IndexBox::new(plan.output.overlapping(write_box)) {
             if self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
                 return Err(Error::Cancelled);
@@ -209,12 +211,15 @@ impl<'a> Writer<'a> {
                 continue;
             }
             if let Some(encoder) = self.encoder.clone() {
-                let (block_writes, raw_len) =
-                    self.write_encoded(sink, &*encoder, rank, &block, &region, &grid, &job.pieces)?;
-                writes.extend(block_writes);
-                encoded_from += raw_len;
-                sink.complete(rank)?;
-                blocks_completed += 1;
+                batch.push((rank, block, region));
+                if batch.len() == plan.problem.workers.max(1) {
+                    let batch_report =
+                        self.write_encoded(sink, &*encoder, &batch, &grid, &job.pieces)?;
+                    writes.extend(batch_report.0);
+                    encoded_from += batch_report.1;
+                    blocks_completed += batch.len() as u64;
+                    batch.clear();
+                }
                 continue;
             }
             // Writing the region again after a full disk rewrites the
@@ -238,6 +243,13 @@ impl<'a> Writer<'a> {
                 blocks_completed += 1;
             }
         }
+        if let (Some(encoder), false) = (self.encoder.clone(), batch.is_empty()) {
+            let (batch_writes, raw_len) =
+                self.write_encoded(sink, &*encoder, &batch, &grid, &job.pieces)?;
+            writes.extend(batch_writes);
+            encoded_from += raw_len;
+            blocks_completed += batch.len() as u64;
+        }
         Ok(WriteReport {
             read_block: job.read_block,
             writes,
@@ -247,50 +259,64 @@ impl<'a> Writer<'a> {
         })
     }
 
-    /// Gathers output block `rank` (`block`, which `region` must be: the
-    /// plan hands encoded blocks over whole) from `pieces` into its file's
-    /// array, encodes it and writes the encoding in one call; returns the
-    /// call and the bytes encoded.
-    #[allow(clippy::too_many_arguments)]
+    /// Gathers the output blocks of `batch` (rank, block, and the region
+    /// of it the slab holds, which must be all of it: the plan hands
+    /// encoded blocks over whole) from `pieces` into their files' arrays
+    /// and encodes them, one per worker thread at once, then writes each
+    /// encoding in one call, in the batch's (the plan's) order, completing
+    /// each; returns the calls and the bytes encoded.
     fn write_encoded(
         &mut self,
         sink: &mut dyn BlockSink,
         encoder: &dyn BlockEncode,
-        rank: u64,
-        block: &Region,
-        region: &Region,
+        batch: &[(u64, Region, Region)],
         grid: &PieceGrid,
         pieces: &[Vec<u8>],
     ) -> Result<(SeekLog, u64)> {
-        let (path, file_shape) = {
-            let target = sink.target(rank)?;
+        let mut files = Vec::with_capacity(batch.len());
+        for (rank, block, region) in batch {
+            let target = sink.target(*rank)?;
             check_file_holds(&target, block)?;
-            (PathBuf::from(target.path), target.file_shape.to_vec())
-        };
-        if region != block {
-            return Err(Error::BadArgument(format!(
-                "plan error: encoded output block {} handed to the writer in parts",
-                path.display()
-            )));
-        }
-        let file_box = Region::new(block.origin.clone(), file_shape.clone());
-        let raw = gather(block, &file_box, self.elem, grid, pieces)?;
-        let raw_len = raw.len() as u64;
-        let encoded = encoder.encode(&path, &file_shape, raw)?;
-        // Writing again after a full disk rewrites the same bytes in place.
-        loop {
-            let written = {
-                let target = sink.target(rank)?;
-                seekio::write_all_at(target.file, target.path, &mut [IoSlice::new(&encoded)], 0)
-            };
-            match written {
-                Err(error) if error.is_no_space() => sink.no_space(error)?,
-                result => break result?,
+            let path = PathBuf::from(target.path);
+            if region != block {
+                return Err(Error::BadArgument(format!(
+                    "plan error: encoded output block {} handed to the writer in parts",
+                    path.display()
+                )));
             }
+            files.push((path, target.file_shape.to_vec()));
         }
+        let elem = self.elem;
+        let encode = |((_, block, _), (path, file_shape)): (
+            &(u64, Region, Region),
+            &(PathBuf, Vec<u64>),
+        )| {
+            let file_box = Region::new(block.origin.clone(), file_shape.clone());
+            let raw = gather(block, &file_box, elem, grid, pieces)?;
+            let raw_len = raw.len() as u64;
+            Ok((encoder.encode(path, file_shape, raw)?, raw_len))
+        };
+        let encoded: Vec<Result<(Vec<u8>, u64)>> = on_workers(batch.iter().zip(&files), encode);
         let mut writes = SeekLog::default();
-        writes.write(FileKey::Output(rank), 0, encoded.len() as u64);
-        Ok((writes, raw_len))
+        let mut raw_total = 0;
+        for ((rank, _, _), result) in batch.iter().zip(encoded) {
+            let (encoded, raw_len) = result?;
+            // Writing again after a full disk rewrites the same bytes in place.
+            loop {
+                let written = {
+                    let target = sink.target(*rank)?;
+                    seekio::write_all_at(target.file, target.path, &mut [IoSlice::new(&encoded)], 0)
+                };
+                match written {
+                    Err(error) if error.is_no_space() => sink.no_space(error)?,
+                    result => break result?,
+                }
+            }
+            writes.write(FileKey::Output(*rank), 0, encoded.len() as u64);
+            raw_total += raw_len;
+            sink.complete(*rank)?;
+        }
+        Ok((writes, raw_total))
     }
 
     /// Writes `region` of output block `rank` (`block`, in a write block

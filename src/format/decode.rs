@@ -42,6 +42,22 @@ pub trait BlockDecode: Send + Sync + fmt::Debug {
         self.decode(path, &encoded)
     }
 
+    /// The `len` encoded bytes at `offset` in the file `path`, open as
+    /// `file`, read whole in one call, for [`decode`](Self::decode) to
+    /// decode (on any thread); `None` for a format whose library reads the
+    /// file itself, which [`read_decoded`](Self::read_decoded) then does.
+    fn read_encoded(
+        &self,
+        path: &Path,
+        file: &File,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<u8>>> {
+        let mut encoded = zeroed(path, len)?;
+        read_whole(file, path, offset, &mut encoded)?;
+        Ok(Some(encoded))
+    }
+
     /// The most decoded bytes `encoded_len` encoded bytes can hold, at the
     /// greatest ratio of the codecs; `None` when no bound follows from
     /// the length alone.

@@ -15,7 +15,8 @@ use crate::plan::Problem;
 
 /// The problem of rechunking `input` into blocks of `output_block`
 /// (internal order) written as `format`, whose files the format shapes
-/// (Zarr pads edge chunks, which costs writes more seeks).
+/// (Zarr pads edge chunks, which costs writes more seeks), with the
+/// process's threads ([`crate::engine::workers::threads`]) as its workers.
 pub fn problem_for(
     input: &InputArray,
     output_block: Vec<u64>,
@@ -28,5 +29,7 @@ pub fn problem_for(
         input.dtype.size as u64,
     )?;
     let output_files = filetree::output_file_shape(format, &problem.output());
-    Ok(problem.with_files(input.files.clone(), output_files))
+    Ok(problem
+        .with_files(input.files.clone(), output_files)
+        .with_workers(crate::engine::workers::threads()))
 }

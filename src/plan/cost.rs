@@ -176,7 +176,7 @@ fn gap_elements(overlaps: &[Overlap], gaps: &[Gaps]) -> u128 {
 
 /// The peak of [`simulate_peak`]: while a step is read, plus the decoded
 /// input blocks held beside it (encoded inputs); or once a slab is handed
-/// to the writer, plus the output block being encoded (encoded outputs).
+/// to the writer, plus the output blocks being encoded (encoded outputs).
 pub(super) fn plan_peak(
     problem: &Problem,
     dims: &[&DimOption],
@@ -186,34 +186,68 @@ pub(super) fn plan_peak(
     let decoded = problem
         .reads_whole_inputs()
         .then(|| DecodedExtents::of(problem, dims, steps));
+    let encoded = problem
+        .writes_whole_outputs()
+        .then(|| EncodedCounts::of(problem, dims));
     let beside = Beside {
         decoded: decoded.as_ref(),
+        encoded: encoded.as_ref(),
         encoding: problem.encoding_bytes() as u128,
+        problem,
     };
     simulate_peak(dims, steps, problem.elem_size, beside, give_up_above)
 }
 
 /// What is held beside the pieces: the decoded input blocks a step reads
-/// (encoded inputs), and an output block being encoded while a slab is in
-/// flight (encoded outputs).
+/// (encoded inputs), and the output blocks being encoded while a slab is
+/// in flight (encoded outputs), a batch of up to `problem.workers` at once.
 #[derive(Clone, Copy)]
 struct Beside<'a> {
     decoded: Option<&'a DecodedExtents>,
+    encoded: Option<&'a EncodedCounts>,
+    /// Bytes one output block holds while it is encoded.
     encoding: u128,
+    problem: &'a Problem,
+}
+
+impl Beside<'_> {
+    /// Bytes of the decoded input blocks held while step `j` of read block
+    /// `index` is read: a batch of its blocks, each counted at the largest.
+    fn decoded(&self, index: &[usize], j: usize) -> u128 {
+        self.decoded.map_or(0, |d| {
+            let (largest, count) = d.step(index, j);
+            largest * self.problem.batch(count as u64) as u128
+        })
+    }
+
+    /// Bytes the writer holds encoding the slab `[from, to)` (along the
+    /// first dimension) of the write block read block `index` completes.
+    fn encoding(&self, index: &[usize], from: u64, to: u64) -> u128 {
+        self.encoded.map_or(0, |e| {
+            let count = e.slab_blocks(index, from, to);
+            self.encoding * self.problem.batch(count) as u128
+        })
+    }
 }
 
 /// The longest decoded input block extent each step reads, per
-/// dimension: the executor decodes every input block a step overlaps,
-/// one at a time, and holds each beside the step while it copies from it.
-/// Those blocks are a product of input intervals, so the largest is the
-/// product of the longest along each dimension. Padded files (Zarr)
-/// decode to the full chunk everywhere; exact ones (gzipped NIfTI) to
-/// their block, smaller at the edges.
+/// dimension, and how many blocks it reads: the executor decodes the input
+/// blocks a step overlaps in batches of up to `workers` (C order), holding
+/// a batch beside the step while it copies from it. Those blocks are a
+/// product of input intervals, so the largest is the product of the
+/// longest along each dimension. Padded files (Zarr) decode to the full
+/// chunk everywhere; exact ones (gzipped NIfTI) to their block, smaller
+/// at the edges.
 struct DecodedExtents {
     /// Along the first dimension, per step.
     first: Vec<u64>,
     /// Along each later dimension `d`, per read interval: `rest[d - 1]`.
     rest: Vec<Vec<u64>>,
+    /// Input intervals overlapping each step, along the first dimension.
+    first_count: Vec<u64>,
+    /// Input intervals overlapping each read interval, along each later
+    /// dimension `d`: `rest_count[d - 1]`.
+    rest_count: Vec<Vec<u64>>,
 }
 
 impl DecodedExtents {
@@ -231,20 +265,83 @@ impl DecodedExtents {
                 })
                 .collect()
         };
+        let count = |d: usize, moving: &Axis| -> Vec<u64> {
+            let files = input.axis(d);
+            (0..moving.count())
+                .map(|k| files.overlapping(moving.start(k), moving.end(k)).len() as u64)
+                .collect()
+        };
         DecodedExtents {
             first: longest(0, steps),
             rest: (1..dims.len()).map(|d| longest(d, &dims[d].read)).collect(),
+            first_count: count(0, steps),
+            rest_count: (1..dims.len()).map(|d| count(d, &dims[d].read)).collect(),
         }
     }
 
-    /// Elements of the largest decoded block of the read block at
-    /// `index`, leaving out the first dimension (see [`first`](Self::first)).
-    fn rest_volume(&self, index: &[usize]) -> u128 {
+    /// Elements of the largest decoded block step `j` of the read block at
+    /// `index` reads, and how many blocks it reads.
+    fn step(&self, index: &[usize], j: usize) -> (u128, u128) {
+        let rest = |of: &Vec<Vec<u64>>| -> u128 {
+            of.iter()
+                .zip(&index[1..])
+                .map(|(per, &k)| per[k] as u128)
+                .product()
+        };
+        (
+            self.first[j] as u128 * rest(&self.rest),
+            self.first_count[j] as u128 * rest(&self.rest_count),
+        )
+    }
+}
+
+/// How many output blocks the slabs handed to the writer hold: per later
+/// dimension, the output intervals of the write interval each read
+/// interval completes; along the first, those the slab overlaps.
+struct EncodedCounts {
+    output_first: Axis,
+    /// `rest[d - 1][k]`: output intervals along `d` of the write interval
+    /// read interval `k` completes (0: none).
+    rest: Vec<Vec<u64>>,
+}
+
+impl EncodedCounts {
+    fn of(problem: &Problem, dims: &[&DimOption]) -> EncodedCounts {
+        let output = problem.output();
+        let rest = (1..dims.len())
+            .map(|d| {
+                let (dim, outputs) = (dims[d], output.axis(d));
+                dim.completes
+                    .iter()
+                    .map(|w| {
+                        w.map_or(0, |w| {
+                            outputs
+                                .overlapping(dim.write.start(w), dim.write.end(w))
+                                .len() as u64
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        EncodedCounts {
+            output_first: output.axis(0).clone(),
+            rest,
+        }
+    }
+
+    /// Output blocks in the slab `[from, to)` of the write block read block
+    /// `index` completes.
+    fn slab_blocks(&self, index: &[usize], from: u64, to: u64) -> u64 {
+        if from >= to {
+            return 0;
+        }
+        let first = self.output_first.overlapping(from, to).len() as u64;
         self.rest
             .iter()
             .zip(&index[1..])
-            .map(|(extents, &k)| extents[k] as u128)
-            .product()
+            .map(|(per, &k)| per[k])
+            .product::<u64>()
+            * first
     }
 }
 
@@ -268,11 +365,11 @@ pub(super) fn write_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
 /// then that slab is freed, and the slab this step completes (the part of
 /// the read block's completed write block, if any, up to the step's end)
 /// goes in flight. Volumes are products of per-dimension lengths, so a step
-/// costs O(dimensions). With encoded inputs (`beside.decoded`), the largest
-/// decoded input block a step reads is held beside it while it is read.
+/// costs O(dimensions). With encoded inputs (`beside.decoded`), a batch of
+/// the step's decoded input blocks is held beside it while it is read.
 ///
-/// With encoded outputs, the writer also holds `beside.encoding` bytes (an output
-/// block gathered whole, and its encoding) while a slab is in flight: on
+/// With encoded outputs, the writer also holds a batch of output blocks
+/// being encoded ([`Beside::encoding`]) while a slab is in flight: on
 /// top of the step read beside it, and of the slab alone once handed over.
 ///
 /// `steps` is [`step_axis`]`(dims)`. The search only asks whether a plan
@@ -289,11 +386,12 @@ fn simulate_peak(
 ) -> u128 {
     let first = dims[0];
     let elem = elem_size as u128;
-    let writing = |in_flight: u128| if in_flight > 0 { beside.encoding } else { 0 };
     let grid: Vec<usize> = dims.iter().map(|o| o.read.count()).collect();
     let mut held: u128 = 0;
     let mut peak: u128 = 0;
     let mut in_flight: u128 = 0;
+    // Bytes the writer holds encoding the slab in flight.
+    let mut writing: u128 = 0;
     for index in IndexBox::grid(&grid) {
         let mut rest_volume: u128 = 1;
         let mut rest_completed: u128 = 1;
@@ -301,26 +399,32 @@ fn simulate_peak(
             rest_volume *= dims[d].read.extent(k) as u128;
             rest_completed *= dims[d].completed_len[k] as u128;
         }
-        let decoded_rest = beside.decoded.map_or(0, |d| d.rest_volume(&index));
         let k = index[0];
         let written = first.completes[k].map(|w| (first.write.start(w), first.write.end(w)));
         let range = steps.overlapping(first.read.start(k), first.read.end(k));
         for j in range.clone() {
             held += steps.extent(j) as u128 * rest_volume;
-            let decoded_here = beside
-                .decoded
-                .map_or(0, |d| d.first[j] as u128 * decoded_rest);
-            peak = peak.max((held + decoded_here) * elem + writing(in_flight));
+            let decoded_here = beside.decoded(&index, j);
+            peak = peak.max(held * elem + decoded_here * elem + writing);
             if peak > give_up_above {
                 return peak;
             }
             held -= in_flight;
             let from = if j == range.start { 0 } else { steps.start(j) };
-            let slab = written.map_or(0, |(start, end)| {
-                end.min(steps.end(j)).saturating_sub(start.max(from))
+            let (slab, encoding) = written.map_or((0, 0), |(start, end)| {
+                let (a, b) = (start.max(from), end.min(steps.end(j)));
+                (
+                    b.saturating_sub(a),
+                    if rest_completed > 0 {
+                        beside.encoding(&index, a, b)
+                    } else {
+                        0
+                    },
+                )
             });
             in_flight = slab as u128 * rest_completed;
-            peak = peak.max(held * elem + writing(in_flight));
+            writing = if in_flight > 0 { encoding } else { 0 };
+            peak = peak.max(held * elem + writing);
         }
     }
     held -= in_flight;

@@ -163,8 +163,43 @@ impl Plan {
     }
 }
 
-/// The plan for `strategy` within `mem` bytes (None: unlimited).
+/// The plan for `strategy` within `mem` bytes (None: unlimited): the
+/// fewest seeks with one worker, then as many of `problem.workers` as fit
+/// in `mem` without a seek more (fewer than asked are logged).
 pub fn plan(problem: &Problem, strategy: Strategy, mem: Option<u64>) -> Result<Plan> {
+    let asked = problem.workers;
+    if asked <= 1 || !(problem.reads_whole_inputs() || problem.writes_whole_outputs()) {
+        // Workers hold nothing of their own: blocks are not encoded.
+        return plan_with(problem, strategy, mem);
+    }
+    let single = plan_with(&problem.clone().with_workers(1), strategy, mem)?;
+    let mut workers = asked;
+    while workers > 1 {
+        let wider = problem.clone().with_workers(workers);
+        if let Ok(chosen) = plan_with(&wider, strategy, mem) {
+            if chosen.prediction.seeks() == single.prediction.seeks() {
+                if workers < asked {
+                    log::info!(
+                        "{workers} threads decode and encode blocks, not {asked}: more do not \
+                         fit in --mem without more seeks"
+                    );
+                }
+                return Ok(chosen);
+            }
+        }
+        workers /= 2;
+    }
+    if asked > 1 {
+        log::info!(
+            "one thread decodes and encodes blocks, not {asked}: more do not fit in --mem \
+             without more seeks"
+        );
+    }
+    Ok(single)
+}
+
+/// The plan for `strategy` within `mem` bytes with `problem.workers`.
+fn plan_with(problem: &Problem, strategy: Strategy, mem: Option<u64>) -> Result<Plan> {
     if strategy == Strategy::Baseline && problem.writes_whole_outputs() {
         return Err(Error::BadArgument(
             "the baseline writes each input block's pieces of an output block at once, but a \
@@ -519,6 +554,54 @@ mod tests {
         assert!(refused.to_string().contains("--strategy keep"), "{refused}");
         // Blocks written in place plan as before.
         assert_eq!(padded.encoding_bytes(), 0);
+    }
+
+    #[test]
+    fn workers_hold_a_block_each_and_never_cost_a_seek() {
+        use crate::array::geometry::FileShape;
+        // 55³ u16 in 10³ padded encoded chunks -> 25³: every step reads
+        // more than 8 chunks, so w workers hold w decoded chunks.
+        let plain = Problem::new(vec![55; 3], vec![10; 3], vec![25; 3], 2).unwrap();
+        let problem = plain.clone().with_files(
+            FileShape::Encoded {
+                padded_to: Some(vec![10; 3]),
+            },
+            FileShape::Exact,
+        );
+        let decoded = 10 * 10 * 10 * 2;
+        let alone = keep_rhat(&problem);
+        for workers in [1, 2, 3, 8] {
+            let wide = keep_rhat(&problem.clone().with_workers(workers));
+            assert_eq!(
+                wide.prediction.peak_bytes,
+                keep_rhat(&plain).prediction.peak_bytes + workers as u64 * decoded,
+                "{workers} workers"
+            );
+            assert_eq!(wide.prediction.seeks(), alone.prediction.seeks());
+        }
+        // Within memory for one worker and a little: as many as fit
+        // without a seek more, and no fewer than one.
+        let eight = problem.clone().with_workers(8);
+        let mem = alone.prediction.peak_bytes + decoded;
+        let chosen = plan(&eight, Strategy::Keep, Some(mem)).unwrap();
+        assert!(chosen.prediction.peak_bytes <= mem);
+        assert!(chosen.problem.workers >= 2, "a smaller step makes room");
+        assert_eq!(chosen.prediction.seeks(), alone.prediction.seeks());
+        let Err(Error::DoesNotFit { needed, .. }) = plan(&eight, Strategy::Keep, Some(3000)) else {
+            panic!("3000 bytes cannot hold a 2000-byte chunk twice");
+        };
+        let least = plan(&eight, Strategy::Keep, Some(needed)).unwrap();
+        let least_alone = plan(&problem, Strategy::Keep, Some(needed)).unwrap();
+        assert!(least.prediction.peak_bytes <= needed);
+        assert_eq!(least.prediction.seeks(), least_alone.prediction.seeks());
+        // Encoded outputs: a slab's blocks are encoded a batch at a time.
+        let padded = plain.with_files(FileShape::Exact, FileShape::Padded(vec![25; 3]));
+        let encoded = padded.with_encoded_outputs();
+        let one = keep_rhat(&encoded).prediction;
+        let three = keep_rhat(&encoded.clone().with_workers(3)).prediction;
+        assert_eq!(three.seeks(), one.seeks());
+        assert!(three.peak_bytes > one.peak_bytes);
+        assert!(three.peak_bytes <= one.peak_bytes + 2 * encoded.encoding_bytes());
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub struct Problem {
     /// seek where rows would cost one each, for the bytes between.
     #[serde(skip_serializing_if = "no_bridges")]
     pub bridged: Vec<bool>,
+    /// Threads that decode input blocks and encode output blocks at once
+    /// (at least 1): each holds its block, so the peak counts them all.
+    #[serde(skip)]
+    pub workers: usize,
 }
 
 fn no_bridges(bridged: &[bool]) -> bool {
@@ -65,7 +69,20 @@ impl Problem {
             input_files: FileShape::Exact,
             output_files: FileShape::Exact,
             encoded_outputs: false,
+            workers: 1,
         })
+    }
+
+    /// The same problem with `workers` threads decoding and encoding
+    /// blocks at once (at least 1).
+    pub fn with_workers(mut self, workers: usize) -> Problem {
+        self.workers = workers.max(1);
+        self
+    }
+
+    /// Blocks of a batch of `count` decoded or encoded at once.
+    pub(super) fn batch(&self, count: u64) -> u64 {
+        count.min(self.workers as u64)
     }
 
     /// The same problem with input and output files shaped as given: a

@@ -280,6 +280,11 @@ impl BlockDecode for ScaledMinc {
         })
     }
 
+    fn read_encoded(&self, _: &Path, _: &File, _: u64, _: u64) -> Result<Option<Vec<u8>>> {
+        // libhdf5 reads the image: `read_decoded`.
+        Ok(None)
+    }
+
     fn read_decoded(&self, path: &Path, _file: &File, _offset: u64, _len: u64) -> Result<Vec<u8>> {
         let reader = Hdf5BlockReader::open(path, IMAGE)?;
         if reader.shape() != self.file_shape || reader.dtype() != self.stored {
