@@ -6,7 +6,7 @@
 
 use super::dims::{DimOption, Gaps, Overlap};
 use super::problem::Problem;
-use crate::array::geometry::{Axis, IndexBox};
+use crate::array::geometry::Axis;
 
 /// Sum over all pieces (moving block ∩ file block) of the contiguous
 /// segments each occupies in its file (`geometry::runs`). A piece's `q` is
@@ -37,16 +37,29 @@ fn segments(overlaps: &[Overlap]) -> u128 {
 /// previous one only when (a) no write block completed in between, and
 /// (b) the last element of the previous read block and the first of this
 /// one are neighbours in one input file. With `j` the dimension where the
-/// C-order step carries, (b) holds when the dimensions after `j` are each
+/// step in `order` carries, (b) holds when the dimensions after `j` are each
 /// spanned exactly by one input file (one block, not padded), the boundary
 /// crossed in `j` is inside an input block, and the read intervals before
-/// `j` are one element thick.
-fn read_seeks(dims: &[&DimOption], input_spans_exactly: &[bool]) -> u128 {
+/// `j` are one element thick. It also needs the axes visited inside `j` to
+/// be those after it (they wrap from end to start) and those outside to be
+/// those before it (they stay), which C order gives and other orders give
+/// only where the axes out of place have one read interval.
+fn read_seeks(dims: &[&DimOption], input_spans_exactly: &[bool], order: &[usize]) -> u128 {
     let overlaps: Vec<Overlap> = dims.iter().map(|o| o.reads).collect();
     let mut continued: u128 = 0;
     let n = dims.len();
+    let mut position = vec![0usize; n];
+    for (p, &d) in order.iter().enumerate() {
+        position[d] = p;
+    }
     for j in 0..n {
         if (j + 1..n).any(|d| !input_spans_exactly[d]) {
+            continue;
+        }
+        let out_of_place = (0..n).any(|d| {
+            d != j && dims[d].read.count() > 1 && ((d < j) != (position[d] < position[j]))
+        });
+        if out_of_place {
             continue;
         }
         let steps: u128 = dims[..j]
@@ -70,11 +83,11 @@ fn read_seeks(dims: &[&DimOption], input_spans_exactly: &[bool]) -> u128 {
 /// call touches, so each (read block, input block) pair is one seek: the
 /// product of the pairs per dimension, the read intervals being whole
 /// numbers of input blocks.
-pub(super) fn plan_read_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
+pub(super) fn plan_read_seeks(problem: &Problem, dims: &[&DimOption], order: &[usize]) -> u128 {
     if problem.reads_whole_inputs() {
         return dims.iter().map(|o| o.reads.pieces as u128).product();
     }
-    read_seeks(dims, &problem.input_spans_exactly(&problem.input()))
+    read_seeks(dims, &problem.input_spans_exactly(&problem.input()), order)
 }
 
 /// Array bytes the plan `dims` makes for `problem` reads from its input
@@ -181,6 +194,7 @@ pub(super) fn plan_peak(
     problem: &Problem,
     dims: &[&DimOption],
     steps: &Axis,
+    order: &[usize],
     give_up_above: u128,
 ) -> u128 {
     let decoded = problem
@@ -190,7 +204,7 @@ pub(super) fn plan_peak(
         decoded: decoded.as_ref(),
         encoding: problem.encoding_bytes() as u128,
     };
-    simulate_peak(dims, steps, problem.elem_size, beside, give_up_above)
+    simulate_peak(dims, steps, order, problem.elem_size, beside, give_up_above)
 }
 
 /// What is held beside the pieces: the decoded input blocks a step reads
@@ -261,7 +275,8 @@ pub(super) fn write_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
     segments(&overlaps)
 }
 
-/// Most bytes held at once, by stepping through the read blocks, and each
+/// Most bytes held at once, by stepping through the read blocks in
+/// `order` (axes outermost first), and each
 /// read block's steps ([`step_axis`]), as the executor does: each step adds
 /// its volume while the slab of a write block handed over after the
 /// previous step is still being written (by the writer thread) and held;
@@ -283,6 +298,7 @@ pub(super) fn write_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
 fn simulate_peak(
     dims: &[&DimOption],
     steps: &Axis,
+    order: &[usize],
     elem_size: u64,
     beside: Beside,
     give_up_above: u128,
@@ -294,7 +310,7 @@ fn simulate_peak(
     let mut held: u128 = 0;
     let mut peak: u128 = 0;
     let mut in_flight: u128 = 0;
-    for index in IndexBox::grid(&grid) {
+    for index in super::order::visit(order, &grid) {
         let mut rest_volume: u128 = 1;
         let mut rest_completed: u128 = 1;
         for (d, &k) in index.iter().enumerate().skip(1) {

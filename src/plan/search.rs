@@ -1,11 +1,14 @@
 //! Choosing read shapes and write modes when keep(r̂) does not fit in
 //! memory: seeks are cheap to count for every combination, memory is not,
-//! so combinations are simulated fewest seeks first until one fits.
+//! so combinations are simulated fewest seeks first until one fits; each
+//! in every order of the axes (`order`), the fewest seeks and then the least
+//! memory chosen.
 
 use super::cost::{clamp, plan_peak, plan_read_seeks, write_seeks};
 use super::dims::{DimOption, WriteMode};
+use super::order::{orders, peak_bound};
 use super::steps::step_axis;
-use super::{assemble, Plan, Problem, Strategy};
+use super::{assemble, Orders, Plan, Problem, Strategy};
 use crate::array::geometry::{IndexBox, Partition};
 use crate::array::units::show_bytes;
 use crate::error::{Error, Result};
@@ -28,19 +31,22 @@ const MAX_CANDIDATES: usize = 400_000;
 /// Fewest-seek plan whose simulated peak fits in `mem`: evaluate the seeks
 /// of every (read step, write mode) combination in closed form, then
 /// simulate memory in order of increasing seeks until one fits.
-pub(super) fn fewest_seeks_within(problem: &Problem, mem: u64) -> Result<Plan> {
+/// The candidates' seeks are C order's, the fewest any order makes
+/// (`cost::read_seeks`), so the first candidate that fits in some order
+/// is the plan: no candidate after it can make fewer seeks.
+pub(super) fn fewest_seeks_within(problem: &Problem, mem: u64, allowed: &Orders) -> Result<Plan> {
     let (input, output) = (problem.input(), problem.output());
     let options = options_per_dim(problem, &input, &output);
     let mut candidates = candidates(problem, &options);
     candidates.sort_by_key(|c| (c.seeks, c.read_blocks));
+    let mut simulations = 0;
     for candidate in &candidates {
         if candidate.min_bytes > mem as u128 || candidate.read_blocks > MAX_SIMULATED_READ_BLOCKS {
             continue;
         }
         let dims = chosen(&options, &candidate.choice);
-        let steps = step_axis(&dims, problem);
-        if plan_peak(problem, &dims, &steps, mem as u128) <= mem as u128 {
-            return Ok(assemble(problem, Strategy::Keep, &dims));
+        if let Some(order) = best_order(problem, &dims, Some(mem), allowed, &mut simulations) {
+            return Ok(assemble(problem, Strategy::Keep, &dims, &order, simulations));
         }
     }
     let need = least_memory_needed(problem, &options, &mut candidates);
@@ -53,6 +59,54 @@ pub(super) fn fewest_seeks_within(problem: &Problem, mem: u64) -> Result<Plan> {
             show_bytes(need)
         ),
     })
+}
+
+/// Of the orders `allowed` for the plan `dims`, the one with the fewest
+/// seeks whose peak fits in `mem` (None: unlimited), fewer bytes held
+/// breaking ties and C order ties of those; None if none fits. Each
+/// simulation run is counted in `simulations`. Seeks are counted in closed
+/// form; memory is simulated only for orders of the fewest seeks, each
+/// giving up once past the least peak found so far. An order whose bound
+/// (`order::peak_bound`) is within `mem` is known to fit without simulating
+/// it; with a single order that settles it.
+pub(super) fn best_order(
+    problem: &Problem,
+    dims: &[&DimOption],
+    mem: Option<u64>,
+    allowed: &Orders,
+    simulations: &mut u64,
+) -> Option<Vec<usize>> {
+    let counts: Vec<usize> = dims.iter().map(|o| o.read.count()).collect();
+    let c_order: Vec<usize> = (0..dims.len()).collect();
+    let tried = match allowed {
+        Orders::COnly => vec![c_order],
+        Orders::Every => orders(&counts),
+        Orders::Fixed(order) => vec![order.clone()],
+    };
+    let limit = mem.map_or(u128::MAX, |m| m as u128);
+    if tried.len() == 1 && peak_bound(problem, dims, &tried[0]) <= limit {
+        return tried.into_iter().next();
+    }
+    let mut by_seeks: Vec<(u128, Vec<usize>)> = tried
+        .into_iter()
+        .map(|order| (plan_read_seeks(problem, dims, &order), order))
+        .collect();
+    by_seeks.sort_by_key(|(seeks, _)| *seeks);
+    let steps = step_axis(dims, problem);
+    let mut best: Option<(u128, u128, Vec<usize>)> = None;
+    for (seeks, order) in by_seeks {
+        let give_up_above = match &best {
+            Some((best_seeks, _, _)) if seeks > *best_seeks => break,
+            Some((_, best_peak, _)) => best_peak.saturating_sub(1),
+            None => limit,
+        };
+        *simulations += 1;
+        let peak = plan_peak(problem, dims, &steps, &order, give_up_above);
+        if peak <= give_up_above {
+            best = Some((seeks, peak, order));
+        }
+    }
+    best.map(|(_, _, order)| order)
 }
 
 /// Per dimension, the options worth trying: every read step of
@@ -96,11 +150,12 @@ fn options_per_dim(
 /// and a lower bound on its peak; not yet simulated.
 fn candidates(problem: &Problem, options: &[Vec<DimOption>]) -> Vec<Candidate> {
     let counts: Vec<usize> = options.iter().map(Vec::len).collect();
+    let c_order: Vec<usize> = (0..options.len()).collect();
     IndexBox::grid(&counts)
         .map(|choice| {
             let dims = chosen(options, &choice);
             Candidate {
-                seeks: plan_read_seeks(problem, &dims) + write_seeks(problem, &dims),
+                seeks: plan_read_seeks(problem, &dims, &c_order) + write_seeks(problem, &dims),
                 read_blocks: dims.iter().map(|o| o.read.count() as u128).product(),
                 // A lower bound on the peak: the thickest step, and the least
                 // decoded input block beside it.
@@ -144,9 +199,12 @@ fn least_memory_needed(
         }
         let dims = chosen(options, &candidate.choice);
         let steps = step_axis(&dims, problem);
-        let peak = plan_peak(problem, &dims, &steps, u128::MAX);
-        if smallest.is_none_or(|p| peak < p) {
-            smallest = Some(peak);
+        let counts: Vec<usize> = dims.iter().map(|o| o.read.count()).collect();
+        for order in orders(&counts) {
+            let peak = plan_peak(problem, &dims, &steps, &order, u128::MAX);
+            if smallest.is_none_or(|p| peak < p) {
+                smallest = Some(peak);
+            }
         }
     }
     smallest.map_or(u64::MAX, clamp)
