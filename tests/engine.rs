@@ -441,9 +441,13 @@ fn every_order_of_the_axes_is_executed_as_planned() {
         c.order = Some(order.to_vec());
         run_case(&dir, &c);
         let problem = Problem::new(vec![24, 20, 18], vec![6, 5, 4], vec![8, 7, 9], 2).unwrap();
-        let planned =
-            plan::plan_in(&problem, PlanStrategy::Keep, None, &plan::Orders::Fixed(order.to_vec()))
-                .unwrap();
+        let planned = plan::plan_in(
+            &problem,
+            PlanStrategy::Keep,
+            None,
+            &plan::Orders::Fixed(order.to_vec()),
+        )
+        .unwrap();
         assert_eq!(planned.order, order.to_vec());
         peaks.push(planned.prediction.peak_bytes);
     }

@@ -43,9 +43,9 @@ use crate::array::geometry::{Partition, Region};
 use crate::array::units::show_bytes;
 use crate::error::{Error, Result};
 use cost::{clamp, plan_bytes_read, plan_bytes_written, plan_peak, plan_read_seeks, write_seeks};
-use order::peak_bound;
 use dims::DimOption;
 pub use dims::WriteMode;
+use order::peak_bound;
 pub use problem::Problem;
 use steps::step_axis;
 

@@ -115,7 +115,11 @@ impl Lengths {
         for k in 0..read.count() {
             if let Some(w) = option.completes[k] {
                 let (start, end) = (write.start(w), write.end(w));
-                own = own.max(read.end(k).min(end).saturating_sub(read.start(k).max(start)));
+                own = own.max(
+                    read.end(k)
+                        .min(end)
+                        .saturating_sub(read.start(k).max(start)),
+                );
                 carried = carried.max(read.start(k).saturating_sub(start));
                 written_to = end;
             }
@@ -195,5 +199,74 @@ mod tests {
         let order = [2, 0, 1];
         let first: Vec<Vec<usize>> = visit(&order, &counts).take(2).collect();
         assert_eq!(first, vec![vec![0, 0, 0], vec![0, 1, 0]]);
+    }
+}
+
+/// The tables of `docs/keep.md` ("Read order"): `cargo test --release --lib
+/// order_tables -- --ignored --nocapture`.
+#[cfg(test)]
+mod tables {
+    use crate::array::units::show_bytes;
+    use crate::plan::{plan_in, Orders, Problem, Strategy};
+
+    #[test]
+    #[ignore]
+    fn order_tables() {
+        let mut configs: Vec<(String, Problem)> = [
+            ([875, 875, 875], [875, 1750, 875]),
+            ([875, 875, 875], [700, 875, 700]),
+            ([350; 3], [500; 3]),
+            ([350; 3], [250; 3]),
+            ([175; 3], [250; 3]),
+            ([350, 875, 350], [500, 875, 500]),
+            ([350, 875, 350], [350, 500, 350]),
+        ]
+        .iter()
+        .enumerate()
+        .map(|(k, (i, o))| {
+            (
+                format!("config {} {i:?}→{o:?}", k + 1),
+                Problem::new(vec![3500; 3], i.to_vec(), o.to_vec(), 2).unwrap(),
+            )
+        })
+        .collect();
+        configs.push((
+            "BigBrain 40 µm".into(),
+            Problem::new(vec![3850, 3025, 3500], vec![770, 605, 700], vec![256; 3], 2).unwrap(),
+        ));
+        const MIB: u64 = 1 << 20;
+        for (name, problem) in &configs {
+            println!("\n{name}");
+            println!("| --mem | C order: seeks | peak | chosen order | seeks | peak | bound | peak/bound |");
+            for mem in [256 * MIB, 1024 * MIB, 4096 * MIB, 16384 * MIB] {
+                let c = plan_in(problem, Strategy::Keep, Some(mem), &Orders::COnly);
+                let best = plan_in(problem, Strategy::Keep, Some(mem), &Orders::Every);
+                let show = |p: &crate::error::Result<crate::plan::Plan>| match p {
+                    Ok(p) => format!(
+                        "{} | {}",
+                        p.prediction.seeks(),
+                        show_bytes(p.prediction.peak_bytes)
+                    ),
+                    Err(_) => "does not fit | –".into(),
+                };
+                let (order, bound, ratio) = match &best {
+                    Ok(p) => (
+                        format!("{:?}", p.order),
+                        show_bytes(p.prediction.peak_bound),
+                        format!(
+                            "{:.2}",
+                            p.prediction.peak_bytes as f64 / p.prediction.peak_bound as f64
+                        ),
+                    ),
+                    Err(_) => ("–".into(), "–".into(), "–".into()),
+                };
+                println!(
+                    "| {} | {} | {order} | {} | {bound} | {ratio} |",
+                    show_bytes(mem),
+                    show(&c),
+                    show(&best)
+                );
+            }
+        }
     }
 }

@@ -243,10 +243,7 @@ impl Problem {
 
     /// The decoded input block whose extent `pick` picks along each
     /// dimension, in bytes (input blocks are a product of intervals).
-    fn decoded_block_bytes(
-        &self,
-        pick: fn(std::vec::IntoIter<u128>) -> Option<u128>,
-    ) -> u128 {
+    fn decoded_block_bytes(&self, pick: fn(std::vec::IntoIter<u128>) -> Option<u128>) -> u128 {
         if !self.input_files.is_encoded() {
             return 0;
         }

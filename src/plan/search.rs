@@ -46,7 +46,13 @@ pub(super) fn fewest_seeks_within(problem: &Problem, mem: u64, allowed: &Orders)
         }
         let dims = chosen(&options, &candidate.choice);
         if let Some(order) = best_order(problem, &dims, Some(mem), allowed, &mut simulations) {
-            return Ok(assemble(problem, Strategy::Keep, &dims, &order, simulations));
+            return Ok(assemble(
+                problem,
+                Strategy::Keep,
+                &dims,
+                &order,
+                simulations,
+            ));
         }
     }
     let need = least_memory_needed(problem, &options, &mut candidates);
