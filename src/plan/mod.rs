@@ -615,6 +615,24 @@ mod tests {
     }
 
     #[test]
+    fn the_order_search_simulates_few_plans() {
+        // 8000³ u16 in 200³ chunks into 160³ blocks (the 954 GiB view):
+        // every order of every read shape has its seeks counted in closed
+        // form; memory is simulated only for the orders of fewest seeks of
+        // the read shapes that can fit, and once more for the chosen plan.
+        let problem = Problem::new(vec![8000; 3], vec![200; 3], vec![160; 3], 2).unwrap();
+        let unlimited = plan(&problem, Strategy::Keep, None).unwrap();
+        assert_eq!(unlimited.simulations, 7, "6 orders tried, then the plan");
+        // Within --mem, keep(r̂) does not fit; the search's simulations.
+        for (mem, simulations) in [(256u64 << 20, 31), (1 << 30, 19), (4 << 30, 19)] {
+            let chosen = plan(&problem, Strategy::Keep, Some(mem)).unwrap();
+            assert!(chosen.prediction.peak_bytes <= mem);
+            assert!(chosen.prediction.peak_bytes <= chosen.prediction.peak_bound);
+            assert_eq!(chosen.simulations, simulations, "within {mem}");
+        }
+    }
+
+    #[test]
     fn write_intervals_of_the_f0_split() {
         let problem = cube(12, 4, 3);
         let plan = keep_rhat(&problem);
