@@ -36,14 +36,20 @@ fn segments(overlaps: &[Overlap]) -> u128 {
 /// the head to the outputs; so a read block's first segment continues the
 /// previous one only when (a) no write block completed in between, and
 /// (b) the last element of the previous read block and the first of this
-/// one are neighbours in one input file. With `j` the dimension where the
-/// step in `order` carries, (b) holds when the dimensions after `j` are each
-/// spanned exactly by one input file (one block, not padded), the boundary
-/// crossed in `j` is inside an input block, and the read intervals before
-/// `j` are one element thick. It also needs the axes visited inside `j` to
-/// be those after it (they wrap from end to start) and those outside to be
-/// those before it (they stay), which C order gives and other orders give
-/// only where the axes out of place have one read interval.
+/// one are neighbours in one input file. With `j` the axis where the step
+/// in `order` carries, (b) holds when the boundary crossed along `j` is
+/// inside an input block, and along every other axis `d`:
+///
+/// - before `j` (in the file's C order) and visited outside it: the read
+///   interval is one element thick (it stays);
+/// - before `j` and visited inside it: likewise, and the only one;
+/// - after `j` and visited inside it (it wraps from end to start): one
+///   input file spans the axis exactly;
+/// - after `j` and visited outside it (it stays): the read interval is
+///   exactly its input file's extent.
+///
+/// The count of such steps is a product over the axes, as is the count of
+/// those whose previous read block completes a write block.
 fn read_seeks(dims: &[&DimOption], input_spans_exactly: &[bool], order: &[usize]) -> u128 {
     let overlaps: Vec<Overlap> = dims.iter().map(|o| o.reads).collect();
     let mut continued: u128 = 0;
@@ -53,26 +59,23 @@ fn read_seeks(dims: &[&DimOption], input_spans_exactly: &[bool], order: &[usize]
         position[d] = p;
     }
     for j in 0..n {
-        if (j + 1..n).any(|d| !input_spans_exactly[d]) {
-            continue;
+        let (mut steps, mut steps_with_write) = (
+            dims[j].inner_reads as u128,
+            dims[j].inner_reads_completing as u128,
+        );
+        for d in (0..n).filter(|&d| d != j) {
+            let o = dims[d];
+            let inside = position[d] > position[j];
+            let (all, completing) = match (d < j, inside) {
+                (true, false) => (o.unit_reads, o.unit_reads_completing),
+                (true, true) if o.read.count() == 1 => (o.unit_reads, o.unit_reads_completing),
+                (false, true) if input_spans_exactly[d] => (1, o.last_read_completes as u64),
+                (false, false) => (o.exact_reads, o.exact_reads_completing),
+                _ => (0, 0),
+            };
+            steps *= all as u128;
+            steps_with_write *= completing as u128;
         }
-        let out_of_place = (0..n).any(|d| {
-            d != j && dims[d].read.count() > 1 && ((d < j) != (position[d] < position[j]))
-        });
-        if out_of_place {
-            continue;
-        }
-        let steps: u128 = dims[..j]
-            .iter()
-            .map(|o| o.unit_reads as u128)
-            .product::<u128>()
-            * dims[j].inner_reads as u128;
-        let steps_with_write: u128 = dims[..j]
-            .iter()
-            .map(|o| o.unit_reads_completing as u128)
-            .product::<u128>()
-            * dims[j].inner_reads_completing as u128
-            * dims[j + 1..].iter().all(|o| o.last_read_completes) as u128;
         continued += steps - steps_with_write;
     }
     segments(&overlaps) - continued
