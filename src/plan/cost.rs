@@ -81,6 +81,21 @@ fn read_seeks(dims: &[&DimOption], input_spans_exactly: &[bool], order: &[usize]
     segments(&overlaps) - continued
 }
 
+/// Whether the plan `dims` can have a read continue the previous read
+/// block's last in some order ([`read_seeks`]): if not, every order makes
+/// the same seeks, and only one need be counted.
+pub(super) fn order_can_change_seeks(problem: &Problem, dims: &[&DimOption]) -> bool {
+    if problem.reads_whole_inputs() {
+        return false;
+    }
+    let spans = problem.input_spans_exactly(&problem.input());
+    (0..dims.len()).any(|j| {
+        dims[j].inner_reads > 0
+            && dims[..j].iter().all(|o| o.unit_reads > 0)
+            && (j + 1..dims.len()).all(|d| spans[d] || dims[d].exact_reads > 0)
+    })
+}
+
 /// Exact read seeks of the plan `dims` makes for `problem`. Encoded input
 /// blocks are read whole, one call each at offset 0 of a file no other
 /// call touches, so each (read block, input block) pair is one seek: the

@@ -235,6 +235,16 @@ mod tables {
             Problem::new(vec![3850, 3025, 3500], vec![770, 605, 700], vec![256; 3], 2).unwrap(),
         ));
         const MIB: u64 = 1 << 20;
+        let big = Problem::new(vec![8000; 3], vec![200; 3], vec![160; 3], 2).unwrap();
+        for mem in [None, Some(256 * MIB), Some(1024 * MIB), Some(4096 * MIB)] {
+            let started = std::time::Instant::now();
+            let chosen = plan_in(&big, Strategy::Keep, mem, &Orders::Every).unwrap();
+            println!(
+                "8000³ in 200³ → 160³ within {mem:?}: {:.3} s, {} simulations",
+                started.elapsed().as_secs_f64(),
+                chosen.simulations
+            );
+        }
         for (name, problem) in &configs {
             println!("\n{name}");
             println!("| --mem | C order: seeks | peak | chosen order | seeks | peak | bound | peak/bound |");

@@ -4,7 +4,7 @@
 //! in every order of the axes (`order`), the fewest seeks and then the least
 //! memory chosen.
 
-use super::cost::{clamp, plan_peak, plan_read_seeks, write_seeks};
+use super::cost::{clamp, order_can_change_seeks, plan_peak, plan_read_seeks, write_seeks};
 use super::dims::{DimOption, WriteMode};
 use super::order::{orders, peak_bound};
 use super::steps::step_axis;
@@ -128,13 +128,13 @@ fn allowed_orders(dims: &[&DimOption], allowed: &Orders) -> Vec<Vec<usize>> {
 }
 
 /// The fewest read and write seeks the plan `dims` makes in any order
-/// `allowed`. Orders differ only where a read interval ends inside an
-/// input block (a read can continue the previous read block's last
-/// only there), so elsewhere C order's count is every order's.
+/// `allowed`. Orders differ only where a read can continue the previous
+/// read block's last (`cost::order_can_change_seeks`); elsewhere C
+/// order's count is every order's.
 fn fewest_seeks(problem: &Problem, dims: &[&DimOption], allowed: &Orders) -> u128 {
     let writes = write_seeks(problem, dims);
     let c_order: Vec<usize> = (0..dims.len()).collect();
-    if matches!(allowed, Orders::Every) && dims.iter().all(|o| o.inner_reads == 0) {
+    if matches!(allowed, Orders::Every) && !order_can_change_seeks(problem, dims) {
         return plan_read_seeks(problem, dims, &c_order) + writes;
     }
     allowed_orders(dims, allowed)
