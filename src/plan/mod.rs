@@ -213,15 +213,10 @@ pub fn plan_in(
     }
     let chosen = match (strategy, mem) {
         (Strategy::Baseline, _) => baseline(problem),
-        (Strategy::Keep, None) => keep_rhat_in(problem, orders),
-        (Strategy::Keep, Some(mem)) => {
-            let rhat_plan = keep_rhat_in(problem, orders);
-            if rhat_plan.prediction.peak_bytes <= mem {
-                rhat_plan
-            } else {
-                search::fewest_seeks_within(problem, mem, orders)?
-            }
-        }
+        (Strategy::Keep, mem) => match keep_rhat_within(problem, orders, mem) {
+            Some(rhat_plan) => rhat_plan,
+            None => search::fewest_seeks_within(problem, mem.unwrap_or(u64::MAX), orders)?,
+        },
     };
     if let Some(mem) = mem {
         if chosen.prediction.peak_bytes > mem {
@@ -344,16 +339,38 @@ impl Orders {
 }
 
 fn keep_rhat_in(problem: &Problem, orders: &Orders) -> Plan {
-    let (input, output) = (problem.input(), problem.output());
-    let rhat = problem.rhat();
-    let dims: Vec<DimOption> = (0..problem.ndim())
-        .map(|d| problem.dim_option(d, &input, &output, rhat[d], WriteMode::Keep))
-        .collect();
+    let dims = rhat_dims(problem);
     let dims: Vec<&DimOption> = dims.iter().collect();
     let mut simulations = 0;
+    // Unlimited, the first order simulated fits.
     let order = search::best_order(problem, &dims, (None, None), orders, &mut simulations)
         .unwrap_or_else(|| (0..problem.ndim()).collect());
     assemble(problem, Strategy::Keep, &dims, &order, simulations)
+}
+
+/// keep(r̂) in the best of `orders` whose peak fits in `mem` (None:
+/// unlimited), or None if none does: simulations give up past `mem`.
+fn keep_rhat_within(problem: &Problem, orders: &Orders, mem: Option<u64>) -> Option<Plan> {
+    let dims = rhat_dims(problem);
+    let dims: Vec<&DimOption> = dims.iter().collect();
+    let mut simulations = 0;
+    let order = search::best_order(problem, &dims, (mem, None), orders, &mut simulations)?;
+    Some(assemble(
+        problem,
+        Strategy::Keep,
+        &dims,
+        &order,
+        simulations,
+    ))
+}
+
+/// keep(r̂)'s option along each dimension.
+fn rhat_dims(problem: &Problem) -> Vec<DimOption> {
+    let (input, output) = (problem.input(), problem.output());
+    let rhat = problem.rhat();
+    (0..problem.ndim())
+        .map(|d| problem.dim_option(d, &input, &output, rhat[d], WriteMode::Keep))
+        .collect()
 }
 
 /// keep(r̂)'s seeks and bytes read, without simulating its memory: what
