@@ -2,7 +2,8 @@
 //! exactly what that costs in seeks and memory (the keep heuristic of
 //! Guédon, Hayot-Sasson and Glatard, generalised; see `docs/keep.md`).
 //!
-//! A plan is two partitions of the array: read blocks, read in C order, and
+//! A plan is two partitions of the array: read blocks, visited in an order
+//! of the axes (`order`: C order, or a permutation that holds less), and
 //! write blocks, each written as soon as the last read block it needs has
 //! been read. Both are product grids, one [`Axis`] per dimension, so every
 //! count (seeks, memory) is computed per dimension and multiplied:
