@@ -1089,3 +1089,64 @@ fn nifti_refuses_what_it_cannot_hold() {
         assert!(refusal.to_string().contains("NIfTI-1"), "{refusal}");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    /// The closed-form bound on keep's peak memory (`docs/keep.md`, "A
+    /// memory bound") is never below the simulated peak: any shapes, any
+    /// order of the axes, any memory, plain, padded and encoded files.
+    #[test]
+    fn the_peak_never_exceeds_its_bound(
+        (array, input_block, output_block) in (1usize..=4).prop_flat_map(|n| {
+            proptest::collection::vec(1u64..=20, n).prop_flat_map(|array| {
+                let blocks = |a: &Vec<u64>| -> Vec<BoxedStrategy<u64>> {
+                    a.iter().map(|&len| (1u64..=len + 3).boxed()).collect()
+                };
+                (Just(array.clone()), blocks(&array), blocks(&array))
+            })
+        }),
+        elem in prop_oneof![Just(1u64), Just(2), Just(8)],
+        files in 0u8..4,
+        mem_fraction in prop_oneof![Just(None), (0.05f64..1.0).prop_map(Some)],
+        shuffle in proptest::collection::vec(0usize..24, 4),
+    ) {
+        let input_block: Vec<u64> =
+            input_block.iter().zip(&array).map(|(b, a)| *b.min(a)).collect();
+        let mut order: Vec<usize> = (0..array.len()).collect();
+        for (d, pick) in shuffle.iter().enumerate().take(array.len()) {
+            order.swap(d, d + pick % (array.len() - d));
+        }
+        let problem = Problem::new(array, input_block.clone(), output_block.clone(), elem).unwrap();
+        let problem = match files {
+            0 => problem,
+            1 => problem.with_files(
+                rechunkfs::array::geometry::FileShape::Padded(input_block),
+                rechunkfs::array::geometry::FileShape::Padded(output_block),
+            ),
+            2 => problem.with_files(
+                rechunkfs::array::geometry::FileShape::Encoded { padded_to: Some(input_block) },
+                rechunkfs::array::geometry::FileShape::Exact,
+            ),
+            _ => problem
+                .with_files(
+                    rechunkfs::array::geometry::FileShape::Exact,
+                    rechunkfs::array::geometry::FileShape::Padded(output_block),
+                )
+                .with_encoded_outputs(),
+        };
+        let least = plan::keep_rhat(&problem).prediction.peak_bytes;
+        let mem = mem_fraction.map(|f| ((least as f64 * f) as u64).max(2 * elem));
+        for orders in [plan::Orders::Fixed(order), plan::Orders::Every] {
+            if let Ok(chosen) = plan::plan_in(&problem, PlanStrategy::Keep, mem, &orders) {
+                prop_assert!(
+                    chosen.prediction.peak_bytes <= chosen.prediction.peak_bound,
+                    "peak {} above its bound {} in order {:?}",
+                    chosen.prediction.peak_bytes,
+                    chosen.prediction.peak_bound,
+                    chosen.order
+                );
+            }
+        }
+    }
+}

@@ -155,6 +155,9 @@ struct Plans {
     keep: Option<Plan>,
     baseline: Plan,
     rhat: Plan,
+    /// The same strategy and budget, read blocks visited in C order only:
+    /// what the chosen order gains over.
+    c_order: Option<Plan>,
     budget: Budget,
 }
 
@@ -464,7 +467,9 @@ fn make_plans(args: &PlanArgs, problem: &Problem) -> anyhow::Result<Plans> {
         Strategy::Keep => Some(chosen.clone()),
         Strategy::Baseline => plan::plan(problem, Strategy::Keep, mem).ok(),
     };
+    let c_order = plan::plan_in(problem, strategy, mem, &plan::Orders::COnly).ok();
     Ok(Plans {
+        c_order,
         chosen,
         keep,
         baseline: plan::baseline(problem),
@@ -500,6 +505,7 @@ fn plan_json(
         keep,
         baseline,
         rhat,
+        c_order,
         budget,
     } = plans;
     let problem = &chosen.problem;
@@ -530,6 +536,12 @@ fn plan_json(
         },
         "peak_memory_bytes": chosen.prediction.peak_bytes,
         "threads": chosen.problem.workers,
+        "peak_memory_bound_bytes": chosen.prediction.peak_bound,
+        "read_order": user_axes(&chosen.order, order),
+        "c_order": c_order.as_ref().map(|p| json!({
+            "seeks": p.prediction.seeks(),
+            "peak_memory_bytes": p.prediction.peak_bytes,
+        })),
         "mem_limit_bytes": budget.used,
         "mem_requested_bytes": budget.requested,
         "cgroup_memory_limit_bytes": budget.cgroup_limit,
@@ -555,6 +567,13 @@ fn print_plan(plans: &Plans, dtype: DType, order: AxisOrder, elapsed: Duration) 
         show_bytes(chosen.prediction.peak_bytes),
         thousands(chosen.prediction.peak_bytes)
     );
+    println!(
+        "  bound       {} ({} bytes, closed form; the peak is {:.0}% of it)",
+        show_bytes(chosen.prediction.peak_bound),
+        thousands(chosen.prediction.peak_bound),
+        100.0 * chosen.prediction.peak_bytes as f64 / chosen.prediction.peak_bound.max(1) as f64
+    );
+    print_order(plans, order);
     let workers = chosen.problem.workers;
     println!(
         "threads       {workers} decoding and encoding blocks (the peak counts what they hold)"
@@ -620,6 +639,39 @@ fn print_reads(chosen: &Plan, order: AxisOrder) {
             .collect::<Vec<_>>()
             .join(",")
     );
+}
+
+/// The axes of `axes` (array axes, outermost first) as the user numbers them.
+fn user_axes(axes: &[usize], order: AxisOrder) -> Vec<usize> {
+    let n = axes.len();
+    axes.iter()
+        .map(|&d| match order {
+            AxisOrder::C => d,
+            AxisOrder::Nifti => n - 1 - d,
+        })
+        .collect()
+}
+
+/// The order read blocks are visited in, and what it gains over C order.
+fn print_order(plans: &Plans, order: AxisOrder) {
+    let chosen = &plans.chosen;
+    let axes = user_axes(&chosen.order, order)
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let gain = match &plans.c_order {
+        Some(c) if c.order == chosen.order && c.read_shape == chosen.read_shape => {
+            "; C order is as good".to_string()
+        }
+        Some(c) => format!(
+            "; C order: {} seeks, peak {}",
+            thousands(c.prediction.seeks()),
+            show_bytes(c.prediction.peak_bytes)
+        ),
+        None => "; in C order no plan fits".to_string(),
+    };
+    println!("read order    axes {axes}, outermost first{gain}");
 }
 
 /// The plan's seeks beside keep's, the baseline's and the lower bound.

@@ -6,8 +6,8 @@ use std::fs::File;
 use std::io::IoSliceMut;
 
 use super::inputs::{
-    count_as_contiguous, decoded_block, fill_absent, read_ahead_input, read_hdf5_pieces, unchanged,
-    unchecked, InputHandle, InputWitness,
+    count_as_contiguous, decoded_block, read_ahead_input, read_hdf5_pieces, unchanged, unchecked,
+    InputHandle, InputWitness,
 };
 use super::pieces::{InFile, PieceGrid, RowLayout};
 use super::seekio::{self, FileKey, SeekCounter};
@@ -20,7 +20,8 @@ use crate::sys::files::open_regular;
 /// Reads `region` of the whole array into `dest`, a C-order buffer of the
 /// region's shape, straight from the input blocks it overlaps: one read
 /// per input block (the span of its part), counted in `counter`, each
-/// input told to `witness` first. For extracting one output block ahead
+/// input told to `witness` first; an absent chunk is filled in memory,
+/// nothing read or counted. For extracting one output block ahead
 /// of the plan. An input whose file changes while its part is read
 /// ([`Error::InputChanged`](crate::error::Error::InputChanged)) fails the
 /// extraction: the region would mix two versions of it.
@@ -84,20 +85,18 @@ impl Extraction<'_> {
         let block = &self.input.blocks[rank as usize];
         let key = FileKey::Input(rank);
         let layout = RowLayout::new(part, file_box, self.elem, &self.grid);
+        if let Storage::Absent { fill } = &block.storage {
+            // Nothing to read: no I/O is made or counted, and no chunk is
+            // decoded; the fill value goes straight into the rows. (The
+            // executor counts an absent chunk's segments as if read, to
+            // keep to its plan; an extraction has no plan to keep to.)
+            if let Some(witness) = self.witness {
+                witness.reading(rank, block, None)?;
+            }
+            return layout.for_each_segment(|segment| layout.fill_segment(segment, buffers, fill));
+        }
         if self.input.files.is_encoded() {
             return self.read_encoded_part(rank, &layout, file_box, buffers);
-        }
-        if let Storage::Absent { fill } = &block.storage {
-            fill_absent(
-                self.witness,
-                rank,
-                block,
-                fill,
-                &layout,
-                buffers,
-                self.counter,
-            )?;
-            return Ok(());
         }
         // One read of the span from the part's first byte to its last, then
         // rows copied out: an out-of-order extraction pays in seeks, and a
@@ -142,16 +141,9 @@ impl Extraction<'_> {
         buffers: &mut [Vec<u8>],
     ) -> Result<()> {
         let block = &self.input.blocks[rank as usize];
-        // The witness is told of the file by the open, or of the absence.
-        let opened = match block.storage {
-            Storage::Absent { .. } => {
-                if let Some(witness) = self.witness {
-                    witness.reading(rank, block, None)?;
-                }
-                None
-            }
-            _ => Some(InputHandle::open(self.input, rank, None, self.witness)?),
-        };
+        // The witness is told of the file by the open (absent chunks are
+        // filled before this).
+        let opened = Some(InputHandle::open(self.input, rank, None, self.witness)?);
         let handle = opened.as_ref().map(|(handle, _)| handle);
         let counter = &mut *self.counter;
         let key = FileKey::Input(rank);

@@ -532,7 +532,7 @@ impl<'a> InputReader<'a> {
             let read_box = self
                 .plan
                 .read
-                .block(&self.plan.read.unravel(self.ahead.block));
+                .block(&self.plan.read_index_at(self.ahead.block));
             if self.ahead.inputs.is_empty() {
                 self.ahead.inputs = IndexBox::new(self.plan.input.overlapping(&read_box)).collect();
                 self.ahead.inputs.reverse();

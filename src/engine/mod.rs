@@ -1,5 +1,5 @@
 //! The executor: runs a [`Plan`] over an [`InputArray`], reading read blocks
-//! in C order and writing each write block as soon as it is complete, into
+//! in the plan's order (`Plan::order`) and writing each write block as soon as it is complete, into
 //! whatever [`BlockSink`] provides the output files (real files for
 //! `rechunk`, the staging area for the view).
 //!
@@ -39,7 +39,7 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::array::geometry::{IndexBox, Region};
+use crate::array::geometry::Region;
 use crate::error::{Error, Result};
 use crate::input::InputArray;
 use crate::plan::Plan;
@@ -153,7 +153,7 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// Starts at read block `first_read` (C-order rank): a resumed run
+    /// Starts at read block `first_read` (rank in the plan's order): a resumed run
     /// whose earlier read blocks feed only output blocks already written,
     /// which the sink does not want ([`BlockSink::wants`]). Their pieces
     /// are filed empty, so write blocks they share with later read blocks
@@ -207,8 +207,8 @@ impl<'a> Executor<'a> {
         })
     }
 
-    /// The reader's side of [`run`](Self::run): every read block in C
-    /// order ([`read_block`](Self::read_block)), its I/O counted in the
+    /// The reader's side of [`run`](Self::run): every read block in the
+    /// plan's order ([`read_block`](Self::read_block)), its I/O counted in the
     /// plan's order after it.
     fn read_and_hand_over(
         &mut self,
@@ -217,7 +217,7 @@ impl<'a> Executor<'a> {
         sink: &Mutex<&mut (dyn BlockSink + Send)>,
         progress: &mut impl FnMut(&RunStats),
     ) -> Result<RunStats> {
-        for read_index in IndexBox::grid(&self.plan.read.grid_shape()) {
+        for read_index in self.plan.read_blocks_in_order() {
             self.stop_if_cancelled(reports)?;
             self.read_block(&read_index, jobs, reports, progress)?;
             self.end_read_block(sink)?;
@@ -244,7 +244,7 @@ impl<'a> Executor<'a> {
     ) -> Result<()> {
         let plan = self.plan;
         let step_axis = plan.steps.axis(0);
-        self.current_read = plan.read.linear(read_index);
+        self.current_read = plan.read_rank(read_index);
         let read_box = plan.read.block(read_index);
         let completed = plan.completed_write_block(read_index);
         let steps = step_axis.overlapping(read_box.origin[0], read_box.end(0));

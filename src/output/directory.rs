@@ -349,7 +349,7 @@ impl PartOutput {
     }
 
     /// The first read block of `plan` that feeds a block not done: a
-    /// resumed run starts there (C order; earlier ones feed only done
+    /// resumed run starts there (in the plan's order; earlier ones feed only done
     /// blocks). None when every block is done. `cancel`, set, stops the
     /// search ([`Error::Cancelled`]).
     pub fn first_read_needed(

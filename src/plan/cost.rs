@@ -6,7 +6,7 @@
 
 use super::dims::{DimOption, Gaps, Overlap};
 use super::problem::Problem;
-use crate::array::geometry::{Axis, IndexBox};
+use crate::array::geometry::Axis;
 
 /// Sum over all pieces (moving block ∩ file block) of the contiguous
 /// segments each occupies in its file (`geometry::runs`). A piece's `q` is
@@ -36,33 +36,64 @@ fn segments(overlaps: &[Overlap]) -> u128 {
 /// the head to the outputs; so a read block's first segment continues the
 /// previous one only when (a) no write block completed in between, and
 /// (b) the last element of the previous read block and the first of this
-/// one are neighbours in one input file. With `j` the dimension where the
-/// C-order step carries, (b) holds when the dimensions after `j` are each
-/// spanned exactly by one input file (one block, not padded), the boundary
-/// crossed in `j` is inside an input block, and the read intervals before
-/// `j` are one element thick.
-fn read_seeks(dims: &[&DimOption], input_spans_exactly: &[bool]) -> u128 {
+/// one are neighbours in one input file. With `j` the axis where the step
+/// in `order` carries, (b) holds when the boundary crossed along `j` is
+/// inside an input block, and along every other axis `d`:
+///
+/// - before `j` (in the file's C order) and visited outside it: the read
+///   interval is one element thick (it stays);
+/// - before `j` and visited inside it: likewise, and the only one;
+/// - after `j` and visited inside it (it wraps from end to start): one
+///   input file spans the axis exactly;
+/// - after `j` and visited outside it (it stays): the read interval is
+///   exactly its input file's extent.
+///
+/// The count of such steps is a product over the axes, as is the count of
+/// those whose previous read block completes a write block.
+fn read_seeks(dims: &[&DimOption], input_spans_exactly: &[bool], order: &[usize]) -> u128 {
     let overlaps: Vec<Overlap> = dims.iter().map(|o| o.reads).collect();
     let mut continued: u128 = 0;
     let n = dims.len();
+    let mut position = vec![0usize; n];
+    for (p, &d) in order.iter().enumerate() {
+        position[d] = p;
+    }
     for j in 0..n {
-        if (j + 1..n).any(|d| !input_spans_exactly[d]) {
-            continue;
+        let (mut steps, mut steps_with_write) = (
+            dims[j].inner_reads as u128,
+            dims[j].inner_reads_completing as u128,
+        );
+        for d in (0..n).filter(|&d| d != j) {
+            let o = dims[d];
+            let inside = position[d] > position[j];
+            let (all, completing) = match (d < j, inside) {
+                (true, false) => (o.unit_reads, o.unit_reads_completing),
+                (true, true) if o.read.count() == 1 => (o.unit_reads, o.unit_reads_completing),
+                (false, true) if input_spans_exactly[d] => (1, o.last_read_completes as u64),
+                (false, false) => (o.exact_reads, o.exact_reads_completing),
+                _ => (0, 0),
+            };
+            steps *= all as u128;
+            steps_with_write *= completing as u128;
         }
-        let steps: u128 = dims[..j]
-            .iter()
-            .map(|o| o.unit_reads as u128)
-            .product::<u128>()
-            * dims[j].inner_reads as u128;
-        let steps_with_write: u128 = dims[..j]
-            .iter()
-            .map(|o| o.unit_reads_completing as u128)
-            .product::<u128>()
-            * dims[j].inner_reads_completing as u128
-            * dims[j + 1..].iter().all(|o| o.last_read_completes) as u128;
         continued += steps - steps_with_write;
     }
     segments(&overlaps) - continued
+}
+
+/// Whether the plan `dims` can have a read continue the previous read
+/// block's last in some order ([`read_seeks`]): if not, every order makes
+/// the same seeks, and only one need be counted.
+pub(super) fn order_can_change_seeks(problem: &Problem, dims: &[&DimOption]) -> bool {
+    if problem.reads_whole_inputs() {
+        return false;
+    }
+    let spans = problem.input_spans_exactly(&problem.input());
+    (0..dims.len()).any(|j| {
+        dims[j].inner_reads > 0
+            && dims[..j].iter().all(|o| o.unit_reads > 0)
+            && (j + 1..dims.len()).all(|d| spans[d] || dims[d].exact_reads > 0)
+    })
 }
 
 /// Exact read seeks of the plan `dims` makes for `problem`. Encoded input
@@ -70,11 +101,11 @@ fn read_seeks(dims: &[&DimOption], input_spans_exactly: &[bool]) -> u128 {
 /// call touches, so each (read block, input block) pair is one seek: the
 /// product of the pairs per dimension, the read intervals being whole
 /// numbers of input blocks.
-pub(super) fn plan_read_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
+pub(super) fn plan_read_seeks(problem: &Problem, dims: &[&DimOption], order: &[usize]) -> u128 {
     if problem.reads_whole_inputs() {
         return dims.iter().map(|o| o.reads.pieces as u128).product();
     }
-    read_seeks(dims, &problem.input_spans_exactly(&problem.input()))
+    read_seeks(dims, &problem.input_spans_exactly(&problem.input()), order)
 }
 
 /// Array bytes the plan `dims` makes for `problem` reads from its input
@@ -181,6 +212,7 @@ pub(super) fn plan_peak(
     problem: &Problem,
     dims: &[&DimOption],
     steps: &Axis,
+    order: &[usize],
     give_up_above: u128,
 ) -> u128 {
     let decoded = problem
@@ -195,7 +227,7 @@ pub(super) fn plan_peak(
         encoding: problem.encoding_bytes() as u128,
         problem,
     };
-    simulate_peak(dims, steps, problem.elem_size, beside, give_up_above)
+    simulate_peak(dims, steps, order, problem.elem_size, beside, give_up_above)
 }
 
 /// What is held beside the pieces: the decoded input blocks a step reads
@@ -358,7 +390,8 @@ pub(super) fn write_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
     segments(&overlaps)
 }
 
-/// Most bytes held at once, by stepping through the read blocks, and each
+/// Most bytes held at once, by stepping through the read blocks in
+/// `order` (axes outermost first), and each
 /// read block's steps ([`step_axis`]), as the executor does: each step adds
 /// its volume while the slab of a write block handed over after the
 /// previous step is still being written (by the writer thread) and held;
@@ -380,6 +413,7 @@ pub(super) fn write_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
 fn simulate_peak(
     dims: &[&DimOption],
     steps: &Axis,
+    order: &[usize],
     elem_size: u64,
     beside: Beside,
     give_up_above: u128,
@@ -392,7 +426,7 @@ fn simulate_peak(
     let mut in_flight: u128 = 0;
     // Bytes the writer holds encoding the slab in flight.
     let mut writing: u128 = 0;
-    for index in IndexBox::grid(&grid) {
+    for index in super::order::visit(order, &grid) {
         let mut rest_volume: u128 = 1;
         let mut rest_completed: u128 = 1;
         for (d, &k) in index.iter().enumerate().skip(1) {

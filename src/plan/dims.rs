@@ -41,6 +41,13 @@ pub(super) struct DimOption {
     pub(super) inner_reads: u64,
     pub(super) inner_reads_completing: u64,
     pub(super) last_read_completes: bool,
+    /// Read intervals that are exactly one input interval, its file no
+    /// longer (a read block's piece spans its file whole here), and those
+    /// of them that complete a write interval: where, with this axis
+    /// visited outside the one that carries, a read can continue the
+    /// previous read block's last (`cost::read_seeks`).
+    pub(super) exact_reads: u64,
+    pub(super) exact_reads_completing: u64,
     pub(super) max_read_extent: u64,
     /// Whether every read interval lies inside one input interval.
     pub(super) reads_within_one_input: bool,
@@ -186,6 +193,8 @@ impl DimOption {
             inner_reads: 0,
             inner_reads_completing: 0,
             last_read_completes: completes.last().copied().flatten().is_some(),
+            exact_reads: 0,
+            exact_reads_completing: 0,
             max_read_extent: (0..read.count()).map(|k| read.extent(k)).max().unwrap_or(0),
             reads_within_one_input: (0..read.count())
                 .all(|k| input.overlapping(read.start(k), read.end(k)).len() == 1),
@@ -199,7 +208,21 @@ impl DimOption {
             completed_len,
         };
         option.count_read_continuations(input);
+        option.count_exact_reads(input, files);
         option
+    }
+
+    /// Counts the read intervals that are exactly an input interval
+    /// whose file is no longer ([`exact_reads`](Self::exact_reads)).
+    fn count_exact_reads(&mut self, input: &Axis, files: &[u64]) {
+        for k in 0..self.read.count() {
+            let (start, end) = (self.read.start(k), self.read.end(k));
+            let f = input.locate(start);
+            if input.start(f) == start && input.end(f) == end && files[f] == end - start {
+                self.exact_reads += 1;
+                self.exact_reads_completing += self.completes[k].is_some() as u64;
+            }
+        }
     }
 
     /// Counts the read intervals one element thick, and those that end

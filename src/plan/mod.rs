@@ -2,7 +2,8 @@
 //! exactly what that costs in seeks and memory (the keep heuristic of
 //! Guédon, Hayot-Sasson and Glatard, generalised; see `docs/keep.md`).
 //!
-//! A plan is two partitions of the array: read blocks, read in C order, and
+//! A plan is two partitions of the array: read blocks, visited in an order
+//! of the axes (`order`: C order, or a permutation that holds less), and
 //! write blocks, each written as soon as the last read block it needs has
 //! been read. Both are product grids, one [`Axis`] per dimension, so every
 //! count (seeks, memory) is computed per dimension and multiplied:
@@ -30,6 +31,7 @@
 
 mod cost;
 mod dims;
+mod order;
 pub mod parts;
 mod problem;
 pub mod pyramid;
@@ -44,6 +46,7 @@ use crate::error::{Error, Result};
 use cost::{clamp, plan_bytes_read, plan_bytes_written, plan_peak, plan_read_seeks, write_seeks};
 use dims::DimOption;
 pub use dims::WriteMode;
+use order::peak_bound;
 pub use problem::Problem;
 use steps::step_axis;
 
@@ -98,6 +101,8 @@ pub struct Prediction {
     /// encoded outputs, the whole blocks gathered, padding included, before
     /// encoding.
     pub bytes_written: u64,
+    /// A closed-form upper bound on `peak_bytes` (`order::peak_bound`).
+    pub peak_bound: u64,
 }
 
 impl Prediction {
@@ -113,8 +118,14 @@ pub struct Plan {
     pub problem: Problem,
     pub input: Partition,
     pub output: Partition,
-    /// Read blocks, visited in C order.
+    /// Read blocks, visited in `order`.
     pub read: Partition,
+    /// The order read blocks are visited in: the axes, outermost first
+    /// (C order is `0, 1, …`).
+    pub order: Vec<usize>,
+    /// Memory simulations (of a read shape in an order) run to choose
+    /// this plan.
+    pub simulations: u64,
     /// The read blocks cut along the first dimension into the steps the
     /// executor takes, in order, within each read block
     /// (`steps::step_axis`).
@@ -140,15 +151,31 @@ impl Plan {
             .collect()
     }
 
-    /// The C-order rank of the first read block that overlaps `region`.
+    /// The rank of read block `index` in the plan's order.
+    pub fn read_rank(&self, index: &[usize]) -> u64 {
+        order::rank(&self.order, &self.read.grid_shape(), index)
+    }
+
+    /// The read block of rank `rank` in the plan's order.
+    pub fn read_index_at(&self, rank: u64) -> Vec<usize> {
+        order::unravel(&self.order, &self.read.grid_shape(), rank)
+    }
+
+    /// Every read block, in the plan's order.
+    pub fn read_blocks_in_order(&self) -> impl Iterator<Item = Vec<usize>> {
+        order::visit(&self.order, &self.read.grid_shape())
+    }
+
+    /// The rank of the first read block that overlaps `region`: in any
+    /// order of the axes, the block at its lowest corner.
     pub fn first_read_of(&self, region: &Region) -> u64 {
         let index: Vec<usize> = (0..region.ndim())
             .map(|d| self.read.axis(d).locate(region.origin[d]))
             .collect();
-        self.read.linear(&index)
+        self.read_rank(&index)
     }
 
-    /// The C-order rank of the read block after which `region` (an output
+    /// The rank of the read block after which `region` (an output
     /// block) is completely written: per dimension, the read interval that
     /// completes the last write interval overlapping it.
     pub fn completion_step(&self, region: &Region) -> u64 {
@@ -159,7 +186,7 @@ impl Plan {
                 self.read.axis(d).locate(write.end(last_write) - 1)
             })
             .collect();
-        self.read.linear(&index)
+        self.read_rank(&index)
     }
 }
 
@@ -198,8 +225,21 @@ pub fn plan(problem: &Problem, strategy: Strategy, mem: Option<u64>) -> Result<P
     Ok(single)
 }
 
-/// The plan for `strategy` within `mem` bytes with `problem.workers`.
+/// The plan for `strategy` within `mem` bytes with `problem.workers`, its
+/// read blocks visited in the best order of the axes.
 fn plan_with(problem: &Problem, strategy: Strategy, mem: Option<u64>) -> Result<Plan> {
+    plan_in(problem, strategy, mem, &Orders::Every)
+}
+
+/// [`plan`], visiting read blocks only in the `orders` allowed (what
+/// `plan` compares its choice with).
+pub fn plan_in(
+    problem: &Problem,
+    strategy: Strategy,
+    mem: Option<u64>,
+    orders: &Orders,
+) -> Result<Plan> {
+    orders.check(problem.ndim())?;
     if strategy == Strategy::Baseline && problem.writes_whole_outputs() {
         return Err(Error::BadArgument(
             "the baseline writes each input block's pieces of an output block at once, but a \
@@ -209,15 +249,10 @@ fn plan_with(problem: &Problem, strategy: Strategy, mem: Option<u64>) -> Result<
     }
     let chosen = match (strategy, mem) {
         (Strategy::Baseline, _) => baseline(problem),
-        (Strategy::Keep, None) => keep_rhat(problem),
-        (Strategy::Keep, Some(mem)) => {
-            let rhat_plan = keep_rhat(problem);
-            if rhat_plan.prediction.peak_bytes <= mem {
-                rhat_plan
-            } else {
-                search::fewest_seeks_within(problem, mem)?
-            }
-        }
+        (Strategy::Keep, mem) => match keep_rhat_within(problem, orders, mem) {
+            Some(rhat_plan) => rhat_plan,
+            None => search::fewest_seeks_within(problem, mem.unwrap_or(u64::MAX), orders)?,
+        },
     };
     if let Some(mem) = mem {
         if chosen.prediction.peak_bytes > mem {
@@ -291,23 +326,87 @@ pub fn baseline(problem: &Problem) -> Plan {
             )
         })
         .collect();
+    // Nothing waits in memory between read blocks: the order changes
+    // nothing, C order is kept.
+    let c_order: Vec<usize> = (0..problem.ndim()).collect();
     assemble(
         problem,
         Strategy::Baseline,
         &dims.iter().collect::<Vec<_>>(),
+        &c_order,
+        0,
     )
 }
 
 /// keep(r̂): read blocks of shape `r̂`, keep mode in every dimension; costs
 /// exactly `n_I + n_O` seeks, whatever its memory, when no input file is
-/// padded.
+/// padded. Visited in the order of fewest seeks and then least memory
+/// (`search::best_order`).
 pub fn keep_rhat(problem: &Problem) -> Plan {
+    keep_rhat_in(problem, &Orders::Every)
+}
+
+/// Which orders of the axes the planner may visit read blocks in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Orders {
+    /// C order only, as the keep papers read.
+    COnly,
+    /// Every permutation of the axes (up to 4-D), the best chosen.
+    Every,
+    /// This permutation of the axes, outermost first (tests compare
+    /// orders with it).
+    Fixed(Vec<usize>),
+}
+
+impl Orders {
+    /// Refuses a fixed order that is not a permutation of `ndim` axes.
+    fn check(&self, ndim: usize) -> Result<()> {
+        if let Orders::Fixed(order) = self {
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            if sorted != (0..ndim).collect::<Vec<_>>() {
+                return Err(Error::BadArgument(format!(
+                    "the order {order:?} is not a permutation of the array's {ndim} axes"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn keep_rhat_in(problem: &Problem, orders: &Orders) -> Plan {
+    let dims = rhat_dims(problem);
+    let dims: Vec<&DimOption> = dims.iter().collect();
+    let mut simulations = 0;
+    // Unlimited, the first order simulated fits.
+    let order = search::best_order(problem, &dims, (None, None), orders, &mut simulations)
+        .unwrap_or_else(|| (0..problem.ndim()).collect());
+    assemble(problem, Strategy::Keep, &dims, &order, simulations)
+}
+
+/// keep(r̂) in the best of `orders` whose peak fits in `mem` (None:
+/// unlimited), or None if none does: simulations give up past `mem`.
+fn keep_rhat_within(problem: &Problem, orders: &Orders, mem: Option<u64>) -> Option<Plan> {
+    let dims = rhat_dims(problem);
+    let dims: Vec<&DimOption> = dims.iter().collect();
+    let mut simulations = 0;
+    let order = search::best_order(problem, &dims, (mem, None), orders, &mut simulations)?;
+    Some(assemble(
+        problem,
+        Strategy::Keep,
+        &dims,
+        &order,
+        simulations,
+    ))
+}
+
+/// keep(r̂)'s option along each dimension.
+fn rhat_dims(problem: &Problem) -> Vec<DimOption> {
     let (input, output) = (problem.input(), problem.output());
     let rhat = problem.rhat();
-    let dims: Vec<DimOption> = (0..problem.ndim())
+    (0..problem.ndim())
         .map(|d| problem.dim_option(d, &input, &output, rhat[d], WriteMode::Keep))
-        .collect();
-    assemble(problem, Strategy::Keep, &dims.iter().collect::<Vec<_>>())
+        .collect()
 }
 
 /// keep(r̂)'s seeks and bytes read, without simulating its memory: what
@@ -319,22 +418,32 @@ pub(crate) fn keep_rhat_io(problem: &Problem) -> (u128, u128) {
         .map(|d| problem.dim_option(d, &input, &output, rhat[d], WriteMode::Keep))
         .collect();
     let dims: Vec<&DimOption> = dims.iter().collect();
+    let c_order: Vec<usize> = (0..problem.ndim()).collect();
     (
-        plan_read_seeks(problem, &dims) + write_seeks(problem, &dims),
+        plan_read_seeks(problem, &dims, &c_order) + write_seeks(problem, &dims),
         plan_bytes_read(problem, &dims),
     )
 }
 
-/// The plan that `dims` make, one option per dimension, with its costs.
-fn assemble(problem: &Problem, strategy: Strategy, dims: &[&DimOption]) -> Plan {
+/// The plan that `dims` make, one option per dimension, visited in
+/// `order`, with its costs; `simulations` ran to choose it (one more runs
+/// here, for its peak).
+fn assemble(
+    problem: &Problem,
+    strategy: Strategy,
+    dims: &[&DimOption],
+    order: &[usize],
+    simulations: u64,
+) -> Plan {
     let input = problem.input();
     let steps = step_axis(dims, problem);
     let prediction = Prediction {
-        read_seeks: clamp(plan_read_seeks(problem, dims)),
+        read_seeks: clamp(plan_read_seeks(problem, dims, order)),
         write_seeks: clamp(write_seeks(problem, dims)),
-        peak_bytes: clamp(plan_peak(problem, dims, &steps, u128::MAX)),
+        peak_bytes: clamp(plan_peak(problem, dims, &steps, order, u128::MAX)),
         bytes_read: clamp(plan_bytes_read(problem, dims)),
         bytes_written: clamp(plan_bytes_written(problem, dims)),
+        peak_bound: clamp(peak_bound(problem, dims, order)),
     };
     Plan {
         strategy,
@@ -342,6 +451,8 @@ fn assemble(problem: &Problem, strategy: Strategy, dims: &[&DimOption]) -> Plan 
         input,
         output: problem.output(),
         read: Partition::new(dims.iter().map(|o| o.read.clone()).collect()),
+        order: order.to_vec(),
+        simulations: simulations + 1,
         steps: Partition::new(
             std::iter::once(steps)
                 .chain(dims[1..].iter().map(|o| o.read.clone()))
@@ -602,6 +713,29 @@ mod tests {
         assert_eq!(three.seeks(), one.seeks());
         assert!(three.peak_bytes > one.peak_bytes);
         assert!(three.peak_bytes <= one.peak_bytes + 2 * encoded.encoding_bytes());
+    }
+
+    #[test]
+    fn the_order_search_simulates_few_plans() {
+        // 8000³ u16 in 200³ chunks into 160³ blocks (the 954 GiB view):
+        // every order of every read shape has its seeks counted in closed
+        // form; memory is simulated only for the orders of fewest seeks of
+        // the read shapes that can fit, and once more for the chosen plan.
+        let problem = Problem::new(vec![8000; 3], vec![200; 3], vec![160; 3], 2).unwrap();
+        let unlimited = plan(&problem, Strategy::Keep, None).unwrap();
+        assert_eq!(unlimited.simulations, 7, "6 orders tried, then the plan");
+        // Within --mem, keep(r̂) does not fit; the search's simulations.
+        for (mem, simulations) in [(256u64 << 20, 45), (1 << 30, 39), (4 << 30, 39)] {
+            let chosen = plan(&problem, Strategy::Keep, Some(mem)).unwrap();
+            assert!(chosen.prediction.peak_bytes <= mem);
+            assert!(chosen.prediction.peak_bytes <= chosen.prediction.peak_bound);
+            assert_eq!(
+                chosen.simulations,
+                simulations,
+                "within {mem}: {} seeks",
+                chosen.prediction.seeks()
+            );
+        }
     }
 
     #[test]

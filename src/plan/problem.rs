@@ -249,6 +249,18 @@ impl Problem {
     /// Bytes of the smallest decoded input block (0 unless inputs are
     /// encoded): every step holds at least that beside it.
     pub(super) fn least_decoded_block_bytes(&self) -> u128 {
+        self.decoded_block_bytes(Iterator::min)
+    }
+
+    /// Bytes of the largest decoded input block (0 unless inputs are
+    /// encoded): the most a step holds beside it.
+    pub(super) fn largest_decoded_block_bytes(&self) -> u128 {
+        self.decoded_block_bytes(Iterator::max)
+    }
+
+    /// The decoded input block whose extent `pick` picks along each
+    /// dimension, in bytes (input blocks are a product of intervals).
+    fn decoded_block_bytes(&self, pick: fn(std::vec::IntoIter<u128>) -> Option<u128>) -> u128 {
         if !self.input_files.is_encoded() {
             return 0;
         }
@@ -256,10 +268,10 @@ impl Problem {
         (0..self.ndim())
             .map(|d| {
                 let files = input.axis(d);
-                (0..files.count())
+                let extents: Vec<u128> = (0..files.count())
                     .map(|f| self.input_files.file_extent(d, files.extent(f)) as u128)
-                    .min()
-                    .unwrap_or(0)
+                    .collect();
+                pick(extents.into_iter()).unwrap_or(0)
             })
             .product::<u128>()
             * self.elem_size as u128

@@ -1,11 +1,14 @@
 //! Choosing read shapes and write modes when keep(r̂) does not fit in
 //! memory: seeks are cheap to count for every combination, memory is not,
-//! so combinations are simulated fewest seeks first until one fits.
+//! so combinations are simulated fewest seeks first until one fits; each
+//! in every order of the axes (`order`), the fewest seeks and then the least
+//! memory chosen.
 
-use super::cost::{clamp, plan_peak, plan_read_seeks, write_seeks};
+use super::cost::{clamp, order_can_change_seeks, plan_peak, plan_read_seeks, write_seeks};
 use super::dims::{DimOption, WriteMode};
+use super::order::{orders, peak_bound};
 use super::steps::step_axis;
-use super::{assemble, Plan, Problem, Strategy};
+use super::{assemble, Orders, Plan, Problem, Strategy};
 use crate::array::geometry::{IndexBox, Partition};
 use crate::array::units::show_bytes;
 use crate::error::{Error, Result};
@@ -28,22 +31,38 @@ const MAX_CANDIDATES: usize = 400_000;
 /// Fewest-seek plan whose simulated peak fits in `mem`: evaluate the seeks
 /// of every (read step, write mode) combination in closed form, then
 /// simulate memory in order of increasing seeks until one fits.
-pub(super) fn fewest_seeks_within(problem: &Problem, mem: u64) -> Result<Plan> {
+/// A candidate's seeks are the fewest any order makes ([`fewest_seeks`]),
+/// and only its orders that make them are tried, so the first candidate
+/// that fits is the plan.
+pub(super) fn fewest_seeks_within(problem: &Problem, mem: u64, allowed: &Orders) -> Result<Plan> {
     let (input, output) = (problem.input(), problem.output());
     let options = options_per_dim(problem, &input, &output);
-    let mut candidates = candidates(problem, &options);
+    let mut candidates = candidates(problem, &options, allowed);
     candidates.sort_by_key(|c| (c.seeks, c.read_blocks));
+    let mut simulations = 0;
     for candidate in &candidates {
         if candidate.min_bytes > mem as u128 || candidate.read_blocks > MAX_SIMULATED_READ_BLOCKS {
             continue;
         }
         let dims = chosen(&options, &candidate.choice);
-        let steps = step_axis(&dims, problem);
-        if plan_peak(problem, &dims, &steps, mem as u128) <= mem as u128 {
-            return Ok(assemble(problem, Strategy::Keep, &dims));
+        let fits = best_order(
+            problem,
+            &dims,
+            (Some(mem), Some(candidate.seeks)),
+            allowed,
+            &mut simulations,
+        );
+        if let Some(order) = fits {
+            return Ok(assemble(
+                problem,
+                Strategy::Keep,
+                &dims,
+                &order,
+                simulations,
+            ));
         }
     }
-    let need = least_memory_needed(problem, &options, &mut candidates);
+    let need = least_memory_needed(problem, &options, &mut candidates, allowed);
     Err(Error::DoesNotFit {
         needed: need,
         allowed: mem,
@@ -53,6 +72,77 @@ pub(super) fn fewest_seeks_within(problem: &Problem, mem: u64) -> Result<Plan> {
             show_bytes(need)
         ),
     })
+}
+
+/// Of the orders `allowed` for the plan `dims` that make at most
+/// `most_seeks` seeks (None: any), the one with the fewest seeks whose
+/// peak fits in `mem` (None: unlimited), fewer bytes held
+/// breaking ties and C order ties of those; None if none fits. Each
+/// simulation run is counted in `simulations`. Seeks are counted in closed
+/// form; memory is simulated only for orders of the fewest seeks, each
+/// giving up once past the least peak found so far. An order whose bound
+/// (`order::peak_bound`) is within `mem` is known to fit without simulating
+/// it; with a single order that settles it.
+pub(super) fn best_order(
+    problem: &Problem,
+    dims: &[&DimOption],
+    (mem, most_seeks): (Option<u64>, Option<u128>),
+    allowed: &Orders,
+    simulations: &mut u64,
+) -> Option<Vec<usize>> {
+    let tried = allowed_orders(dims, allowed);
+    let limit = mem.map_or(u128::MAX, |m| m as u128);
+    let mut by_seeks: Vec<(u128, Vec<usize>)> = tried
+        .into_iter()
+        .map(|order| (plan_read_seeks(problem, dims, &order), order))
+        .filter(|(seeks, _)| most_seeks.is_none_or(|most| *seeks <= most))
+        .collect();
+    if by_seeks.len() == 1 && peak_bound(problem, dims, &by_seeks[0].1) <= limit {
+        return by_seeks.pop().map(|(_, order)| order);
+    }
+    by_seeks.sort_by_key(|(seeks, _)| *seeks);
+    let steps = step_axis(dims, problem);
+    let mut best: Option<(u128, u128, Vec<usize>)> = None;
+    for (seeks, order) in by_seeks {
+        let give_up_above = match &best {
+            Some((best_seeks, _, _)) if seeks > *best_seeks => break,
+            Some((_, best_peak, _)) => best_peak.saturating_sub(1),
+            None => limit,
+        };
+        *simulations += 1;
+        let peak = plan_peak(problem, dims, &steps, &order, give_up_above);
+        if peak <= give_up_above {
+            best = Some((seeks, peak, order));
+        }
+    }
+    best.map(|(_, _, order)| order)
+}
+
+/// The orders `allowed` for the plan `dims`.
+fn allowed_orders(dims: &[&DimOption], allowed: &Orders) -> Vec<Vec<usize>> {
+    match allowed {
+        Orders::COnly => vec![(0..dims.len()).collect()],
+        Orders::Every => orders(&dims.iter().map(|o| o.read.count()).collect::<Vec<_>>()),
+        Orders::Fixed(order) => vec![order.clone()],
+    }
+}
+
+/// The fewest read and write seeks the plan `dims` makes in any order
+/// `allowed`. Orders differ only where a read can continue the previous
+/// read block's last (`cost::order_can_change_seeks`); elsewhere C
+/// order's count is every order's.
+fn fewest_seeks(problem: &Problem, dims: &[&DimOption], allowed: &Orders) -> u128 {
+    let writes = write_seeks(problem, dims);
+    let c_order: Vec<usize> = (0..dims.len()).collect();
+    if matches!(allowed, Orders::Every) && !order_can_change_seeks(problem, dims) {
+        return plan_read_seeks(problem, dims, &c_order) + writes;
+    }
+    allowed_orders(dims, allowed)
+        .iter()
+        .map(|order| plan_read_seeks(problem, dims, order))
+        .min()
+        .unwrap_or(0)
+        + writes
 }
 
 /// Per dimension, the options worth trying: every read step of
@@ -94,13 +184,13 @@ fn options_per_dim(
 
 /// Every combination of one option per dimension, with its seeks (exact)
 /// and a lower bound on its peak; not yet simulated.
-fn candidates(problem: &Problem, options: &[Vec<DimOption>]) -> Vec<Candidate> {
+fn candidates(problem: &Problem, options: &[Vec<DimOption>], allowed: &Orders) -> Vec<Candidate> {
     let counts: Vec<usize> = options.iter().map(Vec::len).collect();
     IndexBox::grid(&counts)
         .map(|choice| {
             let dims = chosen(options, &choice);
             Candidate {
-                seeks: plan_read_seeks(problem, &dims) + write_seeks(problem, &dims),
+                seeks: fewest_seeks(problem, &dims, allowed),
                 read_blocks: dims.iter().map(|o| o.read.count() as u128).product(),
                 // A lower bound on the peak: the thickest step, and the least
                 // decoded input block beside it.
@@ -133,6 +223,7 @@ fn least_memory_needed(
     problem: &Problem,
     options: &[Vec<DimOption>],
     candidates: &mut [Candidate],
+    allowed: &Orders,
 ) -> u64 {
     let mut smallest: Option<u128> = None;
     candidates.sort_by_key(|c| c.min_bytes);
@@ -144,9 +235,11 @@ fn least_memory_needed(
         }
         let dims = chosen(options, &candidate.choice);
         let steps = step_axis(&dims, problem);
-        let peak = plan_peak(problem, &dims, &steps, u128::MAX);
-        if smallest.is_none_or(|p| peak < p) {
-            smallest = Some(peak);
+        for order in allowed_orders(&dims, allowed) {
+            let peak = plan_peak(problem, &dims, &steps, &order, u128::MAX);
+            if smallest.is_none_or(|p| peak < p) {
+                smallest = Some(peak);
+            }
         }
     }
     smallest.map_or(u64::MAX, clamp)
