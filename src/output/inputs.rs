@@ -53,10 +53,10 @@ impl InputFiles {
             .map(|block| block.path.as_path());
         let mut files = InputFiles::of_paths(std::iter::once(input.source.as_path()).chain(read));
         for block in &input.blocks {
-            let dir = parent_dir(&block.path);
-            if !files.dirs.contains_key(&dir) {
-                files.dirs.insert(dir, block.path.clone());
-            }
+            files
+                .dirs
+                .entry(parent_dir(&block.path))
+                .or_insert_with(|| block.path.clone());
         }
         files
     }
