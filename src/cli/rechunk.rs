@@ -131,9 +131,9 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         let extra = built.map(|built| levels.report(&built, order, args.json));
         return report_run(&plan, &stats, order, started.elapsed(), args.json, extra);
     }
-    let identities = match recorded.filter(|_| from_record) {
-        // Compared with the files a moment ago, by `JobRecord::input`.
-        Some(record) => record.inputs,
+    let identities = match recorded.as_ref().filter(|_| from_record) {
+        // Those read compared with the files a moment ago.
+        Some(record) => record.inputs.clone(),
         None => job::input_identity(&input)?,
     };
     let record = JobRecord {
@@ -152,7 +152,7 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         &plan,
         spec,
         (&parts, part),
-        &record,
+        (&record, recorded.as_ref()),
     )?;
     let elapsed = started.elapsed();
     report_run(&plan, &stats, order, elapsed, args.json, None)
@@ -326,7 +326,7 @@ fn write_output(
     plan: &Plan,
     spec: OutputSpec,
     (parts, part): (&Parts, PartArg),
-    record: &JobRecord,
+    (record, found): (&JobRecord, Option<&JobRecord>),
 ) -> anyhow::Result<RunStats> {
     // The first output block is the largest: if the format can hold it
     // (NIfTI's limits, MINC2 scaling), it can hold them all. Refuse before
@@ -337,7 +337,7 @@ fn write_output(
     // process at once, with nothing of this run on disk yet.
     let stop = signals::catch_stopping_signals()?;
     let prepared = directory::prepare_output_for(&args.output, args.overwrite, inputs)
-        .and_then(|_| job::record_job(&args.output, record, &job::run_tag(part.index)))
+        .and_then(|_| job::record_job(&args.output, record, &job::run_tag(part.index), found))
         .and_then(|()| part_output(&args.output, plan, part.index, record, stop));
     let output = match prepared {
         Ok(output) => output,

@@ -272,8 +272,18 @@ pub fn read_job(out: &Path) -> Result<Option<JobRecord>> {
 }
 
 /// Records `record` in `out` unless a run of the job did first; then
-/// checks the two agree: the same job, from the same input files.
-pub fn record_job(out: &Path, record: &JobRecord, tag: &str) -> Result<()> {
+/// checks the two agree: the same job, from the same input files. `found`
+/// is the record this run read from `out` already, if it did: it is not
+/// read and parsed again.
+pub fn record_job(
+    out: &Path,
+    record: &JobRecord,
+    tag: &str,
+    found: Option<&JobRecord>,
+) -> Result<()> {
+    if let Some(found) = found {
+        return check_same_job(out, found, record);
+    }
     let path = out.join(JOB_NAME);
     if !path.exists() {
         let temporary = out.join(format!("{JOB_NAME}.{tag}.partial"));
