@@ -733,3 +733,64 @@ fn parts_after_the_first_take_the_input_from_the_record_and_refuse_a_changed_one
     );
     assert_eq!(sorted(walk(&out)), before, "the refused part wrote nothing");
 }
+
+/// A part from the job's record looks only at the input files it reads,
+/// those its box overlaps: a file outside the box, changed since the
+/// record (here no block at all), neither stops it nor is read by it,
+/// while a part whose box holds that file refuses it, naming it, before
+/// it writes anything.
+#[test]
+fn a_part_checks_only_the_input_files_its_box_reads() {
+    let root = tempfile::tempdir().unwrap();
+    let input = common::make_blocks(
+        root.path(),
+        "in",
+        &ARRAY,
+        &[16, 16, 16],
+        common::dtype("u2"),
+        BlockFormat::Hdf5,
+    );
+    let part = |k: &str| {
+        rechunkfs(&[
+            "rechunk",
+            text(&input),
+            text(&root.path().join("out")),
+            "--shape",
+            "20,25,15",
+            "-q",
+            "--part",
+            k,
+        ])
+    };
+    let first = part("0/3");
+    assert!(first.status.success(), "{}", common::stderr(&first));
+    let out = root.path().join("out");
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join(".rechunkfs-job.json")).unwrap()).unwrap();
+    // Part 0 reads input blocks 0_*_* and 1_*_* (0..32), parts 1 and 2
+    // none of 0_*_* (0..16).
+    assert_eq!(
+        record["spec"]["cuts"],
+        serde_json::json!([[0, 20, 40, 60], [0, 50], [0, 40]])
+    );
+    let stray = input.join(".0_0_0.h5.new");
+    std::fs::write(&stray, b"no block").unwrap();
+    std::fs::rename(&stray, input.join("0_0_0.h5")).unwrap();
+    for k in ["1/3", "2/3"] {
+        let output = part(k);
+        assert!(
+            output.status.success(),
+            "part {k}: {}",
+            common::stderr(&output)
+        );
+    }
+    let before = walk(&out);
+    let refused = part("0/3");
+    let message = common::stderr(&refused);
+    assert_eq!(refused.status.code(), Some(1), "{message}");
+    assert!(
+        message.contains("changed since") && message.contains("0_0_0.h5"),
+        "{message}"
+    );
+    assert_eq!(walk(&out), before, "the refused part wrote nothing");
+}

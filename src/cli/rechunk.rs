@@ -73,13 +73,22 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         None => input.space()?,
     };
     let (problem, encoding) = encoded_problem_of(&input, &args.planning, format)?;
-    let parts = match recorded
+    let (parts, region) = match recorded
         .as_ref()
         .and_then(|r| recorded_parts(r, &problem, part))
     {
-        Some(parts) => parts,
-        None => plan::parts::cut(&problem, part.count)?,
+        Some(parts) => {
+            let region = parts.region(part.index);
+            (parts, Some(region))
+        }
+        None => (plan::parts::cut(&problem, part.count)?, None),
     };
+    // Only the files this part reads, when it reads the part recorded; a
+    // scan of the input looked at every one.
+    let region = region.filter(|_| from_record);
+    if let Some(record) = recorded.as_ref().filter(|_| from_record) {
+        record.check_inputs_read(&args.output, &input, region.as_ref())?;
+    }
     let (plan, mem) = plan_rechunk(&args, &parts.problem(part.index))?;
     let format = output_format(format, &plan);
     if same_directory(&args.input, &args.output) {
@@ -122,9 +131,9 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         let extra = built.map(|built| levels.report(&built, order, args.json));
         return report_run(&plan, &stats, order, started.elapsed(), args.json, extra);
     }
-    let identities = match recorded.filter(|_| from_record) {
-        // Compared with the files a moment ago, by `JobRecord::input`.
-        Some(record) => record.inputs,
+    let identities = match recorded.as_ref().filter(|_| from_record) {
+        // Those read compared with the files a moment ago.
+        Some(record) => record.inputs.clone(),
         None => job::input_identity(&input)?,
     };
     let record = JobRecord {
@@ -132,14 +141,18 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         input_scan: input.record(&space),
         ..job_record(&args, &input, &parts, &spec)?
     };
-    let inputs = InputFiles::of(&input);
+    let inputs = if args.overwrite {
+        InputFiles::of(&input)
+    } else {
+        InputFiles::of_read(&input, &job::read_blocks(&input, region.as_ref()))
+    };
     let stats = write_output(
         &args,
         (&input, &inputs),
         &plan,
         spec,
         (&parts, part),
-        &record,
+        (&record, recorded.as_ref()),
     )?;
     let elapsed = started.elapsed();
     report_run(&plan, &stats, order, elapsed, args.json, None)
@@ -313,7 +326,7 @@ fn write_output(
     plan: &Plan,
     spec: OutputSpec,
     (parts, part): (&Parts, PartArg),
-    record: &JobRecord,
+    (record, found): (&JobRecord, Option<&JobRecord>),
 ) -> anyhow::Result<RunStats> {
     // The first output block is the largest: if the format can hold it
     // (NIfTI's limits, MINC2 scaling), it can hold them all. Refuse before
@@ -324,7 +337,7 @@ fn write_output(
     // process at once, with nothing of this run on disk yet.
     let stop = signals::catch_stopping_signals()?;
     let prepared = directory::prepare_output_for(&args.output, args.overwrite, inputs)
-        .and_then(|_| job::record_job(&args.output, record, &job::run_tag(part.index)))
+        .and_then(|_| job::record_job(&args.output, record, &job::run_tag(part.index), found))
         .and_then(|()| part_output(&args.output, plan, part.index, record, stop));
     let output = match prepared {
         Ok(output) => output,
@@ -376,11 +389,19 @@ fn part_output(
     stop: &AtomicBool,
 ) -> crate::error::Result<PartOutput> {
     let mut output = PartOutput::of_plan(plan, index);
-    let done = job::done_blocks(out, record, Some(stop))?;
+    let grid = record.spec.output();
+    let mine: Vec<std::ops::Range<usize>> = (0..output.blocks.ndim())
+        .map(|d| output.first[d]..output.first[d] + output.blocks.axis(d).count())
+        .collect();
+    let done = job::done_blocks_of(out, record, Some(stop), |rank| {
+        grid.unravel(rank)
+            .iter()
+            .zip(&mine)
+            .all(|(i, range)| range.contains(i))
+    })?;
     if done.count() == 0 {
         return Ok(output);
     }
-    let grid = record.spec.output();
     for rank in 0..output.blocks.count() {
         if rank % directory::CANCEL_EVERY == 0 && stop.load(Ordering::Relaxed) {
             return Err(Error::Cancelled);

@@ -41,6 +41,26 @@ impl InputFiles {
         InputFiles::of_paths(std::iter::once(input.source.as_path()).chain(paths))
     }
 
+    /// What a run that reads only the blocks of `input` at `ranks` (C
+    /// order) needs to keep from harm, for OUT's check
+    /// ([`InputFiles::refuse_inside`]) and not `--overwrite`'s: those
+    /// files, the path scanned, and the directory holding every block's
+    /// name, which takes no stat.
+    pub fn of_read(input: &InputArray, ranks: &[usize]) -> InputFiles {
+        let read = ranks
+            .iter()
+            .filter_map(|&rank| input.blocks.get(rank))
+            .map(|block| block.path.as_path());
+        let mut files = InputFiles::of_paths(std::iter::once(input.source.as_path()).chain(read));
+        for block in &input.blocks {
+            files
+                .dirs
+                .entry(parent_dir(&block.path))
+                .or_insert_with(|| block.path.clone());
+        }
+        files
+    }
+
     /// The files at `paths` (those that exist).
     pub fn of_paths<'p>(paths: impl IntoIterator<Item = &'p Path>) -> InputFiles {
         let mut files = InputFiles::default();

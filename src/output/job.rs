@@ -125,20 +125,70 @@ pub struct JobRecord {
 
 impl JobRecord {
     /// The input this record holds, if it holds one, and its place in the
-    /// world. A record is refused if any input file's identity differs from
-    /// the one recorded (one stat each, naming the files): a changed file
-    /// may hold another geometry than the record's, and the blocks of
-    /// other parts were made from it as it was.
+    /// world. Nothing here says the files are as recorded: the run checks
+    /// those it reads with [`JobRecord::check_inputs_read`] before it
+    /// reads any.
     pub fn input(&self, out: &Path) -> Result<Option<(InputArray, crate::array::space::Space)>> {
         let Some(scan) = &self.input_scan else {
             return Ok(None);
         };
         let paths = self.inputs.iter().map(|i| i.path.clone()).collect();
-        let input = InputArray::from_record(scan, paths, &out.join(JOB_NAME))?;
-        let now = input_identity(&input.0)?;
-        check_inputs(out, &self.inputs, &now)?;
-        Ok(Some(input))
+        InputArray::from_record(scan, paths, &out.join(JOB_NAME)).map(Some)
     }
+
+    /// Refuses the input taken from this record if any file a run of
+    /// `region` of the array (`None`: the whole array) reads has an
+    /// identity other than the one recorded (one stat each, naming the
+    /// files): a changed file may hold another geometry than the record's,
+    /// and the blocks of other parts were made from it as it was. Files
+    /// outside `region` are not looked at: a part never opens them.
+    pub fn check_inputs_read(
+        &self,
+        out: &Path,
+        input: &InputArray,
+        region: Option<&Region>,
+    ) -> Result<()> {
+        if self.inputs.len() != input.blocks.len() {
+            return check_inputs(out, &self.inputs, &input_identity(input)?);
+        }
+        let ranks = read_blocks(input, region);
+        let recorded: Vec<InputIdentity> = ranks
+            .iter()
+            .filter_map(|&rank| self.inputs.get(rank).cloned())
+            .collect();
+        let now = ranks
+            .iter()
+            .filter_map(|&rank| input.blocks.get(rank))
+            .map(|block| {
+                Ok(InputIdentity {
+                    path: block.path.clone(),
+                    identity: FileIdentity::now(&block.path)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        check_inputs(out, &recorded, &now)
+    }
+}
+
+/// The ranks (C order) of `input`'s blocks that overlap `region` of the
+/// array (every block for `None`, or for a region of another array).
+pub fn read_blocks(input: &InputArray, region: Option<&Region>) -> Vec<usize> {
+    let all = || (0..input.blocks.len()).collect();
+    let Some(region) = region else {
+        return all();
+    };
+    let inside = region.ndim() == input.shape.len()
+        && (0..region.ndim()).all(|d| region.end(d) <= input.shape[d]);
+    if !inside {
+        return all();
+    }
+    let grid = Partition::regular(&input.shape, &input.block_shape);
+    if grid.count() != input.blocks.len() as u64 {
+        return all();
+    }
+    IndexBox::new(grid.overlapping(region))
+        .map(|index| grid.linear(&index) as usize)
+        .collect()
 }
 
 /// Every input file's identity, now.
@@ -222,8 +272,18 @@ pub fn read_job(out: &Path) -> Result<Option<JobRecord>> {
 }
 
 /// Records `record` in `out` unless a run of the job did first; then
-/// checks the two agree: the same job, from the same input files.
-pub fn record_job(out: &Path, record: &JobRecord, tag: &str) -> Result<()> {
+/// checks the two agree: the same job, from the same input files. `found`
+/// is the record this run read from `out` already, if it did: it is not
+/// read and parsed again.
+pub fn record_job(
+    out: &Path,
+    record: &JobRecord,
+    tag: &str,
+    found: Option<&JobRecord>,
+) -> Result<()> {
+    if let Some(found) = found {
+        return check_same_job(out, found, record);
+    }
     let path = out.join(JOB_NAME);
     if !path.exists() {
         let temporary = out.join(format!("{JOB_NAME}.{tag}.partial"));
@@ -430,13 +490,24 @@ pub fn done_blocks(
     record: &JobRecord,
     cancel: Option<&AtomicBool>,
 ) -> Result<DoneBlocks> {
+    done_blocks_of(out, record, cancel, |_| true)
+}
+
+/// [`done_blocks`] among the blocks whose rank `wanted` accepts: the
+/// others found are not stat'ed.
+pub fn done_blocks_of(
+    out: &Path,
+    record: &JobRecord,
+    cancel: Option<&AtomicBool>,
+    wanted: impl Fn(u64) -> bool,
+) -> Result<DoneBlocks> {
     let tree = record.spec.tree();
     let mut done = DoneBlocks {
         done: Vec::new(),
         count: 0,
     };
     walk_output(out, &tree, cancel, |rank, entry| {
-        let Some(rank) = rank else {
+        let Some(rank) = rank.filter(|&rank| wanted(rank)) else {
             return Ok(());
         };
         if entry
