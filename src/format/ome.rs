@@ -150,36 +150,30 @@ impl WindowOf {
 
     /// Takes in whole elements of `bytes` (a trailing partial one is ignored).
     pub fn observe(&mut self, bytes: &[u8]) {
-        let size = self.dtype.size;
         let big = self.dtype.endian == Endian::Big;
-        let (mut lo, mut hi) = match self.seen {
-            Some(w) => (w.min, w.max),
-            None => (f64::INFINITY, f64::NEG_INFINITY),
+        // One loop per element type, in that type: it sees every voxel of
+        // level 0, so a conversion per voxel would cost more than the
+        // downsampling it rides along with.
+        let range = match (self.dtype.kind, self.dtype.size) {
+            (Kind::Unsigned, 1) => range_of(bytes, big, u8::from_le_bytes, u8::from_be_bytes),
+            (Kind::Unsigned, 2) => range_of(bytes, big, u16::from_le_bytes, u16::from_be_bytes),
+            (Kind::Unsigned, 4) => range_of(bytes, big, u32::from_le_bytes, u32::from_be_bytes),
+            (Kind::Unsigned, _) => range_of(bytes, big, u64::from_le_bytes, u64::from_be_bytes),
+            (Kind::Signed, 1) => range_of(bytes, big, i8::from_le_bytes, i8::from_be_bytes),
+            (Kind::Signed, 2) => range_of(bytes, big, i16::from_le_bytes, i16::from_be_bytes),
+            (Kind::Signed, 4) => range_of(bytes, big, i32::from_le_bytes, i32::from_be_bytes),
+            (Kind::Signed, _) => range_of(bytes, big, i64::from_le_bytes, i64::from_be_bytes),
+            (Kind::Float, 2) => range_of(bytes, big, f16::from_le_bytes, f16::from_be_bytes),
+            (Kind::Float, 4) => range_of(bytes, big, f32::from_le_bytes, f32::from_be_bytes),
+            (Kind::Float, _) => range_of(bytes, big, f64::from_le_bytes, f64::from_be_bytes),
         };
-        for element in bytes.chunks_exact(size) {
-            let mut raw = [0u8; 8];
-            raw[..size].copy_from_slice(element);
-            if big {
-                raw[..size].reverse();
-            }
-            let value = match (self.dtype.kind, size) {
-                (Kind::Unsigned, _) => u64::from_le_bytes(raw) as f64,
-                (Kind::Signed, _) => {
-                    let shift = 64 - 8 * size as u32;
-                    ((i64::from_le_bytes(raw) << shift) >> shift) as f64
-                }
-                (Kind::Float, 2) => f16::from_le_bytes([raw[0], raw[1]]).to_f64(),
-                (Kind::Float, 4) => f64::from(f32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]])),
-                (Kind::Float, _) => f64::from_le_bytes(raw),
-            };
-            // Comparisons with NaN are false: a NaN changes neither end.
-            if value < lo {
-                lo = value;
-            }
-            if value > hi {
-                hi = value;
-            }
-        }
+        let Some((lo, hi)) = range else {
+            return;
+        };
+        let (lo, hi) = match self.seen {
+            Some(w) => (w.min.min(lo), w.max.max(hi)),
+            None => (lo, hi),
+        };
         if lo <= hi && lo.is_finite() && hi.is_finite() {
             self.seen = Some(Window { min: lo, max: hi });
         }
@@ -189,6 +183,56 @@ impl WindowOf {
     pub fn window(&self) -> Option<Window> {
         self.seen
     }
+}
+
+/// A value of an element type whose range a window gathers.
+trait Ranged: Copy + PartialOrd {
+    fn to_f64(self) -> f64;
+}
+
+macro_rules! ranged {
+    ($($t:ty),*) => {$(
+        impl Ranged for $t {
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+        }
+    )*};
+}
+ranged!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f64);
+
+impl Ranged for f16 {
+    fn to_f64(self) -> f64 {
+        f16::to_f64(self)
+    }
+}
+
+/// The least and greatest of the whole `N`-byte elements of `bytes`
+/// (NaNs left out: every comparison with one is false), as f64.
+fn range_of<T: Ranged, const N: usize>(
+    bytes: &[u8],
+    big: bool,
+    from_le: fn([u8; N]) -> T,
+    from_be: fn([u8; N]) -> T,
+) -> Option<(f64, f64)> {
+    let load = if big { from_be } else { from_le };
+    let mut values = bytes.chunks_exact(N).map(|element| {
+        let mut raw = [0u8; N];
+        raw.copy_from_slice(element);
+        load(raw)
+    });
+    // The first value that is not NaN starts the range.
+    let first = values.by_ref().find(|v| v.partial_cmp(v).is_some())?;
+    let (mut lo, mut hi) = (first, first);
+    for value in values {
+        if value < lo {
+            lo = value;
+        }
+        if value > hi {
+            hi = value;
+        }
+    }
+    Some((lo.to_f64(), hi.to_f64()))
 }
 
 /// A precomputed `info` with `window` as `rechunkfs.window` (`[min,
