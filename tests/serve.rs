@@ -958,6 +958,48 @@ fn two_hosts_or_an_absolute_target_naming_another_host_are_bad_requests() {
     }
 }
 
+/// What `serve` prints about `path` before it answers (a few lines).
+fn announcement(path: &Path) -> Vec<String> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+        .arg("serve")
+        .arg(path)
+        .args(["--bind", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run rechunkfs serve");
+    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let said: Vec<String> = lines
+        .map_while(Result::ok)
+        .take_while(|line| !line.is_empty())
+        .take(4)
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    said
+}
+
+#[test]
+fn a_link_without_a_contrast_range_says_where_one_comes_from() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    // A Zarr array of one level: nothing gathers its range.
+    let array = make_zarr(
+        root.path(),
+        "in",
+        &[6, 5, 4],
+        &[3, 3, 3],
+        dtype("<u2"),
+        BlockFormat::Zarr3,
+    );
+    let said = announcement(&array).join("\n");
+    assert!(said.contains("#!"), "{said}");
+    assert!(
+        said.contains("no contrast range in that link") && said.contains("level 1 is complete"),
+        "{said}"
+    );
+}
+
 /// The Neuroglancer state in the link `serve` prints for `path`.
 fn printed_state(path: &Path) -> serde_json::Value {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))

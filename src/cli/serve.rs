@@ -71,6 +71,12 @@ pub(super) fn announcement(
             let state = neuroglancer_state(tree, &source);
             lines.push(format!("in Neuroglancer, open the source {source}"));
             lines.push(format!("or the whole view: {}", state_link(&state)));
+            if state["layers"][0]["shaderControls"].is_null() {
+                lines.push(
+                    "(no contrast range in that link: one comes from level 0's values once a                      pyramid's level 1 is complete, with --levels; for a view still filling, run                      `rechunkfs serve VIEW` again then)"
+                        .into(),
+                );
+            }
         }
         None => lines.push(format!("in a browser or any HTTP reader: {url}FILE")),
     }
