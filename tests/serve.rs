@@ -958,8 +958,9 @@ fn two_hosts_or_an_absolute_target_naming_another_host_are_bad_requests() {
     }
 }
 
-/// What `serve` prints about `path` before it answers (a few lines).
-fn announcement(path: &Path) -> Vec<String> {
+/// What `serve` prints about `path` before it answers, up to its
+/// Neuroglancer link and `after` lines more.
+fn announcement(path: &Path, after: usize) -> Vec<String> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
         .arg("serve")
         .arg(path)
@@ -968,12 +969,18 @@ fn announcement(path: &Path) -> Vec<String> {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run rechunkfs serve");
-    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let said: Vec<String> = lines
-        .map_while(Result::ok)
-        .take_while(|line| !line.is_empty())
-        .take(4)
-        .collect();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    // The announcement is printed whole before the server answers, so
+    // reading it ends (it is a few lines).
+    let mut said = Vec::new();
+    for line in lines.by_ref().map_while(Result::ok).take(8) {
+        let link = line.contains("#!");
+        said.push(line);
+        if link {
+            break;
+        }
+    }
+    said.extend(lines.map_while(Result::ok).take(after));
     let _ = child.kill();
     let _ = child.wait();
     said
@@ -992,7 +999,7 @@ fn a_link_without_a_contrast_range_says_where_one_comes_from() {
         dtype("<u2"),
         BlockFormat::Zarr3,
     );
-    let said = announcement(&array).join("\n");
+    let said = announcement(&array, 1).join("\n");
     assert!(said.contains("#!"), "{said}");
     assert!(
         said.contains("no contrast range in that link") && said.contains("level 1 is complete"),
@@ -1002,26 +1009,10 @@ fn a_link_without_a_contrast_range_says_where_one_comes_from() {
 
 /// The Neuroglancer state in the link `serve` prints for `path`.
 fn printed_state(path: &Path) -> serde_json::Value {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
-        .arg("serve")
-        .arg(path)
-        .args(["--bind", "127.0.0.1:0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run rechunkfs serve");
-    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut link = None;
-    // The announcement is printed whole before the server answers, so
-    // reading it ends (it is a few lines).
-    for line in lines.map_while(Result::ok).take(8) {
-        if let Some(at) = line.find("#!") {
-            link = Some(line[at + 2..].to_string());
-            break;
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    let said = announcement(path, 0);
+    let link = said
+        .iter()
+        .find_map(|line| line.find("#!").map(|at| line[at + 2..].to_string()));
     let link = link.expect("serve printed no Neuroglancer state link");
     let output = Command::new(python())
         .args([
