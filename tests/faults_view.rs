@@ -205,6 +205,22 @@ fn mode(path: &Path) -> u32 {
     fs::metadata(path).unwrap().permissions().mode() & 0o7777
 }
 
+/// The small array most tests here view: 24×24 u1 in 12×12 npy blocks
+/// (IN under `root`), viewed as [`SMALL_BLOCK`] blocks.
+const SMALL_ARRAY: [u64; 2] = [24, 24];
+const SMALL_BLOCK: [u64; 2] = [8, 8];
+
+fn small_grid(root: &Path) -> PathBuf {
+    make_blocks(
+        root,
+        "in",
+        &SMALL_ARRAY,
+        &[12, 12],
+        dtype("u1"),
+        BlockFormat::Npy,
+    )
+}
+
 /// A test directory other users may enter (tempdir makes it 0700).
 fn open_tempdir() -> tempfile::TempDir {
     let root = tempfile::tempdir().unwrap();
@@ -262,14 +278,7 @@ fn the_staging_area_and_the_view_are_as_private_as_the_inputs() {
     require!(Fuse);
     assert!(is_root(), "needs root, to give the inputs to another user");
     let root = open_tempdir();
-    let input = make_blocks(
-        root.path(),
-        "in",
-        &[24, 24],
-        &[12, 12],
-        dtype("u1"),
-        BlockFormat::Npy,
-    );
+    let input = small_grid(root.path());
     give_to_nobody(&input);
     let cache = root.path().join("cache");
     let mounted = mount_in_default_area(&input, &root.path().join("view"), &cache);
@@ -1075,15 +1084,8 @@ impl Drop for ContinueOnDrop {
 fn a_stopped_daemon_is_named_by_status_and_umount_at_once() {
     require!(Fuse);
     let root = tempfile::tempdir().unwrap();
-    let (array, block) = ([24u64, 24], [8u64, 8]);
-    let input = make_blocks(
-        root.path(),
-        "in",
-        &array,
-        &[12, 12],
-        dtype("u1"),
-        BlockFormat::Npy,
-    );
+    let (array, block) = (SMALL_ARRAY, SMALL_BLOCK);
+    let input = small_grid(root.path());
     let [view, staging] = ["view", "staging"].map(|name| root.path().join(name));
     // Slow enough to be materialising when stopped.
     let mounted = View::mount(&input, &view, &staging, "8,8", 3000, &[]);
@@ -1193,14 +1195,7 @@ fn refused_mount(input: &Path, view: &Path, staging: &Path) -> Output {
 fn staging_inside_the_view_or_the_input_and_a_view_inside_staging_are_refused() {
     require!(Fuse);
     let root = tempfile::tempdir().unwrap();
-    let input = make_blocks(
-        root.path(),
-        "in",
-        &[24, 24],
-        &[12, 12],
-        dtype("u1"),
-        BlockFormat::Npy,
-    );
+    let input = small_grid(root.path());
     let listing = |dir: &Path| {
         let mut names: Vec<_> = fs::read_dir(dir)
             .unwrap()
@@ -1256,15 +1251,8 @@ fn a_staging_area_another_user_owns_or_may_write_is_refused_naming_it() {
     require!(Fuse);
     assert!(is_root(), "needs root, to make directories of another user");
     let root = open_tempdir();
-    let (array, block) = ([24u64, 24], [8u64, 8]);
-    let input = make_blocks(
-        root.path(),
-        "in",
-        &array,
-        &[12, 12],
-        dtype("u1"),
-        BlockFormat::Npy,
-    );
+    let (array, block) = (SMALL_ARRAY, SMALL_BLOCK);
+    let input = small_grid(root.path());
     let view = root.path().join("view");
     let victim = victim(root.path());
     let chown = |path: &Path| std::os::unix::fs::chown(path, Some(NOBODY), Some(NOBODY)).unwrap();
@@ -1326,15 +1314,8 @@ fn a_staging_area_another_user_owns_or_may_write_is_refused_naming_it() {
 fn a_link_in_the_staging_area_is_never_written_through() {
     require!(Fuse);
     let root = tempfile::tempdir().unwrap();
-    let (array, block) = ([24u64, 24], [8u64, 8]);
-    let input = make_blocks(
-        root.path(),
-        "in",
-        &array,
-        &[12, 12],
-        dtype("u1"),
-        BlockFormat::Npy,
-    );
+    let (array, block) = (SMALL_ARRAY, SMALL_BLOCK);
+    let input = small_grid(root.path());
     let view = root.path().join("view");
     let victim = victim(root.path());
     // A journal without a manifest belongs to nothing: that link is
@@ -1464,14 +1445,7 @@ fn an_ordinary_user_unmounts_the_view_of_a_stopped_daemon_at_once() {
     );
     let _device = OpenFuseDevice::new();
     let root = open_tempdir();
-    let input = make_blocks(
-        root.path(),
-        "in",
-        &[24, 24],
-        &[12, 12],
-        dtype("u1"),
-        BlockFormat::Npy,
-    );
+    let input = small_grid(root.path());
     let [view, staging] = ["view", "staging"].map(|name| root.path().join(name));
     for dir in [&view, &staging] {
         fs::create_dir(dir).unwrap();
