@@ -409,21 +409,7 @@ fn zarr_input(root: &Path) -> PathBuf {
 }
 
 fn rechunk_part(input: &Path, out: &Path, part: &str, delay_ms: u64) -> Output {
-    common::run_rechunkfs(
-        &[
-            "rechunk",
-            text(input),
-            text(out),
-            "--shape",
-            "20,25,15",
-            "--format",
-            "zarr3",
-            "-q",
-            "--part",
-            part,
-        ],
-        delay_ms,
-    )
+    zarr3_part_with(input, out, part, &[], delay_ms)
 }
 
 #[test]
@@ -510,6 +496,11 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 
 /// `rechunk IN OUT` as part `part` of a zarr3 job, with `extra`.
 fn zarr3_part(input: &Path, out: &Path, part: &str, extra: &[&str]) -> Output {
+    zarr3_part_with(input, out, part, extra, 0)
+}
+
+/// [`zarr3_part`], each step slowed by `delay_ms`.
+fn zarr3_part_with(input: &Path, out: &Path, part: &str, extra: &[&str], delay_ms: u64) -> Output {
     let mut args = vec![
         "rechunk",
         text(input),
@@ -523,7 +514,7 @@ fn zarr3_part(input: &Path, out: &Path, part: &str, extra: &[&str]) -> Output {
         part,
     ];
     args.extend(extra);
-    common::run_rechunkfs(&args, 0)
+    common::run_rechunkfs(&args, delay_ms)
 }
 
 #[test]
