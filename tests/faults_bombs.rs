@@ -212,13 +212,7 @@ fn gzip_zeros(path: &Path, len: u64) {
         \x20   for _ in range(int(sys.argv[2]) >> 20):\n\
         \x20       f.write(c.compress(block))\n\
         \x20   f.write(c.flush())\n";
-    let output = Command::new(python())
-        .args(["-c", script])
-        .arg(path)
-        .arg(len.to_string())
-        .output()
-        .expect("run python");
-    assert!(output.status.success(), "{}", common::stderr(&output));
+    common::run_python(script, &[path.to_str().unwrap(), &len.to_string()]);
 }
 
 /// `len` zero bytes as one Blosc buffer (zstd inside), written by numcodecs.
@@ -226,13 +220,7 @@ fn blosc_zeros(path: &Path, len: u64) {
     let script = "import sys, numcodecs\n\
         blosc = numcodecs.Blosc(cname='zstd', clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)\n\
         open(sys.argv[1], 'wb').write(blosc.encode(bytes(int(sys.argv[2]))))\n";
-    let output = Command::new(python())
-        .args(["-c", script])
-        .arg(path)
-        .arg(len.to_string())
-        .output()
-        .expect("run python");
-    assert!(output.status.success(), "{}", common::stderr(&output));
+    common::run_python(script, &[path.to_str().unwrap(), &len.to_string()]);
 }
 
 /// Chunks that should decode to 512 bytes, replaced by streams of 512 MiB
@@ -489,13 +477,7 @@ fn packbits_runs_past_their_strip_are_refused() {
         tifffile.imwrite(sys.argv[1], a, compression='packbits', rowsperstrip=16)\n\
         page = tifffile.TiffFile(sys.argv[1]).pages[0]\n\
         print(page.dataoffsets[1], page.databytecounts[1])\n";
-    let output = Command::new(python())
-        .args(["-c", script])
-        .arg(&path)
-        .output()
-        .expect("run python");
-    assert!(output.status.success(), "{}", common::stderr(&output));
-    let text = String::from_utf8_lossy(&output.stdout);
+    let text = common::run_python(script, &[path.to_str().unwrap()]);
     let numbers: Vec<usize> = text
         .split_whitespace()
         .map(|n| n.parse().unwrap())
@@ -533,12 +515,7 @@ fn a_tiff_strip_too_short_for_the_rows_its_page_claims_is_refused_at_the_scan() 
         \x20   for offset, dtype in edits:\n\
         \x20       f.seek(offset)\n\
         \x20       f.write(struct.pack(order + ('H' if dtype == 3 else 'I'), 60000))\n";
-    let output = Command::new(python())
-        .args(["-c", script])
-        .arg(&path)
-        .output()
-        .expect("run python");
-    assert!(output.status.success(), "{}", common::stderr(&output));
+    common::run_python(script, &[path.to_str().unwrap()]);
     let plan = run_measured(
         &["plan", path.to_str().unwrap(), "--shape", "64,64"],
         Duration::from_secs(60),
@@ -575,12 +552,7 @@ fn a_deflated_hdf5_chunk_inflating_past_its_chunk_is_refused_within_the_memory_b
         with open(sys.argv[1], 'r+b') as f:\n\
         \x20   f.seek(info.byte_offset)\n\
         \x20   f.write(bomb)\n";
-    let output = Command::new(python())
-        .args(["-c", script])
-        .arg(&path)
-        .output()
-        .expect("run python");
-    assert!(output.status.success(), "{}", common::stderr(&output));
+    common::run_python(script, &[path.to_str().unwrap()]);
     let run = rechunk(&path, &root.path().join("out"), "64,64");
     assert_within_memory(&run, "HDF5");
     assert_refused(

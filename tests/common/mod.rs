@@ -287,18 +287,35 @@ pub fn python() -> String {
 /// Runs `tests/fixtures/{script}` with the readers' Python and `args`,
 /// failing the test with its output if it fails; returns its stdout.
 pub fn run_fixture(script: &str, args: &[&str]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(script);
+    run_python_args(
+        script,
+        std::iter::once(path.as_os_str()).chain(args.iter().map(|a| a.as_ref())),
+    )
+}
+
+/// Runs the Python `code` with the readers' Python and `args`, failing the
+/// test with its output if it fails; returns its stdout.
+pub fn run_python(code: &str, args: &[&str]) -> String {
+    let first = ["-c", code].map(std::ffi::OsStr::new);
+    run_python_args(
+        "python -c",
+        first.into_iter().chain(args.iter().map(|a| a.as_ref())),
+    )
+}
+
+fn run_python_args<'a>(what: &str, args: impl IntoIterator<Item = &'a std::ffi::OsStr>) -> String {
+    let args: Vec<&std::ffi::OsStr> = args.into_iter().collect();
     let output = std::process::Command::new(python())
-        .arg(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures")
-                .join(script),
-        )
-        .args(args)
+        .args(&args)
         .output()
         .expect("run python");
     assert!(
         output.status.success(),
-        "{script} {args:?} failed: {}{}",
+        "{what} {:?} failed: {}{}",
+        &args[1..],
         String::from_utf8_lossy(&output.stdout),
         stderr(&output)
     );
