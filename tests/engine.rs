@@ -39,6 +39,7 @@ fn c_order_spec(format: BlockFormat, dtype: DType, ndim: usize) -> OutputSpec {
         space: rechunkfs::array::space::Space::identity(ndim),
         axis_order: rechunkfs::array::axes::AxisOrder::C,
         encoding: Default::default(),
+        commit_batch_bytes: rechunkfs::output::directory::COMMIT_BATCH_BYTES,
     }
 }
 

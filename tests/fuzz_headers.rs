@@ -1383,6 +1383,7 @@ fn run_case(input: &Path, out: &Path, checks: HeaderChecks) -> Result<Outcome, S
         space: Space::identity(ndim),
         axis_order: AxisOrder::C,
         encoding: Default::default(),
+        commit_batch_bytes: rechunkfs::output::directory::COMMIT_BATCH_BYTES,
     };
     if directory::rechunk(&scanned, &plan, out, spec, None, |_| {}).is_err() {
         kept_blocks_are_exact(input, out, fuzzed_of(&scanned))?;
@@ -1650,6 +1651,7 @@ fn rechunk_encoded(input: &Path, out: &Path) -> Result<Option<Values>, String> {
         space: Space::identity(ndim),
         axis_order: AxisOrder::C,
         encoding: Default::default(),
+        commit_batch_bytes: rechunkfs::output::directory::COMMIT_BATCH_BYTES,
     };
     if directory::rechunk(&scanned, &plan, out, spec, None, |_| {}).is_err() {
         return Ok(None);

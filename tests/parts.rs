@@ -189,6 +189,7 @@ fn spec_of(input: &InputArray) -> OutputSpec {
         space: input.space().unwrap(),
         axis_order: input.axis_order(),
         encoding: Default::default(),
+        commit_batch_bytes: rechunkfs::output::directory::COMMIT_BATCH_BYTES,
     }
 }
 

@@ -887,6 +887,7 @@ fn run_case(case: &Case, scratch: &Path) {
         space: input.space().unwrap(),
         axis_order: input.axis_order(),
         encoding: Default::default(),
+        commit_batch_bytes: rechunkfs::output::directory::COMMIT_BATCH_BYTES,
     };
     let stats = directory::rechunk(&input, &plan, &out, spec, None, |_| {})
         .unwrap_or_else(|e| panic!("rechunk: {e}"));
@@ -1084,6 +1085,7 @@ fn nifti_refuses_what_it_cannot_hold() {
             space: rechunkfs::array::space::Space::identity(shape.len()),
             axis_order: rechunkfs::array::axes::AxisOrder::C,
             encoding: Default::default(),
+            commit_batch_bytes: rechunkfs::output::directory::COMMIT_BATCH_BYTES,
         };
         let refusal = spec.template(&shape).expect_err("NIfTI-1 cannot hold it");
         assert!(refusal.to_string().contains("NIfTI-1"), "{refusal}");

@@ -541,17 +541,8 @@ fn serving_a_mounted_view_directory_waits_for_pending_blocks() {
 
 /// Starts filling `prepared`'s view, which its tests held back so that
 /// their requests park first.
-fn start_materialiser(
-    prepared: &rechunkfs::view::PreparedView,
-) -> rechunkfs::view::materialise::Materialiser {
-    rechunkfs::view::materialise::Materialiser::start(
-        prepared.core.clone(),
-        prepared.input.clone(),
-        prepared.plan.clone(),
-        None,
-        true,
-    )
-    .unwrap()
+fn start_materialiser(prepared: rechunkfs::view::PreparedView) -> rechunkfs::view::RunningView {
+    prepared.start(Default::default()).unwrap()
 }
 
 /// The service over a view's core, without sockets or FUSE: a prepared
@@ -631,7 +622,7 @@ fn the_service_over_a_view_core_waits_for_pending_blocks_without_sockets() {
     let parked = std::thread::spawn(move || get(&waiting, "/2.3.2", Some("bytes=100-")));
     wait_until("the read is parked", || core.status().waiting_reads == 1);
     assert!(!parked.is_finished());
-    let materialiser = start_materialiser(&prepared);
+    let materialiser = start_materialiser(prepared);
     let (status, body) = parked.join().unwrap();
     assert_eq!(status, 206);
     assert!(
@@ -646,7 +637,7 @@ fn the_service_over_a_view_core_waits_for_pending_blocks_without_sockets() {
             (200, expected_chunk(&block.index))
         );
     }
-    assert!(materialiser.stop(Duration::from_secs(60)));
+    assert!(materialiser.stop());
 }
 
 #[test]
@@ -714,7 +705,7 @@ fn more_parked_requests_than_threads_starve_no_other_and_all_end_with_exact_byte
     assert_eq!(status, 200);
     assert!(zarray.starts_with(b"{"));
     assert!(!requests.is_finished());
-    let materialiser = start_materialiser(&prepared);
+    let materialiser = start_materialiser(prepared);
     requests.join().unwrap();
     for (name, index) in names
         .iter()
@@ -733,7 +724,7 @@ fn more_parked_requests_than_threads_starve_no_other_and_all_end_with_exact_byte
             "{what}"
         );
     }
-    assert!(materialiser.stop(Duration::from_secs(60)));
+    assert!(materialiser.stop());
 }
 
 #[test]
@@ -794,14 +785,14 @@ fn a_request_past_the_waiting_limit_is_busy_and_a_client_leaving_frees_its_place
     });
     let mut parked = parked.expect("a parked client");
     parked.set_read_timeout(Some(PATIENCE)).unwrap();
-    let materialiser = start_materialiser(&prepared);
+    let materialiser = start_materialiser(prepared);
     let (status, body) = raw_response(&mut parked, "the parked request").expect("a response");
     assert_eq!(status, 200);
     assert!(
         body == expected_chunk(&[0, 0, 0]),
         "the waited-for chunk equals the source"
     );
-    assert!(materialiser.stop(Duration::from_secs(60)));
+    assert!(materialiser.stop());
 }
 
 /// A client speaking HTTP/1.1 by hand, on loopback: it sends `request`

@@ -13,6 +13,7 @@ pub mod sample;
 mod serve;
 mod slurm;
 mod status;
+mod test_hooks;
 
 use std::path::PathBuf;
 

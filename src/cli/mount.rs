@@ -12,6 +12,7 @@ use crate::array::geometry::show_shape;
 use crate::array::units::parse_shape;
 use crate::cli::report::{progress_bar, thousands};
 use crate::cli::serve::{announcement, listen, server_of};
+use crate::cli::test_hooks;
 use crate::cli::{mem_of, MountArgs};
 use crate::format::BlockFormat;
 use crate::fuse::session;
@@ -27,25 +28,23 @@ pub(super) fn mount_command(args: MountArgs) -> anyhow::Result<()> {
     let request = request_of(&args)?;
     let prepared = crate::view::prepare(&request)?;
     let summary = summary(&prepared, request.format);
-    let http = match listener {
-        Some(listener) => {
-            let tree = Arc::new(ViewTree::new(prepared.core.clone()));
-            Some(server_of(listener, args.cors_origin.as_deref(), tree)?)
-        }
-        None => None,
+    let mut extras = session::Extras {
+        pacing: test_hooks::pacing(),
+        beside: Vec::new(),
     };
-    let serving = match &http {
-        Some(server) => {
-            let root = prepared.core.getattr(ROOT_INO);
-            let private = root.is_ok_and(|root| root.perm & 0o005 != 0o005);
-            announcement(server, "the view", private)?
-        }
-        None => String::new(),
-    };
+    let mut serving = String::new();
+    if let Some(listener) = listener {
+        let tree = Arc::new(ViewTree::new(prepared.core.clone()));
+        let server = server_of(listener, args.cors_origin.as_deref(), tree)?;
+        let root = prepared.core.getattr(ROOT_INO);
+        let private = root.is_ok_and(|root| root.perm & 0o005 != 0o005);
+        serving = announcement(&server, "the view", private)?;
+        extras.beside.push(Box::new(move || server.start()));
+    }
     if args.foreground {
         let core = prepared.core.clone();
         let view = args.view.clone();
-        session::serve(prepared, http, move |ready| match ready {
+        session::serve(prepared, extras, move |ready| match ready {
             Ok(()) => {
                 eprintln!("mounted {}: {summary}; Ctrl-C unmounts", view.display());
                 eprint!("{serving}");
@@ -56,7 +55,7 @@ pub(super) fn mount_command(args: MountArgs) -> anyhow::Result<()> {
         eprintln!("unmounted {}", args.view.display());
     } else {
         let log = session::log_path(&prepared);
-        let pid = session::serve_in_background(prepared, http)?;
+        let pid = session::serve_in_background(prepared, extras)?;
         eprintln!(
             "mounted {}: {summary}; daemon pid {pid}, log {}",
             args.view.display(),

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::bail;
 use nix::sys::signal::Signal;
@@ -104,6 +104,7 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         space: space.clone(),
         axis_order: input.axis_order(),
         encoding,
+        commit_batch_bytes: super::test_hooks::commit_batch_bytes(),
     };
     let order = input.axis_order();
     let pyramid = pyramid::pyramid_of(
@@ -537,16 +538,7 @@ impl std::fmt::Display for Interrupted {
 
 impl std::error::Error for Interrupted {}
 
-/// `RECHUNKFS_STEP_DELAY_MS`: a pause after every read block, as the
-/// view's materialiser makes, so that tests can interrupt a run of a
-/// small array at a point of their choosing.
-pub(super) fn step_delay() -> Option<Duration> {
-    std::env::var("RECHUNKFS_STEP_DELAY_MS")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .filter(|&ms| ms > 0)
-        .map(Duration::from_millis)
-}
+pub(super) use super::test_hooks::step_delay;
 
 fn same_directory(a: &Path, b: &Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {

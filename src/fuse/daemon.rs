@@ -1,8 +1,8 @@
-//! The process that serves a view: it mounts the view with its materialiser
-//! running, serves the kernel (and, with `mount --serve`, HTTP clients
-//! from the same core) until an unmount or a shutdown signal, and
-//! can fork itself into the background, writing its log beside the staging
-//! area, once the view is usable.
+//! The process that serves a view: it starts the view, mounts it, serves
+//! the kernel (and whatever the command starts beside the mount, such as
+//! `mount --serve`'s HTTP server over the same core) until an unmount or a
+//! shutdown signal, and can fork itself into the background, writing its
+//! log beside the staging area, once the view is usable.
 //!
 //! It ends promptly once told to, whatever its threads are doing: a thread
 //! stuck in the kernel (the materialiser reading from a hung filesystem)
@@ -13,7 +13,6 @@
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,11 +22,8 @@ use crate::error::{Error, Result};
 use crate::fuse::client::detach;
 use crate::fuse::mountpoint::fs_name;
 use crate::fuse::{bad_view, RechunkFs};
-use crate::http::HttpServer;
-use crate::input::InputArray;
 use crate::sys::process::exit_now;
-use crate::view::materialise::{Materialiser, STOP_GRACE};
-use crate::view::{PreparedView, ViewCore};
+use crate::view::{Pacing, PreparedView, RunningView, ViewCore, ViewStopper};
 
 /// How long after a shutdown signal the daemon exits, done or not.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
@@ -50,24 +46,18 @@ fn block_shutdown_signals() -> Result<SigSet> {
     Ok(set)
 }
 
-/// A thread that waits for a shutdown signal, then answers parked
-/// readers, tells the materialiser to stop, detaches the view, and ends
-/// the process [`EXIT_GRACE`] later if it has not ended by then.
-fn spawn_signal_thread(
-    signals: SigSet,
-    core: Arc<ViewCore>,
-    view: PathBuf,
-    stop: Arc<AtomicBool>,
-) -> Result<()> {
+/// A thread that waits for a shutdown signal, then stops the view
+/// (answering parked readers), detaches it, and ends the process
+/// [`EXIT_GRACE`] later if it has not ended by then.
+fn spawn_signal_thread(signals: SigSet, stopper: ViewStopper, view: PathBuf) -> Result<()> {
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             if let Ok(signal) = signals.wait() {
                 log::info!("{signal:?}: unmounting {}", view.display());
-                // Answer parked readers first, so their files can close and
-                // the detached mount can go.
-                core.shutdown();
-                stop.store(true, Ordering::Relaxed);
+                // Parked readers are answered first, so their files can
+                // close and the detached mount can go.
+                stopper.stop();
                 if let Err(e) = detach(&view) {
                     log::error!("{e}");
                 }
@@ -113,10 +103,10 @@ fn fail_view_on_panic(core: &Arc<ViewCore>) {
     }));
 }
 
-/// How fuser mounts and runs the session of a view of `input`.
-fn session_config(input: &InputArray, allow_other: bool) -> fuser::Config {
+/// How fuser mounts and runs the session of a view of the input `source`.
+fn session_config(source: &Path, allow_other: bool) -> fuser::Config {
     let options = vec![
-        fuser::MountOption::FSName(fs_name(std::process::id(), &input.source)),
+        fuser::MountOption::FSName(fs_name(std::process::id(), source)),
         fuser::MountOption::Subtype("rechunkfs".into()),
         fuser::MountOption::RO,
         fuser::MountOption::NoAtime,
@@ -134,36 +124,34 @@ fn session_config(input: &InputArray, allow_other: bool) -> fuser::Config {
     config
 }
 
+/// What a command adds to the view it serves: how the materialiser is
+/// paced, and what is started beside the mount once it is up (`mount
+/// --serve`'s HTTP server). A start that fails unmounts the view and is
+/// the mount's error.
+#[derive(Default)]
+pub struct Extras {
+    pub pacing: Pacing,
+    pub beside: Vec<Box<dyn FnOnce() -> Result<()>>>,
+}
+
 /// Mounts the view and serves it until it is unmounted or a shutdown
-/// signal arrives, and over HTTP too with `http`. `ready` is told once the
-/// view is usable (or why not).
-pub fn serve(
-    prepared: PreparedView,
-    http: Option<HttpServer>,
-    ready: impl FnOnce(Result<()>),
-) -> Result<()> {
+/// signal arrives, with `extras`. `ready` is told once the view is usable
+/// (or why not).
+pub fn serve(prepared: PreparedView, extras: Extras, ready: impl FnOnce(Result<()>)) -> Result<()> {
     let signals = block_shutdown_signals()?;
-    let PreparedView {
-        core,
-        input,
-        plan,
-        view,
-        allow_other,
-        mem,
-        on_demand,
-    } = prepared;
-    fail_view_on_panic(&core);
-    let config = session_config(&input, allow_other);
+    fail_view_on_panic(&prepared.core);
+    let config = session_config(&prepared.input.source, prepared.allow_other);
+    let view = prepared.view.clone();
     // Started first, so its first reads overlap the mount: nothing it
     // does needs the view mounted, and if mounting fails, what it
     // completed meanwhile is kept in the staging area like any other.
-    let materialiser = Materialiser::start(core.clone(), input, plan, mem, on_demand)?;
+    let running = prepared.start(extras.pacing)?;
     let mounting = Instant::now();
-    let mut session = match fuser::Session::new(RechunkFs::new(core.clone()), &view, &config) {
+    let fs = RechunkFs::new(running.core().clone());
+    let mut session = match fuser::Session::new(fs, &view, &config) {
         Ok(session) => session,
         Err(e) => {
-            core.shutdown();
-            stop_or_exit(materialiser, 1);
+            stop_or_exit(running, 1);
             let error = Error::io(&view, "mounting the view", e);
             let message = error.to_string();
             ready(Err(error));
@@ -171,43 +159,37 @@ pub fn serve(
         }
     };
     log::debug!("mounted in {:.3} s", mounting.elapsed().as_secs_f64());
-    spawn_signal_thread(
-        signals,
-        core.clone(),
-        view.clone(),
-        materialiser.cancel_flag(),
-    )?;
+    spawn_signal_thread(signals, running.stopper(), view.clone())?;
 
     let _unmounter = session.unmount_callable();
-    if let Some(Err(error)) = http.map(HttpServer::start) {
-        core.shutdown();
-        stop_or_exit(materialiser, 1);
-        let message = error.to_string();
-        ready(Err(error));
-        return Err(bad_view(&view, message));
+    for start in extras.beside {
+        if let Err(error) = start() {
+            stop_or_exit(running, 1);
+            let message = error.to_string();
+            ready(Err(error));
+            return Err(bad_view(&view, message));
+        }
     }
     ready(Ok(()));
     let result = session.run();
-    core.shutdown();
-    stop_or_exit(materialiser, i32::from(result.is_err()));
+    stop_or_exit(running, i32::from(result.is_err()));
     result.map_err(|e| Error::io(&view, "serving the view", e))
 }
 
-/// Stops the materialiser; if it does not stop in time (a thread stuck in
-/// the kernel would hold the process's exit, and its exit handlers), ends
-/// the process now with `code`. Parked readers were answered before.
-fn stop_or_exit(materialiser: Materialiser, code: i32) {
-    if !materialiser.stop(STOP_GRACE) {
+/// Stops the view; if its materialiser does not stop in time (a thread
+/// stuck in the kernel would hold the process's exit, and its exit
+/// handlers), ends the process now with `code`.
+fn stop_or_exit(running: RunningView, code: i32) {
+    if !running.stop() {
         log::warn!("exiting without the materialiser, which is stuck");
         exit_now(code);
     }
 }
 
 /// Forks a daemon that serves the view, and returns its pid once the view
-/// is mounted and usable (or the reason it could not be); it serves `http`
-/// too. Must be called before any thread is started: only the calling
+/// is mounted and usable (or the reason it could not be), with `extras`. Must be called before any thread is started: only the calling
 /// thread survives a fork.
-pub fn serve_in_background(prepared: PreparedView, http: Option<HttpServer>) -> Result<i32> {
+pub fn serve_in_background(prepared: PreparedView, extras: Extras) -> Result<i32> {
     let log = log_path(&prepared);
     let (read_end, write_end) =
         nix::unistd::pipe().map_err(|e| Error::os("pipe", "starting the daemon", e.into()))?;
@@ -236,7 +218,7 @@ pub fn serve_in_background(prepared: PreparedView, http: Option<HttpServer>) -> 
         }
         nix::unistd::ForkResult::Child => {
             drop(read_end);
-            run_daemon(prepared, http, write_end, &log)
+            run_daemon(prepared, extras, write_end, &log)
         }
     }
 }
@@ -254,12 +236,7 @@ fn hear_from_daemon(read_end: OwnedFd) -> Result<String> {
 
 /// The forked daemon: detached from the terminal, logging to `log`, it
 /// serves the view and writes to `write_end` whether the view came up.
-fn run_daemon(
-    prepared: PreparedView,
-    http: Option<HttpServer>,
-    write_end: OwnedFd,
-    log: &Path,
-) -> ! {
+fn run_daemon(prepared: PreparedView, extras: Extras, write_end: OwnedFd, log: &Path) -> ! {
     use std::io::Write;
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
@@ -297,7 +274,7 @@ fn run_daemon(
     let mut pipe = fs::File::from(write_end);
     // The parent reads to end of file: the pipe must close as soon
     // as the outcome is written, so the closure owns it.
-    let result = serve(prepared, http, move |ready| {
+    let result = serve(prepared, extras, move |ready| {
         let message = match ready {
             Ok(()) => "ok".to_string(),
             Err(e) => e.to_string(),

@@ -17,7 +17,7 @@ mod mountpoint;
 /// to it (status, wait, unmount).
 pub mod session {
     pub use super::client::{check_daemon, detach, read_status, unmount, wait_status, Unmounted};
-    pub use super::daemon::{log_path, serve, serve_in_background};
+    pub use super::daemon::{log_path, serve, serve_in_background, Extras};
     pub use super::mountpoint::{check_fuse, check_mount_point, is_mounted};
 }
 

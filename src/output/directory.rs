@@ -44,17 +44,7 @@ use crate::DType;
 const OPEN_OUTPUTS: usize = 128;
 
 /// Completed bytes that trigger a durability batch (sync, then renames).
-const COMMIT_BATCH_BYTES: u64 = 256 << 20;
-
-/// The durability batch: [`COMMIT_BATCH_BYTES`], or
-/// `RECHUNKFS_COMMIT_BATCH_BYTES`, which lets tests of interrupted runs
-/// see blocks committed one by one in a small array.
-fn commit_batch_bytes() -> u64 {
-    std::env::var("RECHUNKFS_COMMIT_BATCH_BYTES")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or(COMMIT_BATCH_BYTES)
-}
+pub const COMMIT_BATCH_BYTES: u64 = 256 << 20;
 
 /// How output blocks are encoded.
 #[derive(Clone, Debug)]
@@ -69,6 +59,10 @@ pub struct OutputSpec {
     pub axis_order: AxisOrder,
     /// Compression and sharding (none: blocks written in place).
     pub encoding: Encoding,
+    /// Completed bytes that trigger a durability batch
+    /// ([`COMMIT_BATCH_BYTES`]; tests of interrupted runs commit blocks
+    /// one by one in a small array).
+    pub commit_batch_bytes: u64,
 }
 
 impl OutputSpec {
@@ -394,8 +388,6 @@ pub struct DirectorySink {
     /// Completed blocks waiting for the durability batch: (temporary, final).
     completed: Vec<(PathBuf, PathBuf)>,
     completed_bytes: u64,
-    /// Completed bytes that trigger a durability batch.
-    commit_batch_bytes: u64,
     /// Whether outputs' pages are dropped once synced (arrays the page
     /// cache cannot hold: [`crate::sys::cgroup::page_cache_cannot_hold`]).
     drop_outputs: bool,
@@ -427,7 +419,6 @@ impl DirectorySink {
             files: OutputFiles::new(OPEN_OUTPUTS),
             completed: Vec::new(),
             completed_bytes: 0,
-            commit_batch_bytes: commit_batch_bytes(),
         })
     }
 
@@ -701,7 +692,7 @@ impl BlockSink for DirectorySink {
             None => self.template(&file_shape)?.file_len(),
         };
         self.completed.push((partial, done));
-        if self.completed_bytes >= self.commit_batch_bytes {
+        if self.completed_bytes >= self.spec.commit_batch_bytes {
             self.commit()?;
         }
         Ok(())

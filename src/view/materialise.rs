@@ -91,7 +91,7 @@ impl StagingSink {
             unsynced: Vec::new(),
             unsynced_bytes: 0,
             last_flush: Instant::now(),
-            batch_age: sync_batch_age(),
+            batch_age: SYNC_BATCH_AGE,
             on_demand: None,
             space: SpaceWait::new(),
             window: Level0Window::of(&core),
@@ -632,24 +632,25 @@ fn pad(data: &[u8], shape: &[u64], padded: &[u64], elem: usize) -> Vec<u8> {
     out
 }
 
-/// `RECHUNKFS_SYNC_BATCH_MS`: how long a durability batch stays open, to
-/// record blocks often (tests that kill the daemon want records to
-/// exist). Unset: [`SYNC_BATCH_AGE`].
-fn sync_batch_age() -> Duration {
-    std::env::var("RECHUNKFS_SYNC_BATCH_MS")
-        .ok()
-        .and_then(|ms| ms.parse::<u64>().ok())
-        .map_or(SYNC_BATCH_AGE, Duration::from_millis)
+/// How the materialiser paces itself. The defaults are for use; demos
+/// slow it to watch a view fill, and tests hold blocks pending or make
+/// records often (the CLI's test hooks set these).
+#[derive(Clone, Copy, Debug)]
+pub struct Pacing {
+    /// A pause after every read block (none by default).
+    pub step_delay: Option<Duration>,
+    /// How long a durability batch stays open at most
+    /// ([`SYNC_BATCH_AGE`] by default).
+    pub sync_batch_age: Duration,
 }
 
-/// `RECHUNKFS_STEP_DELAY_MS`: a pause after every read block, to watch a
-/// view fill (demos) or to hold blocks pending (tests). Unset: no pause.
-fn step_delay() -> Option<Duration> {
-    std::env::var("RECHUNKFS_STEP_DELAY_MS")
-        .ok()
-        .and_then(|ms| ms.parse::<u64>().ok())
-        .filter(|&ms| ms > 0)
-        .map(Duration::from_millis)
+impl Default for Pacing {
+    fn default() -> Pacing {
+        Pacing {
+            step_delay: None,
+            sync_batch_age: SYNC_BATCH_AGE,
+        }
+    }
 }
 
 /// Sleeps for `delay`, or less if `stop` is set meanwhile: a long test
@@ -673,8 +674,8 @@ fn run(
     plan: &Plan,
     sink: &mut StagingSink,
     stop: &AtomicBool,
+    step_delay: Option<Duration>,
 ) -> Result<RunStats> {
-    let step_delay = step_delay();
     let mut read_blocks_done = 0;
     let running = Instant::now();
     sink.catch_up_levels()?;
@@ -725,6 +726,18 @@ impl Materialiser {
         mem: Option<u64>,
         on_demand: bool,
     ) -> Result<Materialiser> {
+        Materialiser::start_paced(core, input, plan, mem, on_demand, Pacing::default())
+    }
+
+    /// [`Materialiser::start`], paced by `pacing`.
+    pub fn start_paced(
+        core: Arc<ViewCore>,
+        input: InputArray,
+        plan: Plan,
+        mem: Option<u64>,
+        on_demand: bool,
+        pacing: Pacing,
+    ) -> Result<Materialiser> {
         let cancel = Arc::new(AtomicBool::new(false));
         let stop = cancel.clone();
         let (ending, ended) = std::sync::mpsc::channel::<()>();
@@ -735,10 +748,11 @@ impl Materialiser {
                 core.clone().fail_on_panic("materialiser", || {
                     reclaim_partials(&core);
                     let mut sink = StagingSink::new(core.clone()).with_cancel(stop.clone());
+                    sink.batch_age = pacing.sync_batch_age;
                     if on_demand {
                         sink = sink.with_on_demand(input.clone(), plan.clone(), mem);
                     }
-                    let result = run(&core, &input, &plan, &mut sink, &stop);
+                    let result = run(&core, &input, &plan, &mut sink, &stop, pacing.step_delay);
                     report(&core, &plan, result);
                 });
             })

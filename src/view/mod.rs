@@ -11,12 +11,17 @@
 //! down, which answers it with an error, or until the process that made it
 //! is interrupted or gone ([`ViewCore::interrupt_requesters`]), which
 //! answers it with EINTR.
+//!
+//! A prepared view starts and stops its own materialiser
+//! ([`PreparedView::start`]): what serves it only holds the
+//! [`RunningView`].
 
 mod layout;
 pub mod materialise;
 mod opens;
 mod prepare;
 mod requesters;
+mod running;
 mod space;
 pub mod staging;
 mod status;
@@ -26,8 +31,10 @@ pub use layout::{
     BlockTemplates, ViewLayout, ViewPyramid, METADATA_INO, METADATA_NAME, ROOT_INO, STATE_XATTR,
     STATUS_INO, STATUS_NAME, WAIT_INO, WAIT_NAME,
 };
+pub use materialise::Pacing;
 pub use opens::BlockOpen;
 pub use prepare::{prepare, MountRequest, PreparedView};
+pub use running::{RunningView, ViewStopper};
 pub use status::Status;
 
 use std::borrow::Cow;
