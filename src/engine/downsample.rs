@@ -109,7 +109,7 @@ impl<'a> LevelBuilder<'a> {
         let out = self
             .out
             .get_mut(..out_len)
-            .ok_or_else(|| Error::BadArgument("pyramid block larger than planned".into()))?;
+            .ok_or_else(|| Error::Internal("pyramid block larger than planned".into()))?;
         out.fill(0);
         let source = self.pyramid.source_box(self.k, &index);
         let f0 = self.pyramid.factors[0];
@@ -166,9 +166,10 @@ impl<'a> LevelBuilder<'a> {
             let first = region.origin[0].max(block.origin[0]);
             let last = region.end(0).min(block.end(0));
             let len = ((last - first) * row_len) as usize;
-            let scratch = self.scratch.get_mut(..len).ok_or_else(|| {
-                Error::BadArgument("pyramid source rows larger than planned".into())
-            })?;
+            let scratch = self
+                .scratch
+                .get_mut(..len)
+                .ok_or_else(|| Error::Internal("pyramid source rows larger than planned".into()))?;
             below.read_data(
                 grid.linear(&index),
                 (first - block.origin[0]) * row_len,

@@ -198,10 +198,7 @@ impl<'a> Executor<'a> {
             let result = self.read_and_hand_over(&jobs, &reports, sink, &mut progress);
             drop(jobs);
             if writer.join().is_err() {
-                return Err(Error::BadOutput {
-                    path: "writer".into(),
-                    problem: "the writer thread panicked".into(),
-                });
+                return Err(Error::Internal("the writer thread panicked".into()));
             }
             result
         })
@@ -330,10 +327,7 @@ impl<'a> Executor<'a> {
         if jobs.send(job).is_err() {
             // The writer stopped: its report says why.
             self.finish_write(reports)?;
-            return Err(Error::BadOutput {
-                path: "writer".into(),
-                problem: "the writer thread stopped".into(),
-            });
+            return Err(Error::Internal("the writer thread stopped".into()));
         }
         Ok(())
     }
@@ -344,10 +338,9 @@ impl<'a> Executor<'a> {
         let Some(bytes) = self.in_flight.take() else {
             return Ok(());
         };
-        let report = reports.recv().map_err(|_| Error::BadOutput {
-            path: "writer".into(),
-            problem: "the writer thread stopped without reporting".into(),
-        })??;
+        let report = reports
+            .recv()
+            .map_err(|_| Error::Internal("the writer thread stopped without reporting".into()))??;
         let log = if report.read_block == self.current_read {
             &mut self.writes_now
         } else {

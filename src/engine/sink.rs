@@ -112,7 +112,7 @@ impl OutputFiles {
         let open = self
             .open
             .get(&rank)
-            .ok_or_else(|| Error::BadArgument("open-file cache lost an entry".into()))?;
+            .ok_or_else(|| Error::Internal("open-file cache lost an entry".into()))?;
         Ok(OutputTarget {
             file: &open.file,
             path: &open.path,

@@ -93,7 +93,7 @@ impl PendingWrites {
     ) -> Result<Vec<Vec<u8>>> {
         let write_rank = plan.write.linear(write_index);
         let pending = self.blocks.get_mut(&write_rank).ok_or_else(|| {
-            Error::BadArgument(format!(
+            Error::Internal(format!(
                 "plan error: write block {write_index:?} completed with no data"
             ))
         })?;
@@ -101,7 +101,7 @@ impl PendingWrites {
             .map(|step_index| {
                 let slot = pending.slot(&step_index);
                 pending.pieces[slot].take().ok_or_else(|| {
-                    Error::BadArgument(format!(
+                    Error::Internal(format!(
                         "plan error: write block {write_index:?} written before step {step_index:?} was read"
                     ))
                 })
@@ -279,7 +279,7 @@ impl<'a> Writer<'a> {
             check_file_holds(&target, block)?;
             let path = PathBuf::from(target.path);
             if region != block {
-                return Err(Error::BadArgument(format!(
+                return Err(Error::Internal(format!(
                     "plan error: encoded output block {} handed to the writer in parts",
                     path.display()
                 )));

@@ -230,7 +230,7 @@ pub fn encoder(
             let metadata = super::zarr::array_metadata(format, shape, block_shape, dtype, encoding);
             let (name, bytes) = metadata
                 .first()
-                .ok_or_else(|| Error::BadArgument("no Zarr metadata to encode with".into()))?;
+                .ok_or_else(|| Error::Internal("no Zarr metadata to encode with".into()))?;
             let bytes = match (format, &encoding.compressor) {
                 (BlockFormat::Zarr, Some(Compressor::Zstd { checksum: true, .. })) => {
                     with_zstd_checksum(bytes)?
@@ -245,7 +245,7 @@ pub fn encoder(
             )?)
         }
         _ => {
-            return Err(Error::BadArgument(format!(
+            return Err(Error::Internal(format!(
                 "{} blocks are not encoded",
                 format.name()
             )))
@@ -259,7 +259,7 @@ pub fn encoder(
 /// say so (TensorStore refuses the key); a frame's header says it carries
 /// one, and zstd checks it whoever decodes.
 fn with_zstd_checksum(bytes: &[u8]) -> Result<Vec<u8>> {
-    let failed = |e: serde_json::Error| Error::BadArgument(format!("Zarr v2 metadata: {e}"));
+    let failed = |e: serde_json::Error| Error::Internal(format!("Zarr v2 metadata: {e}"));
     let mut value: serde_json::Value = serde_json::from_slice(bytes).map_err(failed)?;
     value["compressor"]["checksum"] = serde_json::Value::Bool(true);
     serde_json::to_vec(&value).map_err(failed)

@@ -603,7 +603,7 @@ pub fn shard_index(grid: &[u64], entries: Vec<u8>) -> Result<Vec<u8>> {
             { "name": "crc32c" }
         ],
     });
-    let bytes = serde_json::to_vec(&metadata).map_err(|e| Error::BadArgument(e.to_string()))?;
+    let bytes = serde_json::to_vec(&metadata).map_err(|e| Error::Internal(e.to_string()))?;
     let u64_le = DType::new(crate::array::dtype::Kind::Unsigned, 8, Endian::Little)?;
     BlockEncoder::new(Path::new("shard index"), &bytes, &shape, u64_le)?.encode(
         Path::new("shard index"),

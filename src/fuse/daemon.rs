@@ -210,10 +210,7 @@ pub fn serve_in_background(prepared: PreparedView, extras: Extras) -> Result<i32
                         log.display()
                     ),
                 )),
-                error => Err(Error::BadOutput {
-                    path: PathBuf::from("mount"),
-                    problem: error.to_string(),
-                }),
+                error => Err(Error::Daemon(error.to_string())),
             }
         }
         nix::unistd::ForkResult::Child => {

@@ -497,7 +497,7 @@ impl DirectorySink {
         }
         self.templates
             .get(shape)
-            .ok_or_else(|| Error::BadArgument("template cache lost an entry".into()))
+            .ok_or_else(|| Error::Internal("template cache lost an entry".into()))
     }
 
     /// The final path of block `rank` (committed) and where its data start.
@@ -891,7 +891,7 @@ pub fn metadata_json(
 /// The bytes of `rechunkfs.json` holding `metadata`.
 fn metadata_bytes(metadata: &serde_json::Value) -> Result<Vec<u8>> {
     let mut bytes = serde_json::to_vec_pretty(metadata)
-        .map_err(|e| Error::BadArgument(format!("encoding {METADATA_NAME}: {e}")))?;
+        .map_err(|e| Error::Internal(format!("encoding {METADATA_NAME}: {e}")))?;
     bytes.push(b'\n');
     Ok(bytes)
 }

@@ -288,7 +288,7 @@ pub fn record_job(
     if !path.exists() {
         let temporary = out.join(format!("{JOB_NAME}.{tag}.partial"));
         let mut bytes = serde_json::to_vec_pretty(record)
-            .map_err(|e| Error::BadArgument(format!("encoding the job record: {e}")))?;
+            .map_err(|e| Error::Internal(format!("encoding the job record: {e}")))?;
         bytes.push(b'\n');
         let mut file = crate::sys::files::create_fresh(&temporary)
             .map_err(|e| Error::io(&temporary, "creating", e))?;

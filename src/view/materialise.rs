@@ -193,7 +193,7 @@ impl StagingSink {
         let core = self.core.clone();
         let view = core
             .pyramid()
-            .ok_or_else(|| Error::BadArgument("a pyramid block of a view without one".into()))?;
+            .ok_or_else(|| Error::Internal("a pyramid block of a view without one".into()))?;
         let files = files_of(core.layout().format);
         let mut builder =
             LevelBuilder::new(&view.pyramid, &files, k, view.rows[k], core.layout().dtype);

@@ -790,7 +790,7 @@ fn holds(dir: &Path, manifest: &Manifest, journal_path: &Path) -> Result<bool> {
 /// left without one.
 fn start_afresh(dir: &Path, manifest: &Manifest, journal_path: &Path) -> Result<()> {
     let bytes = serde_json::to_vec_pretty(manifest)
-        .map_err(|e| Error::BadArgument(format!("encoding the manifest: {e}")))?;
+        .map_err(|e| Error::Internal(format!("encoding the manifest: {e}")))?;
     // Not synced here: record_done syncs the filesystem before it
     // appends the first record, and only a record makes the area
     // worth resuming. That keeps two syncs off a view's start.
