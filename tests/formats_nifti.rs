@@ -18,10 +18,10 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
 
 use rechunkfs::format::BlockFormat;
 
+use common::mounted::MountedView;
 use common::{dtype, make_blocks, python, run_fixture, stderr};
 
 fn rechunkfs(args: &[&str]) -> Output {
@@ -486,63 +486,17 @@ fn shapes_and_names_follow_the_input_formats_axis_order() {
     }
 }
 
-/// A mounted view, unmounted when dropped whatever the test did.
-struct Mounted {
-    view: PathBuf,
-    /// What `mount` said on stderr.
-    said: String,
+/// `input` mounted on `base/view` as blocks of `shape` in `format`, with
+/// `extra` arguments.
+fn mount(input: &Path, base: &Path, (shape, format): (&str, &str), extra: &[&str]) -> MountedView {
+    let args = [&["--shape", shape, "--format", format][..], extra].concat();
+    MountedView::new(input, base, &args, 0)
 }
 
-impl Mounted {
-    fn new(input: &Path, base: &Path, shape: &str, format: &str, extra: &[&str]) -> Mounted {
-        let view = base.join("view");
-        fs::create_dir_all(&view).unwrap();
-        let staging = base.join("staging");
-        let mut args = vec![
-            "mount",
-            text(input),
-            text(&view),
-            "--shape",
-            shape,
-            "--format",
-            format,
-            "--staging",
-            text(&staging),
-        ];
-        args.extend(extra);
-        let output = rechunkfs(&args);
-        assert!(output.status.success(), "mount failed: {}", stderr(&output));
-        Mounted {
-            view,
-            said: stderr(&output),
-        }
-    }
-
-    fn wait_complete(&self) {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let output = rechunkfs(&["status", "--json", text(&self.view)]);
-            assert!(output.status.success(), "status: {}", stderr(&output));
-            let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-            if status["state"] == "complete" {
-                assert_eq!(status["seeks_made"], status["seeks_planned"]);
-                return;
-            }
-            assert!(Instant::now() < deadline, "did not finish: {status}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if rechunkfs::fuse::session::is_mounted(&self.view) {
-            let _ = rechunkfs(&["umount", text(&self.view)]);
-        }
-        if rechunkfs::fuse::session::is_mounted(&self.view) {
-            let _ = rechunkfs::fuse::session::detach(&self.view);
-        }
-    }
+/// Waits for `mounted` to complete, which it must with the seeks planned.
+fn wait_complete_as_planned(mounted: &MountedView) {
+    let status = mounted.wait_complete();
+    assert_eq!(status["seeks_made"], status["seeks_planned"], "{status}");
 }
 
 #[test]
@@ -599,7 +553,7 @@ fn nibabel_and_numpy_read_every_block_of_a_mounted_view() {
         } else {
             &[]
         };
-        let mounted = Mounted::new(&input, &base, shape, format, values);
+        let mounted = mount(&input, &base, (shape, format), values);
         // Read while it fills: nibabel's reads wait for pending blocks.
         let (format, extra): (&str, &[&str]) = match format {
             "nii" => ("nii", &["--vox-offset", "4096"]),
@@ -607,7 +561,7 @@ fn nibabel_and_numpy_read_every_block_of_a_mounted_view() {
             other => (other, &[]),
         };
         check(&mounted.view, &whole, Some(shape), format, extra);
-        mounted.wait_complete();
+        wait_complete_as_planned(&mounted);
         let umount = rechunkfs(&["umount", text(&mounted.view)]);
         assert!(umount.status.success(), "{}", stderr(&umount));
     }
@@ -957,7 +911,7 @@ fn a_view_of_blocks_too_long_for_nifti1_serves_nifti2() {
         "15000,3,1",
         &["--gzip", "--nifti2"],
     );
-    let mounted = Mounted::new(&base.join("blocks"), root.path(), "40000,2,1", "nii", &[]);
+    let mounted = mount(&base.join("blocks"), root.path(), ("40000,2,1", "nii"), &[]);
     assert!(
         mounted.said.contains("writing NIfTI-2 blocks, not NIfTI"),
         "{}",
@@ -970,5 +924,5 @@ fn a_view_of_blocks_too_long_for_nifti1_serves_nifti2() {
         "nii",
         &["--vox-offset", "4096", "--nifti-version", "2"],
     );
-    mounted.wait_complete();
+    wait_complete_as_planned(&mounted);
 }

@@ -10,7 +10,7 @@ use std::ffi::CString;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -20,144 +20,43 @@ use rechunkfs::array::geometry::Partition;
 use rechunkfs::array::names::grid_name;
 use rechunkfs::format::BlockFormat;
 
+use common::mounted::MountedView;
 use common::{dtype, make_blocks, python, stderr, TestRng};
 
 fn run(args: &[&str], step_delay_ms: u64) -> Output {
     common::run_rechunkfs(args, step_delay_ms)
 }
 
-/// A mounted view that is unmounted when dropped, whatever the test did.
-struct Mounted {
-    view: PathBuf,
-    args: Vec<String>,
+/// `input` mounted on `view` as blocks of `shape` in `format`, staged in
+/// `staging`, the materialiser paused `step_delay_ms` after each read
+/// block, with `extra` arguments.
+fn mount_at(
+    input: &Path,
+    (view, staging): (&Path, &Path),
+    (shape, format): (&str, &str),
+    step_delay_ms: u64,
+    extra: &[&str],
+) -> MountedView {
+    let args = [&["--shape", shape, "--format", format][..], extra].concat();
+    MountedView::at(input, view, staging, &args, step_delay_ms)
 }
 
-impl Mounted {
-    fn new(
-        input: &Path,
-        view: &Path,
-        staging: &Path,
-        shape: &str,
-        format: &str,
-        step_delay_ms: u64,
-    ) -> Mounted {
-        Mounted::with_args(input, view, staging, shape, format, step_delay_ms, &[])
-    }
-
-    /// [`Mounted::new`] of `input` at `root/view`, staged in `root/staging`.
-    fn under(root: &Path, input: &Path, shape: &str, format: &str, step_delay_ms: u64) -> Mounted {
-        let (view, staging) = (root.join("view"), root.join("staging"));
-        Mounted::new(input, &view, &staging, shape, format, step_delay_ms)
-    }
-
-    /// Strictly in plan order: a waited-for block stays pending until the
-    /// plan reaches it (no extraction ahead of the plan).
-    fn in_order(
-        input: &Path,
-        view: &Path,
-        staging: &Path,
-        shape: &str,
-        format: &str,
-        step_delay_ms: u64,
-    ) -> Mounted {
-        Mounted::with_args(
-            input,
-            view,
-            staging,
-            shape,
-            format,
-            step_delay_ms,
-            &["--in-order"],
-        )
-    }
-
-    fn with_args(
-        input: &Path,
-        view: &Path,
-        staging: &Path,
-        shape: &str,
-        format: &str,
-        step_delay_ms: u64,
-        extra: &[&str],
-    ) -> Mounted {
-        fs::create_dir_all(view).unwrap();
-        let mut args: Vec<String> = [
-            "mount",
-            input.to_str().unwrap(),
-            view.to_str().unwrap(),
-            "--shape",
-            shape,
-            "--format",
-            format,
-            "--staging",
-            staging.to_str().unwrap(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let output = run(
-            &args.iter().map(String::as_str).collect::<Vec<_>>(),
-            step_delay_ms,
-        );
-        assert!(output.status.success(), "mount failed: {}", stderr(&output));
-        Mounted {
-            view: view.to_path_buf(),
-            args,
-        }
-    }
-
-    fn status(&self) -> serde_json::Value {
-        let output = run(&["status", "--json", self.view.to_str().unwrap()], 0);
-        assert!(output.status.success(), "status: {}", stderr(&output));
-        serde_json::from_slice(&output.stdout).unwrap()
-    }
-
-    /// `rechunkfs status --wait`, given two minutes.
-    fn wait(&self) -> Output {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
-            .args(["status", "--wait", "--json", self.view.to_str().unwrap()])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run rechunkfs status --wait");
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while child.try_wait().expect("status --wait").is_none() {
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("materialisation did not finish: {}", self.status());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child.wait_with_output().expect("status --wait output")
-    }
-
-    fn wait_complete(&self) {
-        let output = self.wait();
-        assert!(
-            output.status.success(),
-            "status --wait: {}",
-            stderr(&output)
-        );
-        let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-        assert_eq!(status["state"], "complete");
-        assert_eq!(status["blocks_done"], status["blocks_total"]);
-    }
-
-    fn umount(&self) -> Output {
-        run(&["umount", self.view.to_str().unwrap()], 0)
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if rechunkfs::fuse::session::is_mounted(&self.view) {
-            let _ = self.umount();
-        }
-        if rechunkfs::fuse::session::is_mounted(&self.view) {
-            let _ = rechunkfs::fuse::session::detach(&self.view);
-        }
-    }
+/// [`mount_at`] on `root/view`, staged in `root/staging`.
+fn mount_under(
+    root: &Path,
+    input: &Path,
+    (shape, format): (&str, &str),
+    step_delay_ms: u64,
+    extra: &[&str],
+) -> MountedView {
+    let (view, staging) = (root.join("view"), root.join("staging"));
+    mount_at(
+        input,
+        (&view, &staging),
+        (shape, format),
+        step_delay_ms,
+        extra,
+    )
 }
 
 fn xattr_state(path: &Path) -> String {
@@ -243,14 +142,7 @@ fn every_byte_through_the_mount_equals_the_source_for_other_programs_too() {
             .map(|n| n.to_string())
             .collect::<Vec<_>>()
             .join(",");
-        let mounted = Mounted::new(
-            &input,
-            &base.join("view"),
-            &base.join("staging"),
-            &shape,
-            format.extension(),
-            0,
-        );
+        let mounted = mount_under(&base, &input, (&shape, format.extension()), 0, &[]);
         // Read from another thread of this process while it fills.
         let view = mounted.view.clone();
         let reader = std::thread::spawn(move || check_every_file(&view, &array, &outb, format, dt));
@@ -322,14 +214,7 @@ fn a_read_of_a_pending_block_waits_and_others_are_served_meanwhile() {
         dtype("u1"),
         BlockFormat::Hdf5,
     );
-    let mounted = Mounted::in_order(
-        &input,
-        &root.path().join("view"),
-        &root.path().join("staging"),
-        "8,9,6",
-        "h5",
-        40,
-    );
+    let mounted = mount_under(root.path(), &input, ("8,9,6", "h5"), 40, &["--in-order"]);
     let grid = Partition::regular(&array, &[8, 9, 6]);
     let last_index: Vec<usize> = grid.grid_shape().iter().map(|n| n - 1).collect();
     let last = mounted.view.join(format!("{}.h5", grid_name(&last_index)));
@@ -388,7 +273,7 @@ fn many_concurrent_random_readers_get_correct_bytes_without_deadlock() {
         dtype("<i4"),
         BlockFormat::Hdf5,
     );
-    let mounted = Mounted::under(root.path(), &input, "16,11,9", "npy", 5);
+    let mounted = mount_under(root.path(), &input, ("16,11,9", "npy"), 5, &[]);
     let blocks = Arc::new(common::oracle::grid_blocks(&array, &block));
     let (done_tx, done_rx) = mpsc::channel();
     for thread in 0..12u64 {
@@ -449,7 +334,7 @@ fn kill_9_then_umount_and_remount_resumes_without_rewriting_done_blocks() {
     );
     let staging = root.path().join("staging");
     let view = root.path().join("view");
-    let mounted = Mounted::new(&input, &view, &staging, "12,10,9", "h5", 150);
+    let mounted = mount_at(&input, (&view, &staging), ("12,10,9", "h5"), 150, &[]);
     while journal_ranks(&staging).len() < 5 {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -508,13 +393,7 @@ fn kill_9_then_umount_and_remount_resumes_without_rewriting_done_blocks() {
     );
     assert!(!rechunkfs::fuse::session::is_mounted(&view));
 
-    let args: Vec<&str> = mounted.args.iter().map(String::as_str).collect();
-    let again = run(&args, 0);
-    assert!(again.status.success(), "remount: {}", stderr(&again));
-    let remounted = Mounted {
-        view: view.clone(),
-        args: mounted.args.clone(),
-    };
+    let remounted = MountedView::mount(mounted.args.clone(), 0);
     std::mem::forget(mounted);
     assert!(common::json_u64(&remounted.status(), "blocks_resumed") >= before.len() as u64);
     remounted.wait_complete();
@@ -554,14 +433,7 @@ fn unmount_with_parked_readers_errors_them_promptly_and_frees_the_mount_point() 
         dtype("u1"),
         BlockFormat::Npy,
     );
-    let mounted = Mounted::in_order(
-        &input,
-        &root.path().join("view"),
-        &root.path().join("staging"),
-        "8,8,8",
-        "npy",
-        200,
-    );
+    let mounted = mount_under(root.path(), &input, ("8,8,8", "npy"), 200, &["--in-order"]);
     let waiting = std::thread::scope(|scope| {
         let waiter = scope.spawn(|| mounted.wait());
         park_three_readers_and_unmount(&mounted);
@@ -573,7 +445,7 @@ fn unmount_with_parked_readers_errors_them_promptly_and_frees_the_mount_point() 
 
 /// Parks three reads of pending blocks, unmounts, and checks each read
 /// fails and the mount point is free again.
-fn park_three_readers_and_unmount(mounted: &Mounted) {
+fn park_three_readers_and_unmount(mounted: &MountedView) {
     let (tx, rx) = mpsc::channel();
     for k in 0..3 {
         let path = mounted.view.join(format!("4_4_{k}.npy"));
@@ -623,7 +495,7 @@ fn every_write_path_is_refused_with_erofs() {
         dtype("u1"),
         BlockFormat::Npy,
     );
-    let mounted = Mounted::under(root.path(), &input, "4,4", "npy", 0);
+    let mounted = mount_under(root.path(), &input, ("4,4", "npy"), 0, &[]);
     let view = &mounted.view;
     let block = view.join("0_0.npy");
     let erofs = |result: std::io::Result<()>, what: &str| {
@@ -712,7 +584,13 @@ fn mount_point_and_input_refusals_say_what_is_wrong() {
     fs::create_dir(&full).unwrap();
     fs::write(full.join("x"), b"x").unwrap();
     assert!(attempt(&full, &input).contains("is not empty"));
-    let mounted = Mounted::new(&input, &root.path().join("view"), &staging, "4,4", "npy", 0);
+    let mounted = mount_at(
+        &input,
+        (&root.path().join("view"), &staging),
+        ("4,4", "npy"),
+        0,
+        &[],
+    );
     assert!(attempt(&mounted.view, &input).contains("already a mount point"));
     let broken = root.path().join("broken");
     fs::create_dir(&broken).unwrap();
@@ -748,7 +626,7 @@ fn a_bad_block_the_materialiser_reaches_fails_the_view_and_status_says_why() {
         "/data",
     )
     .unwrap();
-    let mounted = Mounted::under(root.path(), &input, "4,4,4", "npy", 0);
+    let mounted = mount_under(root.path(), &input, ("4,4,4", "npy"), 0, &[]);
     let output = mounted.wait();
     assert!(!output.status.success(), "status --wait must fail");
     let message = stderr(&output);
@@ -780,7 +658,7 @@ fn a_changed_input_is_refused_until_rebuild() {
     let staging = root.path().join("staging");
     let view = root.path().join("view");
     {
-        let mounted = Mounted::new(&input, &view, &staging, "4,4", "npy", 0);
+        let mounted = mount_at(&input, (&view, &staging), ("4,4", "npy"), 0, &[]);
         mounted.wait_complete();
     }
     // Rewrite one input block with other content of the same shape.
@@ -815,10 +693,7 @@ fn a_changed_input_is_refused_until_rebuild() {
     rebuild.push("--rebuild");
     let output = run(&rebuild, 0);
     assert!(output.status.success(), "{}", stderr(&output));
-    let remounted = Mounted {
-        view: view.clone(),
-        args: Vec::new(),
-    };
+    let remounted = MountedView::adopt(view.clone());
     assert_eq!(remounted.status()["blocks_resumed"], 0);
 }
 
@@ -836,14 +711,7 @@ fn opening_a_pending_block_to_learn_its_shape_never_waits() {
             dtype("<u2"),
             BlockFormat::Hdf5,
         );
-        let mounted = Mounted::new(
-            &input,
-            &base.join("view"),
-            &base.join("staging"),
-            "30,30,30",
-            format.extension(),
-            400,
-        );
+        let mounted = mount_under(&base, &input, ("30,30,30", format.extension()), 400, &[]);
         let path = mounted.view.join(format!("1_1_1.{}", format.extension()));
         assert_eq!(xattr_state(&path), "pending");
         // The usual readers learn shape and dtype from the header alone;
@@ -884,7 +752,7 @@ fn a_reader_of_a_far_block_is_served_ahead_of_the_plan() {
         BlockFormat::Hdf5,
     );
     // Slow enough that the plan cannot reach the last block for seconds.
-    let mounted = Mounted::under(root.path(), &input, "12,10,9", "h5", 300);
+    let mounted = mount_under(root.path(), &input, ("12,10,9", "h5"), 300, &[]);
     let grid = Partition::regular(&array, &block);
     let last_index: Vec<usize> = grid.grid_shape().iter().map(|n| n - 1).collect();
     let last = mounted.view.join(format!("{}.h5", grid_name(&last_index)));
@@ -943,7 +811,7 @@ fn a_reader_sweeping_the_view_is_read_ahead_and_a_viewer_is_not() {
         dtype("<u2"),
         BlockFormat::Hdf5,
     );
-    let mounted = Mounted::under(root.path(), &input, "2,2,5", "h5", 0);
+    let mounted = mount_under(root.path(), &input, ("2,2,5", "h5"), 0, &[]);
     mounted.wait_complete();
     let grid = Partition::regular(&array, &[2, 2, 5]);
     let blocks = common::oracle::grid_blocks(&array, &[2, 2, 5]);
@@ -1040,7 +908,7 @@ fn mounting_a_pyramid_prints_no_log_lines() {
         0,
     );
     // Unmounted when dropped, whatever the asserts find.
-    let mounted = common::mounted::MountedView { view };
+    let mounted = MountedView::adopt(view);
     let said = stderr(&output);
     assert!(output.status.success(), "mount failed: {said}");
     assert!(!said.contains("INFO"), "log lines on the terminal:\n{said}");

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use rechunkfs::format::BlockFormat;
 
+use common::mounted::MountedView;
 use common::oracle::{grid_blocks, padded, sample_bytes};
 use common::{dtype, make_zarr, python, stderr, verify_zarr_output, zarr_chunk_key};
 
@@ -346,49 +347,22 @@ fn clients_leaving_mid_response_harm_nothing() {
     ]);
 }
 
-/// A view mounted by `rechunkfs mount` (in the plan's order, paused after
-/// each block read), unmounted when dropped; `--serve` output kept.
-struct Mounted {
-    view: PathBuf,
-    printed: String,
+/// The sample array mounted on `root/view` by `rechunkfs mount` with
+/// `extra` arguments, in the plan's order and paused after each block
+/// read. Paused 100 ms after each of the 64 input blocks: the last chunks
+/// stay pending for seconds after the mount returns.
+fn mount_paused(root: &Path, input: &Path, extra: &[&str]) -> MountedView {
+    let args = [
+        &["--shape", "16,9,11", "--format", "zarr", "--in-order"][..],
+        extra,
+    ]
+    .concat();
+    MountedView::new(input, root, &args, 100)
 }
 
-impl Mounted {
-    fn new(root: &Path, input: &Path, extra: &[&str]) -> Mounted {
-        let view = root.join("view");
-        fs::create_dir_all(&view).unwrap();
-        let staging = root.join("staging");
-        let args = [
-            "mount",
-            input.to_str().unwrap(),
-            view.to_str().unwrap(),
-            "--shape",
-            "16,9,11",
-            "--format",
-            "zarr",
-            "--in-order",
-            "--staging",
-            staging.to_str().unwrap(),
-        ];
-        // Paused 100 ms after each of the 64 input blocks: the last chunks
-        // stay pending for seconds after the mount returns.
-        let output = common::run_rechunkfs(&[&args[..], extra].concat(), 100);
-        assert!(output.status.success(), "mount: {}", stderr(&output));
-        Mounted {
-            view,
-            printed: stderr(&output),
-        }
-    }
-
-    fn url(&self) -> String {
-        url_in(&self.printed).unwrap_or_else(|| panic!("no URL in {:?}", self.printed))
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = common::run_rechunkfs(&["umount", self.view.to_str().unwrap()], 0);
-    }
+/// The link `mount --serve` printed.
+fn url_of(mounted: &MountedView) -> String {
+    url_in(&mounted.said).unwrap_or_else(|| panic!("no URL in {:?}", mounted.said))
 }
 
 fn xattr_state(path: &Path) -> String {
@@ -452,13 +426,13 @@ fn mount_serve_answers_pending_blocks_once_done_and_others_meanwhile() {
         dtype("<u2"),
         BlockFormat::Zarr,
     );
-    let mounted = Mounted::new(root.path(), &input, &["--serve", "0"]);
+    let mounted = mount_paused(root.path(), &input, &["--serve", "0"]);
     assert!(
-        mounted.printed.contains("zarr://http://127.0.0.1:"),
+        mounted.said.contains("zarr://http://127.0.0.1:"),
         "the source to give Neuroglancer: {}",
-        mounted.printed
+        mounted.said
     );
-    let url = mounted.url();
+    let url = url_of(&mounted);
     let last = zarr_chunk_key(
         &grid_blocks(&ARRAY, &OUT_CHUNK).last().unwrap().clone(),
         BlockFormat::Zarr,
@@ -517,7 +491,7 @@ fn serving_a_mounted_view_directory_waits_for_pending_blocks() {
         dtype("<u2"),
         BlockFormat::Zarr,
     );
-    let mounted = Mounted::new(root.path(), &input, &[]);
+    let mounted = mount_paused(root.path(), &input, &[]);
     let served = Served::new(&mounted.view, &[]);
     assert_eq!(xattr_state(&mounted.view.join("2.3.2")), "pending");
     let last_url = format!("{}2.3.2", served.url);
