@@ -629,6 +629,35 @@ fn a_read_parked_when_the_view_stops_is_an_error_status() {
 }
 
 #[test]
+fn a_view_paced_through_its_options_holds_blocks_pending_and_its_stop_ends_the_pause() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    let (prepared, _service) = view_service(root.path());
+    let core = prepared.core.clone();
+    // A pause far beyond the test after the first read block: the pacing
+    // reaches the materialiser through the view's options alone.
+    let pacing = rechunkfs::view::Pacing {
+        step_delay: Some(Duration::from_secs(3600)),
+        ..Default::default()
+    };
+    let running = prepared.start(pacing).expect("start the view");
+    wait_until("the first read block is done", || {
+        core.status().seeks_made > 0
+    });
+    // Unpaced, this view fills within milliseconds of its first seek.
+    std::thread::sleep(Duration::from_secs(1));
+    // Stopping ends the pause: the materialiser is waited for, not left
+    // behind stuck.
+    assert!(running.stop(), "the paused materialiser did not stop");
+    let stopped = core.status();
+    assert!(
+        stopped.blocks_done < stopped.blocks_total && stopped.seeks_made < stopped.seeks_planned,
+        "the view went on past its first read block: {stopped:?}"
+    );
+    assert_ne!(stopped.state, "complete");
+}
+
+#[test]
 fn more_parked_requests_than_threads_starve_no_other_and_all_end_with_exact_bytes() {
     require!(Readers);
     let root = tempfile::tempdir().unwrap();

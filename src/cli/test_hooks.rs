@@ -42,3 +42,47 @@ pub(super) fn pacing() -> Pacing {
 pub(super) fn commit_batch_bytes() -> u64 {
     number("RECHUNKFS_COMMIT_BATCH_BYTES").unwrap_or(crate::output::directory::COMMIT_BATCH_BYTES)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    /// What the library itself may read from the environment: the user's
+    /// own settings, and what its unit tests read.
+    const LIBRARY_SETTINGS: [&str; 5] = [
+        "XDG_CACHE_HOME",
+        "HOME",
+        "PATH",
+        "RECHUNKFS_PYTHON",
+        "RECHUNKFS_TEST_ALL",
+    ];
+
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn the_environment_is_read_by_the_cli_and_the_library_reads_only_user_settings() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        let mut read = Vec::new();
+        for file in files.iter().filter(|f| !f.starts_with(src.join("cli"))) {
+            let text = std::fs::read_to_string(file).unwrap();
+            for (at, _) in text.match_indices("env::var") {
+                let name = text[at..].split('"').nth(1).unwrap_or_default();
+                if !LIBRARY_SETTINGS.contains(&name) {
+                    read.push(format!("{}: {name}", file.display()));
+                }
+            }
+        }
+        assert!(read.is_empty(), "the library reads {read:?}");
+    }
+}

@@ -602,3 +602,22 @@ impl Filesystem for RechunkFs {
         reply.error(Errno::EROFS);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The daemon takes what runs beside the mount from the command, so
+    /// HTTP and FUSE are siblings over the view's core.
+    #[test]
+    fn the_adapter_does_not_import_the_http_server() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/fuse");
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(
+                !text.contains(concat!("crate::", "http")),
+                "{} imports the HTTP server",
+                path.display()
+            );
+        }
+    }
+}
