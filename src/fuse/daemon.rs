@@ -13,7 +13,6 @@
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::SigSet;
@@ -23,7 +22,7 @@ use crate::fuse::client::detach;
 use crate::fuse::mountpoint::fs_name;
 use crate::fuse::{bad_view, RechunkFs};
 use crate::sys::process::exit_now;
-use crate::view::{Pacing, PreparedView, RunningView, ViewCore, ViewStopper};
+use crate::view::{Pacing, PreparedView, RunningView, ViewStopper};
 
 /// How long after a shutdown signal the daemon exits, done or not.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
@@ -74,35 +73,6 @@ fn spawn_signal_thread(signals: SigSet, stopper: ViewStopper, view: PathBuf) -> 
     Ok(())
 }
 
-/// Makes a panic on any of the daemon's threads (fuser's session threads,
-/// read-ahead, the requester watcher, HTTP) fail the view, as the
-/// materialiser's own does ([`ViewCore::fail_on_panic`]): a view whose
-/// thread died must not look as if it were still being filled. The
-/// panicking thread may hold the view's lock until it unwinds, so another
-/// thread fails the view.
-fn fail_view_on_panic(core: &Arc<ViewCore>) {
-    let view = Arc::downgrade(core);
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        previous(info);
-        let Some(core) = view.upgrade() else {
-            return;
-        };
-        let thread = std::thread::current()
-            .name()
-            .unwrap_or("unnamed")
-            .to_string();
-        let mut what = crate::view::panic_text(info.payload());
-        if let Some(at) = info.location() {
-            what = format!("{what}, at {at}");
-        }
-        let message = crate::view::panic_failure(&thread, what);
-        let _ = std::thread::Builder::new()
-            .name("panic".into())
-            .spawn(move || core.fail(message));
-    }));
-}
-
 /// How fuser mounts and runs the session of a view of the input `source`.
 fn session_config(source: &Path, allow_other: bool) -> fuser::Config {
     let options = vec![
@@ -139,13 +109,14 @@ pub struct Extras {
 /// (or why not).
 pub fn serve(prepared: PreparedView, extras: Extras, ready: impl FnOnce(Result<()>)) -> Result<()> {
     let signals = block_shutdown_signals()?;
-    fail_view_on_panic(&prepared.core);
     let config = session_config(&prepared.input.source, prepared.allow_other);
     let view = prepared.view.clone();
     // Started first, so its first reads overlap the mount: nothing it
     // does needs the view mounted, and if mounting fails, what it
     // completed meanwhile is kept in the staging area like any other.
     let running = prepared.start(extras.pacing)?;
+    // fuser's session threads, read-ahead, the requester watcher, HTTP.
+    running.fail_on_any_panic();
     let mounting = Instant::now();
     let fs = RechunkFs::new(running.core().clone());
     let mut session = match fuser::Session::new(fs, &view, &config) {

@@ -1003,7 +1003,7 @@ struct ReadRequest {
 }
 
 /// What a panic's payload says: its message, when it is text.
-pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|text| text.to_string())
@@ -1012,7 +1012,7 @@ pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// The failure a view reports when its thread `thread` panicked, saying `what`.
-pub fn panic_failure(thread: &str, what: String) -> String {
+fn panic_failure(thread: &str, what: String) -> String {
     format!(
         "the view's {thread} thread panicked ({what}); this is a bug in rechunkfs or a library \
          it uses: please report it with the daemon's log. Completed blocks stay readable"

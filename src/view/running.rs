@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::view::materialise::{Materialiser, Pacing, STOP_GRACE};
-use crate::view::{PreparedView, ViewCore};
+use crate::view::{panic_failure, panic_text, PreparedView, ViewCore};
 
 /// A view being filled: its core, served from any thread, and its
 /// materialiser. Dropping it stops it as [`RunningView::stop`] does.
@@ -56,6 +56,34 @@ impl PreparedView {
 impl RunningView {
     pub fn core(&self) -> &Arc<ViewCore> {
         &self.core
+    }
+
+    /// Makes a panic on any thread of the process fail the view, as the
+    /// materialiser's own does ([`ViewCore::fail_on_panic`]): a view whose
+    /// thread died must not look as if it were still being filled. For a
+    /// process that serves this one view; the panicking thread may hold
+    /// the view's lock until it unwinds, so another thread fails the view.
+    pub fn fail_on_any_panic(&self) {
+        let view = Arc::downgrade(&self.core);
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            previous(info);
+            let Some(core) = view.upgrade() else {
+                return;
+            };
+            let thread = std::thread::current()
+                .name()
+                .unwrap_or("unnamed")
+                .to_string();
+            let mut what = panic_text(info.payload());
+            if let Some(at) = info.location() {
+                what = format!("{what}, at {at}");
+            }
+            let message = panic_failure(&thread, what);
+            let _ = std::thread::Builder::new()
+                .name("panic".into())
+                .spawn(move || core.fail(message));
+        }));
     }
 
     pub fn stopper(&self) -> ViewStopper {
