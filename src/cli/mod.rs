@@ -25,6 +25,13 @@ use crate::array::axes::{axis_order_help, AXIS_ORDER_HELP};
 use crate::array::units::parse_bytes;
 use crate::format::BlockFormat;
 
+/// `--format` of every command that writes or plans blocks (`rechunk`,
+/// `plan`, `mount`, `slurm`): one text, so that no command lists fewer
+/// formats than it writes.
+pub const FORMAT_HELP: &str = "Block file format: h5, npy, nii (NIfTI-1), nii2 (NIfTI-2), raw, \
+zarr (a Zarr v2 array), zarr3 (Zarr v3) or precomputed (Neuroglancer, raw chunks) (default: the \
+input's; h5 for MINC2 input). Zarr pads edge chunks, so writing them costs more seeks.";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "rechunkfs",
@@ -104,8 +111,7 @@ pub struct MountArgs {
     /// Where to write the blocks (default: under ~/.cache/rechunkfs, keyed by input, shape and format).
     #[arg(long, value_name = "DIR")]
     pub staging: Option<PathBuf>,
-    /// Block file format: h5, npy, nii (NIfTI-1), nii2 (NIfTI-2), raw, zarr (the view is a Zarr v2 array), zarr3 (Zarr v3) or precomputed (Neuroglancer, raw chunks) (default: the input's; h5 for MINC2 input).
-    #[arg(long, value_name = "FORMAT")]
+    #[arg(long, value_name = "FORMAT", help = FORMAT_HELP)]
     pub format: Option<String>,
     #[command(flatten)]
     pub input_args: InputArgs,
@@ -161,8 +167,7 @@ pub struct SlurmArgs {
     pub output: PathBuf,
     #[command(flatten)]
     pub planning: PlanningArgs,
-    /// Output format, as for rechunk.
-    #[arg(long, value_name = "FORMAT")]
+    #[arg(long, value_name = "FORMAT", help = FORMAT_HELP)]
     pub format: Option<String>,
     #[command(flatten)]
     pub input_args: InputArgs,
@@ -321,9 +326,7 @@ pub struct PlanArgs {
     pub dtype: Option<String>,
     #[command(flatten)]
     pub input_args: InputArgs,
-    /// The output format to plan for (default: the input's). Zarr pads edge chunks, so writing
-    /// them costs more seeks.
-    #[arg(long, value_name = "FORMAT")]
+    #[arg(long, value_name = "FORMAT", help = FORMAT_HELP)]
     pub format: Option<String>,
     /// Print one JSON object instead of the human report.
     #[arg(long)]
@@ -367,8 +370,7 @@ pub struct RechunkArgs {
     pub planning: PlanningArgs,
     #[command(flatten)]
     pub pyramid: PyramidArgs,
-    /// Output format: h5, npy, nii (NIfTI-1), nii2 (NIfTI-2), raw, zarr (OUT becomes a Zarr v2 array), zarr3 (Zarr v3) or precomputed (Neuroglancer, raw chunks) (default: the input's; h5 for MINC2 input).
-    #[arg(long, value_name = "FORMAT")]
+    #[arg(long, value_name = "FORMAT", help = FORMAT_HELP)]
     pub format: Option<String>,
     #[command(flatten)]
     pub input_args: InputArgs,
