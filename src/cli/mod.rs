@@ -494,6 +494,28 @@ fn format_note(asked: BlockFormat, used: BlockFormat) -> Option<String> {
 }
 
 /// `--mem` in bytes, if given.
+/// The request `plan`, `rechunk` and `mount` make of `input` from their
+/// arguments (`--format` apart: each command parses its own).
+fn request_of(
+    input: &std::path::Path,
+    planning: &PlanningArgs,
+    input_args: &InputArgs,
+    pyramid: &PyramidArgs,
+) -> anyhow::Result<crate::output::request::Request> {
+    Ok(crate::output::request::Request {
+        input: input.to_path_buf(),
+        dataset: input_args.dataset.clone(),
+        values: input_args.values()?,
+        format: None,
+        shape: planning.shape.clone(),
+        shard: planning.shard.clone(),
+        compress: planning.compress.clone(),
+        mem: mem_of(planning)?,
+        strategy: planning.strategy.parse()?,
+        pyramid: pyramid::flags_of(pyramid),
+    })
+}
+
 fn mem_of(planning: &PlanningArgs) -> anyhow::Result<Option<u64>> {
     planning
         .mem
