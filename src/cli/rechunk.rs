@@ -26,7 +26,7 @@ use crate::output::directory::{self, OutputSpec, PartOutput};
 use crate::output::filetree::FileTree;
 use crate::output::inputs::InputFiles;
 use crate::output::job::{self, JobRecord, JobSpec};
-use crate::output::request::{Checked, Request};
+use crate::output::request::Request;
 use crate::plan::parts::Parts;
 use crate::plan::{self, Plan, Problem};
 use crate::sys::{disk, signals};
@@ -59,48 +59,37 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         input.blocks.len(),
         started.elapsed().as_secs_f64()
     );
-    let Checked {
-        input,
-        format,
-        encoding,
-        problem,
-    } = request.check(input)?;
+    let checked = request.check(input)?;
     let space = match space {
         Some(space) => space,
-        None => input.space()?,
+        None => checked.input.space()?,
     };
+    let (input, problem) = (&checked.input, &checked.problem);
     let (parts, region) = match recorded
         .as_ref()
-        .and_then(|r| recorded_parts(r, &problem, part))
+        .and_then(|r| recorded_parts(r, problem, part))
     {
         Some(parts) => {
             let region = parts.region(part.index);
             (parts, Some(region))
         }
-        None => (plan::parts::cut(&problem, part.count)?, None),
+        None => (plan::parts::cut(problem, part.count)?, None),
     };
     // Only the files this part reads, when it reads the part recorded; a
     // scan of the input looked at every one.
     let region = region.filter(|_| from_record);
     if let Some(record) = recorded.as_ref().filter(|_| from_record) {
-        record.check_inputs_read(&args.output, &input, region.as_ref())?;
+        record.check_inputs_read(&args.output, input, region.as_ref())?;
     }
     let (plan, mem) = plan_rechunk(&args, &request, &parts.problem(part.index))?;
-    let format = output_format(format, &plan);
+    let format = output_format(checked.format, &plan);
     if same_directory(&args.input, &args.output) {
         bail!(
             "{}: OUT is the input directory; write the new blocks somewhere else",
             args.output.display()
         );
     }
-    let spec = OutputSpec {
-        format,
-        dataset: args.input_args.dataset.clone(),
-        dtype: input.dtype,
-        space: space.clone(),
-        axis_order: input.axis_order(),
-        encoding,
-    };
+    let spec = checked.output(format, space.clone());
     let order = input.axis_order();
     let pyramid = request.pyramid(&input.shape, &plan.problem.output_block, order, format)?;
     if let Some(pyramid) = &pyramid {
@@ -116,29 +105,29 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
                  level above it; run the parts without --levels"
             );
         }
-        let levels = LevelsRequest::new(pyramid, &input, &spec, mem)?;
-        let (stats, built) = write_levels(&args, &input, &plan, spec, Some(&levels))?;
+        let levels = LevelsRequest::new(pyramid, input, &spec, mem)?;
+        let (stats, built) = write_levels(&args, input, &plan, spec, Some(&levels))?;
         let extra = built.map(|built| levels.report(&built, order, args.json));
         return report_run(&plan, &stats, order, started.elapsed(), args.json, extra);
     }
     let identities = match recorded.as_ref().filter(|_| from_record) {
         // Those read compared with the files a moment ago.
         Some(record) => record.inputs.clone(),
-        None => job::input_identity(&input)?,
+        None => job::input_identity(input)?,
     };
     let record = JobRecord {
         inputs: identities,
         input_scan: input.record(&space),
-        ..job_record(&args, &input, &parts, &spec)?
+        ..job_record(&args, input, &parts, &spec)?
     };
     let inputs = if args.overwrite {
-        InputFiles::of(&input)
+        InputFiles::of(input)
     } else {
-        InputFiles::of_read(&input, &job::read_blocks(&input, region.as_ref()))
+        InputFiles::of_read(input, &job::read_blocks(input, region.as_ref()))
     };
     let stats = write_output(
         &args,
-        (&input, &inputs),
+        (input, &inputs),
         &plan,
         spec,
         (&parts, part),

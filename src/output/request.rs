@@ -9,11 +9,13 @@ use std::path::PathBuf;
 
 use crate::array::axes::AxisOrder;
 use crate::array::geometry::show_shape;
+use crate::array::space::Space;
 use crate::array::units::{parse_shape, show_bytes};
 use crate::error::{Error, Result};
 use crate::format::encode::{Compressor, Encoding};
 use crate::format::BlockFormat;
 use crate::input::{HeaderChecks, InputArray, Values};
+use crate::output::directory::OutputSpec;
 use crate::plan::pyramid::{Pyramid, PyramidFlags};
 use crate::plan::{self, Plan, Problem, Strategy};
 
@@ -52,6 +54,25 @@ pub struct Checked {
     pub encoding: Encoding,
     /// Sharded, its output blocks are the shards, each encoded whole.
     pub problem: Problem,
+    /// The dataset asked for: also what an HDF5 output of a Zarr or MINC2
+    /// input (whose image has no /data of its own) names its dataset.
+    pub dataset: String,
+}
+
+impl Checked {
+    /// How the output blocks are written: as `format` (the one asked
+    /// for, or the one the largest block needs), placed in the world by
+    /// `space` (the input's, or a job record's).
+    pub fn output(&self, format: BlockFormat, space: Space) -> OutputSpec {
+        OutputSpec {
+            format,
+            dataset: self.dataset.clone(),
+            dtype: self.input.dtype,
+            space,
+            axis_order: self.input.axis_order(),
+            encoding: self.encoding.clone(),
+        }
+    }
 }
 
 impl Request {
@@ -81,6 +102,7 @@ impl Request {
             format,
             problem: encoded(problem, &encoding),
             encoding,
+            dataset: self.dataset.clone(),
         })
     }
 
@@ -173,7 +195,7 @@ impl Budget {
 /// files are shaped: Zarr pads edge chunks).
 pub fn problem_of(input: &InputArray, shape: &str, format: BlockFormat) -> Result<Problem> {
     let order = input.axis_order();
-    let output = order.to_internal(&parsed(shape, "--shape")?);
+    let output = order.to_internal(&parse_shape(shape)?);
     if output.len() != input.ndim() {
         return Err(Error::BadArgument(format!(
             "--shape {} has {} dimensions but the input array {} has {}",

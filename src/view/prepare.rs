@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::format::BlockFormat;
 use crate::input::{HeaderChecks, InputArray};
 use crate::output::pyramid::{files_of, pyramid_axes};
-use crate::output::request::{Checked, Request};
+use crate::output::request::Request;
 use crate::plan::pyramid::{pyramid_cost, rows_per_pass};
 use crate::plan::{Plan, Problem};
 use crate::view::staging::{make_private_dir, Manifest, Staging};
@@ -52,14 +52,10 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
     // crate::input): a bad one stops it, and `status` says why.
     let input = asked.scan(HeaderChecks::BeforeUse)?;
     laps.mark("scan");
-    let Checked {
-        input,
-        format,
-        encoding,
-        problem,
-    } = asked.check(input)?;
-    let shard_chunks = encoding.shard_chunks;
-    let pyramid = pyramid_of(asked, &input, &problem.output_block, format)?;
+    let checked = asked.check(input)?;
+    let (input, format, problem) = (&checked.input, checked.format, &checked.problem);
+    let shard_chunks = checked.encoding.shard_chunks.clone();
+    let pyramid = pyramid_of(asked, input, &problem.output_block, format)?;
     if pyramid.is_some() && shard_chunks.is_some() {
         return Err(Error::BadArgument(
             "--levels and --shard together are not served: a pyramid's levels are chunks of \
@@ -68,7 +64,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         ));
     }
     let reserved = pyramid.as_ref().map_or(0, |p| p.peak_bytes);
-    let (plan, mem) = plan_view(asked, &problem, reserved)?;
+    let (plan, mem) = plan_view(asked, problem, reserved)?;
     laps.mark("plan");
     let format = format.for_output_blocks(&problem.output_block);
     let staging_dir = match &request.staging {
@@ -104,8 +100,13 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         }
     };
     check_apart(&request.view, &input.source, &staging_dir)?;
-    let mut layout = layout_of(asked, &input, &problem, format)?;
-    layout.shard_chunks = shard_chunks.clone();
+    let layout = ViewLayout {
+        source: input.source.clone(),
+        array: input.shape.clone(),
+        input_block: input.block_shape.clone(),
+        output_block: problem.output_block.clone(),
+        output: checked.output(format, input.space()?),
+    };
     // Before the staging area: what the format cannot hold is refused
     // with nothing made.
     let templates = match &pyramid {
@@ -115,7 +116,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         None => BlockTemplates::for_view(&layout, &plan.output)?,
     };
     laps.mark("templates");
-    let mut manifest = Manifest::new(&input, &problem.output_block, format);
+    let mut manifest = Manifest::new(input, &problem.output_block, format);
     manifest.shard_chunks = shard_chunks;
     if pyramid.is_some() {
         manifest = manifest.with_pyramid(asked.pyramid.describe());
@@ -134,7 +135,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
     );
     Ok(PreparedView {
         core,
-        input,
+        input: checked.input,
         plan,
         view: request.view.clone(),
         allow_other: request.allow_other,
@@ -265,28 +266,6 @@ fn plan_view(request: &Request, problem: &Problem, reserved: u64) -> Result<(Pla
         );
     }
     Ok((plan, budget.used))
-}
-
-fn layout_of(
-    request: &Request,
-    input: &InputArray,
-    problem: &Problem,
-    format: BlockFormat,
-) -> Result<ViewLayout> {
-    Ok(ViewLayout {
-        source: input.source.clone(),
-        array: input.shape.clone(),
-        dtype: input.dtype,
-        input_block: input.block_shape.clone(),
-        output_block: problem.output_block.clone(),
-        format,
-        // The dataset asked for: also what an HDF5 view of a Zarr or MINC2
-        // input (whose image has no /data of its own) names its dataset.
-        dataset: request.dataset.clone(),
-        space: input.space()?,
-        axis_order: input.axis_order(),
-        shard_chunks: None,
-    })
 }
 
 /// Where the time of a few steps went, for a debug log line.
