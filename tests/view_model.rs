@@ -181,9 +181,9 @@ fn harness(array: &[u64], block: &[u64], format: BlockFormat) -> Harness {
         input_block: input.block_shape.clone(),
         output_block: block.to_vec(),
         output: rechunkfs::output::directory::OutputSpec {
-            format: format,
+            format,
             dataset: "/data".into(),
-            dtype: dtype,
+            dtype,
             space: rechunkfs::array::space::Space::identity(array.len()),
             axis_order: rechunkfs::array::axes::AxisOrder::C,
             encoding: Default::default(),
