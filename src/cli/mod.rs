@@ -495,9 +495,11 @@ fn format_note(asked: BlockFormat, used: BlockFormat) -> Option<String> {
 
 /// `--mem` in bytes, if given.
 /// The request `plan`, `rechunk` and `mount` make of `input` from their
-/// arguments (`--format` apart: each command parses its own).
+/// arguments: `--format` (`format`) and the planning, input and pyramid
+/// options they share.
 fn request_of(
     input: &std::path::Path,
+    format: Option<&str>,
     planning: &PlanningArgs,
     input_args: &InputArgs,
     pyramid: &PyramidArgs,
@@ -506,7 +508,7 @@ fn request_of(
         input: input.to_path_buf(),
         dataset: input_args.dataset.clone(),
         values: input_args.values()?,
-        format: None,
+        format: format.map(str::parse::<BlockFormat>).transpose()?,
         shape: planning.shape.clone(),
         shard: planning.shard.clone(),
         compress: planning.compress.clone(),

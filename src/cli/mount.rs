@@ -77,15 +77,16 @@ fn mount_request_of(args: &MountArgs) -> anyhow::Result<MountRequest> {
     // The daemon outlives this command; absolute paths keep status and
     // logs unambiguous.
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-    let asked = request_of(&args.input, &args.planning, &args.input_args, &args.pyramid)?;
+    let asked = request_of(
+        &args.input,
+        args.format.as_deref(),
+        &args.planning,
+        &args.input_args,
+        &args.pyramid,
+    )?;
     Ok(MountRequest {
         request: Request {
             input: absolute(&args.input),
-            format: args
-                .format
-                .as_deref()
-                .map(str::parse::<BlockFormat>)
-                .transpose()?,
             ..asked
         },
         view: absolute(&args.view),

@@ -1,7 +1,8 @@
 //! `plan`: what rechunking will do, from block files or from shapes alone,
 //! as a report or JSON, and a job cut into parts planned as each part's
 //! `rechunk` plans it. What an input and `--shape` ask is checked and
-//! planned by [`Request`], as for `rechunk` and `mount`.
+//! planned by [`crate::output::request::Request`], as for `rechunk` and
+//! `mount`.
 
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use crate::cli::report::thousands;
 use crate::cli::{mem_of, pyramid, request_of, PlanArgs};
 use crate::format::BlockFormat;
 use crate::input::HeaderChecks;
-use crate::output::request::{self, encoded, encoding_of, Budget, Request};
+use crate::output::request::{self, encoded, encoding_of, Budget};
 use crate::plan::parts::Parts;
 use crate::plan::{self, Plan, Problem, Strategy};
 
@@ -293,8 +294,13 @@ fn problem_of_args(
 ) -> anyhow::Result<(Problem, DType, AxisOrder, BlockFormat)> {
     Ok(match (&args.input, &args.input_args.array) {
         (Some(input), _) => {
-            let request = request_of(input, &args.planning, &args.input_args, &args.pyramid)?;
-            let request = Request { format, ..request };
+            let request = request_of(
+                input,
+                args.format.as_deref(),
+                &args.planning,
+                &args.input_args,
+                &args.pyramid,
+            )?;
             let checked = request.check(request.scan(HeaderChecks::AtScan)?)?;
             let order = checked.input.axis_order();
             (checked.problem, checked.input.dtype, order, checked.format)

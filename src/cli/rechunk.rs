@@ -34,10 +34,13 @@ use crate::sys::{disk, signals};
 pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let part = PartArg::of(&args)?;
-    let request = Request {
-        format: args.format.as_deref().map(str::parse).transpose()?,
-        ..request_of(&args.input, &args.planning, &args.input_args, &args.pyramid)?
-    };
+    let request = request_of(
+        &args.input,
+        args.format.as_deref(),
+        &args.planning,
+        &args.input_args,
+        &args.pyramid,
+    )?;
     let recorded = recorded_job(&args, part);
     let input = match recorded.as_ref() {
         Some(record) => record.input(&args.output)?,

@@ -82,7 +82,7 @@ impl Request {
     }
 
     /// The output format: `--format`, or the input's default.
-    pub fn format_for(&self, input: &InputArray) -> BlockFormat {
+    fn format_for(&self, input: &InputArray) -> BlockFormat {
         self.format.unwrap_or_else(|| input.format.default_output())
     }
 
@@ -242,7 +242,7 @@ pub fn encoded(problem: Problem, encoding: &Encoding) -> Problem {
 }
 
 /// `text`, a shape given as `option`; refused saying which option it was.
-pub fn parsed(text: &str, option: &str) -> Result<Vec<u64>> {
+fn parsed(text: &str, option: &str) -> Result<Vec<u64>> {
     parse_shape(text).map_err(|e| Error::BadArgument(format!("{option}: {e}")))
 }
 
