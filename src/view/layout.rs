@@ -18,7 +18,9 @@ use crate::format::ome::{Window, WorldAxis};
 use crate::format::{self, BlockFormat, BlockTemplate};
 use crate::output::directory::{metadata_json, OutputSpec};
 use crate::output::filetree::{Dir, FileTree, Node};
-use crate::output::pyramid::{level_array_metadata, level_dir, level_spec, pyramid_metadata};
+use crate::output::pyramid::{
+    level_array_metadata, level_dir, level_space, level_spec, pyramid_metadata,
+};
 use crate::plan::pyramid::Pyramid;
 use crate::view::NodeKind;
 
@@ -141,8 +143,8 @@ impl BlockTemplates {
 /// downsampled level.
 pub(super) fn level_space_of(layout: &ViewLayout, pyramid: Option<&Pyramid>, k: usize) -> Space {
     match pyramid {
-        Some(pyramid) => level_spec(&layout.output, pyramid, k).space,
-        None => layout.space.clone(),
+        Some(pyramid) if k > 0 => level_space(&layout.space, &pyramid.scale(k)),
+        _ => layout.space.clone(),
     }
 }
 
