@@ -698,3 +698,28 @@ fn mount_help_names_every_format_a_view_serves() {
         );
     }
 }
+
+/// `--format` of every command that plans or writes blocks reads one text,
+/// which names every format written (precomputed too): no command's help
+/// drifts from the others'.
+#[test]
+fn every_command_helps_with_format_in_the_same_words() {
+    let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let expected = words(rechunkfs::cli::FORMAT_HELP);
+    for command in ["plan", "rechunk", "mount", "slurm"] {
+        let output = rechunkfs(&[command, "--help"]);
+        assert!(output.status.success(), "{command} --help");
+        let help = String::from_utf8_lossy(&output.stdout).into_owned();
+        // The option's text runs from its name to the next option.
+        let start = help
+            .find("--format <FORMAT>")
+            .unwrap_or_else(|| panic!("{command} --help has no --format: {help}"));
+        let mut lines = help[start + "--format <FORMAT>".len()..].lines();
+        let first = lines.next().unwrap_or_default();
+        let text: Vec<&str> = std::iter::once(first)
+            .chain(lines.take_while(|line| !line.trim_start().starts_with('-')))
+            .collect();
+        assert_eq!(words(&text.join(" ")), expected, "{command} --help");
+    }
+    assert!(expected.contains("precomputed"), "{expected}");
+}

@@ -545,6 +545,60 @@ fn an_input_rewritten_in_place_during_a_run_fails_it_and_no_block_is_torn() {
     }
 }
 
+/// `touch -r` `reference` onto `path`: `path`'s mtime set to `reference`'s.
+fn touch_like(reference: &Path, path: &Path) {
+    let touched = Command::new("touch")
+        .arg("-r")
+        .arg(reference)
+        .arg(path)
+        .status();
+    assert!(touched.expect("run touch").success(), "touch -r failed");
+}
+
+/// A run stopped by SIGINT, then an input block rewritten in place with its
+/// size and mtime restored (`touch -r`): the same command run again sees the
+/// change (OUT's record keeps each input's ctime and inode too) and refuses
+/// to finish OUT from two versions of the input.
+#[test]
+fn a_resumed_run_catches_an_input_rewritten_with_its_size_and_mtime_restored() {
+    let root = tempfile::tempdir().unwrap();
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &ARRAY,
+        &IN_BLOCK,
+        dtype("u2"),
+        BlockFormat::Npy,
+    );
+    let out = root.path().join("out");
+    let child = start_rechunk(&input, &out, BlockFormat::Npy, &[], true);
+    wait_for(&out.join(".rechunkfs-job.json"));
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
+    let stopped = wait_within(child, Duration::from_secs(20));
+    assert_eq!(
+        signal_of(stopped.status),
+        Some(Signal::SIGINT as i32),
+        "the run was not stopped by SIGINT: {}",
+        stderr(&stopped)
+    );
+    // Same size, same mtime, other bytes: only ctime tells.
+    let block = input.join("3_2_1.npy");
+    let reference = root.path().join("reference");
+    std::fs::copy(&block, &reference).unwrap();
+    touch_like(&block, &reference);
+    let mut bytes = std::fs::read(&block).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&block, &bytes).unwrap();
+    touch_like(&reference, &block);
+    let rerun = rechunk(&input, &out, BlockFormat::Npy, &[]);
+    let message = stderr(&rerun);
+    assert_eq!(rerun.status.code(), Some(1), "{message}");
+    for says in ["changed since", "3_2_1.npy", "ctime"] {
+        assert!(message.contains(says), "lacks '{says}': {message}");
+    }
+}
+
 #[test]
 fn sigint_stops_a_run_of_a_million_blocks_within_its_first_step() {
     let root = tempfile::tempdir().unwrap();

@@ -734,3 +734,58 @@ print(json.dumps([int(a.min()), int(a.max())]))
         view.unmount();
     }
 }
+
+/// The visible files at the top of `dir`, sorted, with their bytes
+/// (`rechunkfs.json`, which names where each output is, left out).
+fn top_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.is_file())
+        .map(|path| {
+            (
+                path.file_name().unwrap().to_string_lossy().into_owned(),
+                path,
+            )
+        })
+        .filter(|(name, _)| !name.starts_with(".rechunkfs") && name != "rechunkfs.json")
+        .map(|(name, path)| (name, std::fs::read(path).unwrap()))
+        .collect();
+    files.sort();
+    files
+}
+
+/// `--levels auto` over an array one block holds is a pyramid of one
+/// level: a Zarr view of it serves that array, its metadata at the top
+/// as `rechunk` writes it (one description, one writer), and zarr-python
+/// opens it; no OME-Zarr group naming a level `0/` that is not there.
+#[test]
+fn a_zarr_pyramid_of_one_level_is_the_array_in_a_view_as_in_rechunk() {
+    require!(Fuse, Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "12,10,9", "5,5,5", "<u2", false);
+    for format in ["zarr", "zarr3"] {
+        let flags = [
+            "--shape", "16,16,16", "--format", format, "--levels", "auto",
+        ];
+        let out = dir.path().join(format!("out-{format}"));
+        rechunk(&input, &out, &flags);
+        let view = MountedView::new(&input, &dir.path().join(format), &flags, 0);
+        view.wait_complete();
+        let (served, written) = (top_files(&view.view), top_files(&out));
+        let names = |files: &[(String, Vec<u8>)]| -> Vec<String> {
+            files.iter().map(|(name, _)| name.clone()).collect()
+        };
+        assert_eq!(names(&served), names(&written), "{format}");
+        assert!(served == written, "{format}: the metadata differs");
+        let same = common::run_python(
+            "import sys, zarr, numpy\n\
+             a = zarr.open_array(sys.argv[1], mode='r')\n\
+             b = zarr.open_array(sys.argv[2], mode='r')\n\
+             print(a.shape == b.shape and numpy.array_equal(a[...], b[...]))",
+            &[view.view.to_str().unwrap(), input.to_str().unwrap()],
+        );
+        assert_eq!(same.trim(), "True", "{format}");
+        view.unmount();
+    }
+}

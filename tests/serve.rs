@@ -532,21 +532,25 @@ fn view_service(root: &Path) -> (rechunkfs::view::PreparedView, rechunkfs::http:
         dtype("<u2"),
         BlockFormat::Zarr,
     );
+    let shape: Vec<String> = OUT_CHUNK.iter().map(u64::to_string).collect();
     let prepared = rechunkfs::view::prepare(&rechunkfs::view::MountRequest {
-        input,
+        request: rechunkfs::output::request::Request {
+            input,
+            dataset: "/data".into(),
+            values: None,
+            format: Some(BlockFormat::Zarr),
+            shape: shape.join(","),
+            shard: None,
+            compress: None,
+            mem: None,
+            strategy: rechunkfs::plan::Strategy::Keep,
+            pyramid: Default::default(),
+        },
         view: root.join("view"),
-        output_block: OUT_CHUNK.to_vec(),
-        mem: None,
-        strategy: rechunkfs::plan::Strategy::Keep,
         staging: Some(root.join("staging")),
-        format: Some(BlockFormat::Zarr),
-        dataset: "/data".into(),
         rebuild: false,
         allow_other: false,
         in_order: false,
-        shard: None,
-        values: None,
-        pyramid: Default::default(),
     })
     .expect("prepare the view");
     let tree = std::sync::Arc::new(ViewTree::new(prepared.core.clone()));

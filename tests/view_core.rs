@@ -90,14 +90,17 @@ fn open_core_with(
     let layout = ViewLayout {
         source: f.input.source.clone(),
         array: f.array.clone(),
-        dtype: f.dtype,
         input_block: f.input.block_shape.clone(),
         output_block: f.plan.problem.output_block.clone(),
-        format: f.format,
-        dataset: "/data".into(),
-        space: rechunkfs::array::space::Space::identity(f.array.len()),
-        axis_order: rechunkfs::array::axes::AxisOrder::C,
-        shard_chunks: None,
+        output: rechunkfs::output::directory::OutputSpec {
+            format: f.format,
+            dataset: "/data".into(),
+            dtype: f.dtype,
+            space: rechunkfs::array::space::Space::identity(f.array.len()),
+            axis_order: rechunkfs::array::axes::AxisOrder::C,
+            encoding: Default::default(),
+            commit_batch_bytes: rechunkfs::output::directory::COMMIT_BATCH_BYTES,
+        },
     };
     let templates = BlockTemplates::for_view(&layout, &f.plan.output).unwrap();
     (

@@ -178,14 +178,17 @@ fn harness(array: &[u64], block: &[u64], format: BlockFormat) -> Harness {
     let layout = ViewLayout {
         source: input.source.clone(),
         array: array.to_vec(),
-        dtype,
         input_block: input.block_shape.clone(),
         output_block: block.to_vec(),
-        format,
-        dataset: "/data".into(),
-        space: rechunkfs::array::space::Space::identity(array.len()),
-        axis_order: rechunkfs::array::axes::AxisOrder::C,
-        shard_chunks: None,
+        output: rechunkfs::output::directory::OutputSpec {
+            format,
+            dataset: "/data".into(),
+            dtype,
+            space: rechunkfs::array::space::Space::identity(array.len()),
+            axis_order: rechunkfs::array::axes::AxisOrder::C,
+            encoding: Default::default(),
+            commit_batch_bytes: rechunkfs::output::directory::COMMIT_BATCH_BYTES,
+        },
     };
     let templates = BlockTemplates::for_view(&layout, &plan.output).expect("templates");
     let core = Arc::new(ViewCore::new(

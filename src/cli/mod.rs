@@ -26,6 +26,13 @@ use crate::array::axes::{axis_order_help, AXIS_ORDER_HELP};
 use crate::array::units::parse_bytes;
 use crate::format::BlockFormat;
 
+/// `--format` of every command that writes or plans blocks (`rechunk`,
+/// `plan`, `mount`, `slurm`): one text, so that no command lists fewer
+/// formats than it writes.
+pub const FORMAT_HELP: &str = "Block file format: h5, npy, nii (NIfTI-1), nii2 (NIfTI-2), raw, \
+zarr (a Zarr v2 array), zarr3 (Zarr v3) or precomputed (Neuroglancer, raw chunks) (default: the \
+input's; h5 for MINC2 input). Zarr pads edge chunks, so writing them costs more seeks.";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "rechunkfs",
@@ -105,8 +112,7 @@ pub struct MountArgs {
     /// Where to write the blocks (default: under ~/.cache/rechunkfs, keyed by input, shape and format).
     #[arg(long, value_name = "DIR")]
     pub staging: Option<PathBuf>,
-    /// Block file format: h5, npy, nii (NIfTI-1), nii2 (NIfTI-2), raw, zarr (the view is a Zarr v2 array), zarr3 (Zarr v3) or precomputed (Neuroglancer, raw chunks) (default: the input's; h5 for MINC2 input).
-    #[arg(long, value_name = "FORMAT")]
+    #[arg(long, value_name = "FORMAT", help = FORMAT_HELP)]
     pub format: Option<String>,
     #[command(flatten)]
     pub input_args: InputArgs,
@@ -162,8 +168,7 @@ pub struct SlurmArgs {
     pub output: PathBuf,
     #[command(flatten)]
     pub planning: PlanningArgs,
-    /// Output format, as for rechunk.
-    #[arg(long, value_name = "FORMAT")]
+    #[arg(long, value_name = "FORMAT", help = FORMAT_HELP)]
     pub format: Option<String>,
     #[command(flatten)]
     pub input_args: InputArgs,
@@ -322,9 +327,7 @@ pub struct PlanArgs {
     pub dtype: Option<String>,
     #[command(flatten)]
     pub input_args: InputArgs,
-    /// The output format to plan for (default: the input's). Zarr pads edge chunks, so writing
-    /// them costs more seeks.
-    #[arg(long, value_name = "FORMAT")]
+    #[arg(long, value_name = "FORMAT", help = FORMAT_HELP)]
     pub format: Option<String>,
     /// Print one JSON object instead of the human report.
     #[arg(long)]
@@ -368,8 +371,7 @@ pub struct RechunkArgs {
     pub planning: PlanningArgs,
     #[command(flatten)]
     pub pyramid: PyramidArgs,
-    /// Output format: h5, npy, nii (NIfTI-1), nii2 (NIfTI-2), raw, zarr (OUT becomes a Zarr v2 array), zarr3 (Zarr v3) or precomputed (Neuroglancer, raw chunks) (default: the input's; h5 for MINC2 input).
-    #[arg(long, value_name = "FORMAT")]
+    #[arg(long, value_name = "FORMAT", help = FORMAT_HELP)]
     pub format: Option<String>,
     #[command(flatten)]
     pub input_args: InputArgs,
@@ -493,6 +495,30 @@ fn format_note(asked: BlockFormat, used: BlockFormat) -> Option<String> {
 }
 
 /// `--mem` in bytes, if given.
+/// The request `plan`, `rechunk` and `mount` make of `input` from their
+/// arguments: `--format` (`format`) and the planning, input and pyramid
+/// options they share.
+fn request_of(
+    input: &std::path::Path,
+    format: Option<&str>,
+    planning: &PlanningArgs,
+    input_args: &InputArgs,
+    pyramid: &PyramidArgs,
+) -> anyhow::Result<crate::output::request::Request> {
+    Ok(crate::output::request::Request {
+        input: input.to_path_buf(),
+        dataset: input_args.dataset.clone(),
+        values: input_args.values()?,
+        format: format.map(str::parse::<BlockFormat>).transpose()?,
+        shape: planning.shape.clone(),
+        shard: planning.shard.clone(),
+        compress: planning.compress.clone(),
+        mem: mem_of(planning)?,
+        strategy: planning.strategy.parse()?,
+        pyramid: pyramid::flags_of(pyramid),
+    })
+}
+
 fn mem_of(planning: &PlanningArgs) -> anyhow::Result<Option<u64>> {
     planning
         .mem

@@ -6,17 +6,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
-
 use crate::array::geometry::show_shape;
-use crate::array::units::parse_shape;
 use crate::cli::report::{progress_bar, thousands};
 use crate::cli::serve::{announcement, listen, server_of};
 use crate::cli::test_hooks;
-use crate::cli::{mem_of, MountArgs};
+use crate::cli::{request_of, MountArgs};
 use crate::format::BlockFormat;
 use crate::fuse::session;
 use crate::http::ViewTree;
+use crate::output::request::Request;
 use crate::view::{MountRequest, PreparedView, ViewCore, ROOT_INO};
 
 pub(super) fn mount_command(args: MountArgs) -> anyhow::Result<()> {
@@ -25,9 +23,9 @@ pub(super) fn mount_command(args: MountArgs) -> anyhow::Result<()> {
     // Listening before the view is prepared: a port in use is refused
     // with nothing made.
     let listener = args.serve.as_deref().map(listen).transpose()?;
-    let request = request_of(&args)?;
+    let request = mount_request_of(&args)?;
     let prepared = crate::view::prepare(&request)?;
-    let summary = summary(&prepared, request.format);
+    let summary = summary(&prepared, request.request.format);
     let mut extras = session::Extras {
         pacing: test_hooks::pacing(),
         beside: Vec::new(),
@@ -66,7 +64,7 @@ pub(super) fn mount_command(args: MountArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn request_of(args: &MountArgs) -> anyhow::Result<MountRequest> {
+fn mount_request_of(args: &MountArgs) -> anyhow::Result<MountRequest> {
     if let Some(codec) = &args.planning.compress {
         anyhow::bail!(
             "--compress {codec}: a view's sizes must be exact before the data exist, and a \
@@ -78,30 +76,23 @@ fn request_of(args: &MountArgs) -> anyhow::Result<MountRequest> {
     // The daemon outlives this command; absolute paths keep status and
     // logs unambiguous.
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let asked = request_of(
+        &args.input,
+        args.format.as_deref(),
+        &args.planning,
+        &args.input_args,
+        &args.pyramid,
+    )?;
     Ok(MountRequest {
-        input: absolute(&args.input),
+        request: Request {
+            input: absolute(&args.input),
+            ..asked
+        },
         view: absolute(&args.view),
-        output_block: parse_shape(&args.planning.shape).context("--shape")?,
-        shard: args
-            .planning
-            .shard
-            .as_deref()
-            .map(|text| parse_shape(text).context("--shard"))
-            .transpose()?,
-        mem: mem_of(&args.planning)?,
-        strategy: args.planning.strategy.parse()?,
         staging: args.staging.as_deref().map(absolute),
-        format: args
-            .format
-            .as_deref()
-            .map(str::parse::<BlockFormat>)
-            .transpose()?,
-        dataset: args.input_args.dataset.clone(),
-        values: args.input_args.values()?,
         rebuild: args.rebuild,
         allow_other: args.allow_other,
         in_order: args.in_order,
-        pyramid: crate::cli::pyramid::flags_of(&args.pyramid),
     })
 }
 

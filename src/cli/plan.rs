@@ -1,6 +1,8 @@
 //! `plan`: what rechunking will do, from block files or from shapes alone,
-//! as a report or JSON. Also the planning `rechunk` shares: the problem
-//! an input and `--shape` pose, and the memory a plan was made in.
+//! as a report or JSON, and a job cut into parts planned as each part's
+//! `rechunk` plans it. What an input and `--shape` ask is checked and
+//! planned by [`crate::output::request::Request`], as for `rechunk` and
+//! `mount`.
 
 use std::time::{Duration, Instant};
 
@@ -12,141 +14,12 @@ use crate::array::dtype::DType;
 use crate::array::geometry::{show_shape, Partition, Region};
 use crate::array::units::{parse_shape, show_bytes};
 use crate::cli::report::thousands;
-use crate::cli::{mem_of, pyramid, PlanArgs, PlanningArgs};
-use crate::format::encode::{Compressor, Encoding};
+use crate::cli::{mem_of, pyramid, request_of, PlanArgs};
 use crate::format::BlockFormat;
-use crate::input::InputArray;
+use crate::input::HeaderChecks;
+use crate::output::request::{self, encoded, encoding_of, Budget};
 use crate::plan::parts::Parts;
 use crate::plan::{self, Plan, Problem, Strategy};
-
-/// The problem of rechunking `input` into blocks of `shape` (in the
-/// input's user-facing order) written as `format` (which says how its files
-/// are shaped: Zarr pads edge chunks).
-pub(super) fn problem_of(
-    input: &InputArray,
-    shape: &str,
-    format: BlockFormat,
-) -> anyhow::Result<Problem> {
-    let order = input.axis_order();
-    let output = order.to_internal(&parse_shape(shape)?);
-    if output.len() != input.ndim() {
-        bail!(
-            "--shape {} has {} dimensions but the input array {} has {}",
-            shape,
-            output.len(),
-            show_shape(&order.to_user(&input.shape)),
-            input.ndim()
-        );
-    }
-    Ok(crate::output::problem_for(input, output, format)?)
-}
-
-/// The problem of rechunking `input` as `planning` asks, written as
-/// `format`, and how its blocks are encoded (`--compress`, `--shard`):
-/// sharded, the blocks written are the shards.
-pub(super) fn encoded_problem_of(
-    input: &InputArray,
-    planning: &PlanningArgs,
-    format: BlockFormat,
-) -> anyhow::Result<(Problem, Encoding)> {
-    let order = input.axis_order();
-    let encoding = encoding_of(planning, &input.shape, order, format)?;
-    let blocks = planning.shard.as_deref().unwrap_or(&planning.shape);
-    let problem = problem_of(input, blocks, format)?;
-    Ok((encoded(problem, &encoding), encoding))
-}
-
-/// `problem` with its output blocks encoded whole, if `encoding` says so.
-fn encoded(problem: Problem, encoding: &Encoding) -> Problem {
-    if encoding.is_encoded() {
-        problem.with_encoded_outputs()
-    } else {
-        problem
-    }
-}
-
-/// How `--compress` and `--shard` ask blocks of `format`, of an array of
-/// `array` (internal order; `order` is the user's), to be encoded; refuses
-/// what the format cannot hold, and shards that are no whole number of
-/// chunks.
-pub(super) fn encoding_of(
-    planning: &PlanningArgs,
-    array: &[u64],
-    order: AxisOrder,
-    format: BlockFormat,
-) -> anyhow::Result<Encoding> {
-    let compressor = planning
-        .compress
-        .as_deref()
-        .map(str::parse::<Compressor>)
-        .transpose()?;
-    let shard_chunks = match &planning.shard {
-        None => None,
-        Some(shard) => Some(shard_chunks(array, order, shard, &planning.shape)?),
-    };
-    let encoding = Encoding {
-        compressor,
-        shard_chunks,
-    };
-    encoding.check(format)?;
-    Ok(encoding)
-}
-
-/// The chunk shape inside shards of `shard` (both as `--shard` and
-/// `--shape` give them, in `order`), in internal order.
-fn shard_chunks(
-    array: &[u64],
-    order: AxisOrder,
-    shard: &str,
-    chunk: &str,
-) -> anyhow::Result<Vec<u64>> {
-    let parse = |text: &str, option: &str| -> anyhow::Result<Vec<u64>> {
-        let sides = order.to_internal(&parse_shape(text).context(option.to_string())?);
-        if sides.len() != array.len() || sides.contains(&0) {
-            bail!(
-                "{option} {text} must have {} positive sides, one per dimension of the array {}",
-                array.len(),
-                show_shape(&order.to_user(array))
-            );
-        }
-        Ok(sides)
-    };
-    let (shards, chunks) = (parse(shard, "--shard")?, parse(chunk, "--shape")?);
-    Ok(crate::format::encode::shard_chunks(
-        array, &shards, &chunks, order,
-    )?)
-}
-
-/// The memory a plan was made in, and why.
-pub(super) struct Budget {
-    /// What the plan was given (None: unlimited).
-    pub(super) used: Option<u64>,
-    /// `--mem` (None: not given).
-    pub(super) requested: Option<u64>,
-    /// The memory cgroup's limit, which caps `used` at half of it.
-    pub(super) cgroup_limit: Option<u64>,
-}
-
-impl Budget {
-    /// " within 128 MiB (--mem 192 MiB, capped at half of the 256 MiB memory cgroup)".
-    pub(super) fn describe(&self) -> String {
-        let Some(used) = self.used else {
-            return " (no memory limit)".into();
-        };
-        let mut text = format!(" within {}", show_bytes(used));
-        if self.used != self.requested {
-            if let Some(limit) = self.cgroup_limit {
-                text += &format!(
-                    " ({}half of the {} memory cgroup: the rest is page cache for reading ahead and writing back)",
-                    self.requested
-                        .map_or(String::new(), |mem| format!("--mem {}, capped at ", show_bytes(mem))),
-                    show_bytes(limit)
-                );
-            }
-        }
-        text
-    }
-}
 
 /// The plans a `plan` command reports: the chosen one, keep's and the
 /// baseline's for comparison, and keep(r̂) (keep with no memory limit).
@@ -421,11 +294,16 @@ fn problem_of_args(
 ) -> anyhow::Result<(Problem, DType, AxisOrder, BlockFormat)> {
     Ok(match (&args.input, &args.input_args.array) {
         (Some(input), _) => {
-            let input = InputArray::scan(input, Some(&args.input_args.dataset))?;
-            let format = format.unwrap_or_else(|| input.format.default_output());
-            let input = input.with_values(args.input_args.values()?, format)?;
-            let (problem, _) = encoded_problem_of(&input, &args.planning, format)?;
-            (problem, input.dtype, input.axis_order(), format)
+            let request = request_of(
+                input,
+                args.format.as_deref(),
+                &args.planning,
+                &args.input_args,
+                &args.pyramid,
+            )?;
+            let checked = request.check(request.scan(HeaderChecks::AtScan)?)?;
+            let order = checked.input.axis_order();
+            (checked.problem, checked.input.dtype, order, checked.format)
         }
         (None, Some(array)) => {
             if args.input_args.values.is_some() {
@@ -438,12 +316,15 @@ fn problem_of_args(
             let array = parse_shape(array).context("--array")?;
             let blocks = parse_shape(args.blocks.as_deref().unwrap_or("")).context("--blocks")?;
             let format = format.unwrap_or(BlockFormat::Hdf5);
-            let encoding = encoding_of(&args.planning, &array, AxisOrder::C, format)?;
-            let written = args
-                .planning
-                .shard
-                .as_deref()
-                .unwrap_or(&args.planning.shape);
+            let planning = &args.planning;
+            let encoding = encoding_of(
+                &planning.shape,
+                planning.shard.as_deref(),
+                planning.compress.as_deref(),
+                (&array, AxisOrder::C),
+                format,
+            )?;
+            let written = planning.shard.as_deref().unwrap_or(&planning.shape);
             let output = parse_shape(written).context("--shape")?;
             let problem = Problem::new(array, blocks, output, dtype.size as u64)?;
             let output_files =
@@ -461,8 +342,8 @@ fn problem_of_args(
 fn make_plans(args: &PlanArgs, problem: &Problem) -> anyhow::Result<Plans> {
     let strategy: Strategy = args.planning.strategy.parse()?;
     let requested = mem_of(&args.planning)?;
-    let cgroup_limit = crate::sys::cgroup::memory_limit();
-    let (chosen, mem) = plan::plan_within(problem, strategy, requested, cgroup_limit)?;
+    let (chosen, budget) = request::plan_in_budget(problem, strategy, requested)?;
+    let mem = budget.used;
     let keep = match strategy {
         Strategy::Keep => Some(chosen.clone()),
         Strategy::Baseline => plan::plan(problem, Strategy::Keep, mem).ok(),
@@ -474,11 +355,7 @@ fn make_plans(args: &PlanArgs, problem: &Problem) -> anyhow::Result<Plans> {
         keep,
         baseline: plan::baseline(problem),
         rhat: plan::keep_rhat(problem),
-        budget: Budget {
-            used: mem,
-            requested,
-            cgroup_limit,
-        },
+        budget,
     })
 }
 

@@ -16,10 +16,8 @@ use nix::sys::signal::Signal;
 
 use crate::array::units::show_bytes;
 use crate::cli::levels::{write_levels, LevelsRequest};
-use crate::cli::plan::{encoded_problem_of, Budget};
-use crate::cli::pyramid;
 use crate::cli::report::{progress_bar, report_run};
-use crate::cli::{mem_of, RechunkArgs};
+use crate::cli::{request_of, RechunkArgs};
 use crate::engine::RunStats;
 use crate::error::Error;
 use crate::format::BlockFormat;
@@ -28,13 +26,21 @@ use crate::output::directory::{self, OutputSpec, PartOutput};
 use crate::output::filetree::FileTree;
 use crate::output::inputs::InputFiles;
 use crate::output::job::{self, JobRecord, JobSpec};
+use crate::output::request::Request;
 use crate::plan::parts::Parts;
-use crate::plan::{self, Plan, Problem, Strategy};
+use crate::plan::{self, Plan, Problem};
 use crate::sys::{disk, signals};
 
 pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let part = PartArg::of(&args)?;
+    let request = request_of(
+        &args.input,
+        args.format.as_deref(),
+        &args.planning,
+        &args.input_args,
+        &args.pyramid,
+    )?;
     let recorded = recorded_job(&args, part);
     let input = match recorded.as_ref() {
         Some(record) => record.input(&args.output)?,
@@ -44,14 +50,7 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
     let (input, space) = match input {
         Some((input, space)) => (input, Some(space)),
         // Headers are checked as the run reads each block (see crate::input).
-        None => (
-            InputArray::scan_with(
-                &args.input,
-                Some(&args.input_args.dataset),
-                HeaderChecks::BeforeUse,
-            )?,
-            None,
-        ),
+        None => (request.scan(HeaderChecks::BeforeUse)?, None),
     };
     log::debug!(
         "{} {} input blocks in {:.3} s",
@@ -63,57 +62,40 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         input.blocks.len(),
         started.elapsed().as_secs_f64()
     );
-    let format = match &args.format {
-        Some(text) => text.parse::<BlockFormat>()?,
-        None => input.format.default_output(),
-    };
-    let input = input.with_values(args.input_args.values()?, format)?;
+    let checked = request.check(input)?;
     let space = match space {
         Some(space) => space,
-        None => input.space()?,
+        None => checked.input.space()?,
     };
-    let (problem, encoding) = encoded_problem_of(&input, &args.planning, format)?;
+    let (input, problem) = (&checked.input, &checked.problem);
     let (parts, region) = match recorded
         .as_ref()
-        .and_then(|r| recorded_parts(r, &problem, part))
+        .and_then(|r| recorded_parts(r, problem, part))
     {
         Some(parts) => {
             let region = parts.region(part.index);
             (parts, Some(region))
         }
-        None => (plan::parts::cut(&problem, part.count)?, None),
+        None => (plan::parts::cut(problem, part.count)?, None),
     };
     // Only the files this part reads, when it reads the part recorded; a
     // scan of the input looked at every one.
     let region = region.filter(|_| from_record);
     if let Some(record) = recorded.as_ref().filter(|_| from_record) {
-        record.check_inputs_read(&args.output, &input, region.as_ref())?;
+        record.check_inputs_read(&args.output, input, region.as_ref())?;
     }
-    let (plan, mem) = plan_rechunk(&args, &parts.problem(part.index))?;
-    let format = output_format(format, &plan);
+    let (plan, mem) = plan_rechunk(&args, &request, &parts.problem(part.index))?;
+    let format = output_format(checked.format, &plan);
     if same_directory(&args.input, &args.output) {
         bail!(
             "{}: OUT is the input directory; write the new blocks somewhere else",
             args.output.display()
         );
     }
-    let spec = OutputSpec {
-        format,
-        dataset: args.input_args.dataset.clone(),
-        dtype: input.dtype,
-        space: space.clone(),
-        axis_order: input.axis_order(),
-        encoding,
-        commit_batch_bytes: super::test_hooks::commit_batch_bytes(),
-    };
+    let mut spec = checked.output(format, space.clone());
+    spec.commit_batch_bytes = super::test_hooks::commit_batch_bytes();
     let order = input.axis_order();
-    let pyramid = pyramid::pyramid_of(
-        &args.pyramid,
-        &input.shape,
-        &plan.problem.output_block,
-        order,
-        format,
-    )?;
+    let pyramid = request.pyramid(&input.shape, &plan.problem.output_block, order, format)?;
     if let Some(pyramid) = &pyramid {
         if spec.encoding.is_encoded() {
             bail!(
@@ -127,29 +109,29 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
                  level above it; run the parts without --levels"
             );
         }
-        let levels = LevelsRequest::new(pyramid, &input, &spec, mem)?;
-        let (stats, built) = write_levels(&args, &input, &plan, spec, Some(&levels))?;
+        let levels = LevelsRequest::new(pyramid, input, &spec, mem)?;
+        let (stats, built) = write_levels(&args, input, &plan, spec, Some(&levels))?;
         let extra = built.map(|built| levels.report(&built, order, args.json));
         return report_run(&plan, &stats, order, started.elapsed(), args.json, extra);
     }
     let identities = match recorded.as_ref().filter(|_| from_record) {
         // Those read compared with the files a moment ago.
         Some(record) => record.inputs.clone(),
-        None => job::input_identity(&input)?,
+        None => job::input_identity(input)?,
     };
     let record = JobRecord {
         inputs: identities,
         input_scan: input.record(&space),
-        ..job_record(&args, &input, &parts, &spec)?
+        ..job_record(&args, input, &parts, &spec)?
     };
     let inputs = if args.overwrite {
-        InputFiles::of(&input)
+        InputFiles::of(input)
     } else {
-        InputFiles::of_read(&input, &job::read_blocks(&input, region.as_ref()))
+        InputFiles::of_read(input, &job::read_blocks(input, region.as_ref()))
     };
     let stats = write_output(
         &args,
-        (&input, &inputs),
+        (input, &inputs),
         &plan,
         spec,
         (&parts, part),
@@ -297,22 +279,18 @@ fn job_record(
 /// The plan for rechunking `problem` (the job, or one part of it) as
 /// `args` ask, in the memory allowed (said on stderr when that is not
 /// `--mem`).
-fn plan_rechunk(args: &RechunkArgs, problem: &Problem) -> anyhow::Result<(Plan, Option<u64>)> {
-    let strategy: Strategy = args.planning.strategy.parse()?;
-    let requested = mem_of(&args.planning)?;
-    let cgroup_limit = crate::sys::cgroup::memory_limit();
+fn plan_rechunk(
+    args: &RechunkArgs,
+    request: &Request,
+    problem: &Problem,
+) -> anyhow::Result<(Plan, Option<u64>)> {
     let planning = Instant::now();
-    let (plan, mem) = plan::plan_within(problem, strategy, requested, cgroup_limit)?;
+    let (plan, budget) = request.plan(problem, 0)?;
     log::debug!("planned in {:.3} s", planning.elapsed().as_secs_f64());
-    let budget = Budget {
-        used: mem,
-        requested,
-        cgroup_limit,
-    };
     if budget.used != budget.requested && !args.json {
         eprintln!("planning{}", budget.describe());
     }
-    Ok((plan, mem))
+    Ok((plan, budget.used))
 }
 
 /// Runs `plan` (part `part` of `parts`) into OUT, with a progress bar,

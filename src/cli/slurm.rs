@@ -15,10 +15,11 @@ use std::path::Path;
 use anyhow::{bail, Context};
 
 use crate::array::units::show_bytes;
-use crate::cli::plan::{plan_job_of, problem_of};
+use crate::cli::plan::plan_job_of;
 use crate::cli::{mem_of, SlurmArgs};
 use crate::format::BlockFormat;
 use crate::input::InputArray;
+use crate::output::request::problem_of;
 use crate::plan::Strategy;
 
 /// What a task needs beside the array bytes it holds: code, libhdf5,

@@ -46,7 +46,10 @@ const OPEN_OUTPUTS: usize = 128;
 /// Completed bytes that trigger a durability batch (sync, then renames).
 pub const COMMIT_BATCH_BYTES: u64 = 256 << 20;
 
-/// How output blocks are encoded.
+/// How output blocks are written: their format, values, encoding and
+/// place in the world. `rechunk`'s directory sink writes by it, and a
+/// view's layout holds one ([`crate::view::ViewLayout`]), so both shape
+/// their files and metadata alike.
 #[derive(Clone, Debug)]
 pub struct OutputSpec {
     pub format: BlockFormat,
@@ -69,14 +72,30 @@ impl OutputSpec {
     /// The template of a block of `shape` at the array's origin; checks
     /// that the format can hold such a block.
     pub fn template(&self, shape: &[u64]) -> Result<BlockTemplate> {
+        self.template_aligned(shape, 1)
+    }
+
+    /// [`template`](Self::template) with the data at a multiple of
+    /// `alignment` bytes into the file (a view's, for page-aligned reads).
+    pub fn template_aligned(&self, shape: &[u64], alignment: u64) -> Result<BlockTemplate> {
         format::template_in_space(
             self.format,
             shape,
             self.dtype,
             &self.dataset,
-            1,
+            alignment,
             &self.space,
         )
+    }
+
+    /// The format's own files describing an array of `shape` in blocks of
+    /// `block_shape` (a Zarr array's metadata; none for block files).
+    pub fn format_metadata(
+        &self,
+        shape: &[u64],
+        block_shape: &[u64],
+    ) -> Vec<(&'static str, Vec<u8>)> {
+        format::array_metadata_files(self.format, shape, block_shape, self.dtype, &self.encoding)
     }
 
     /// The encoder of the blocks of `output` (None: written in place);
@@ -827,22 +846,13 @@ pub fn array_metadata(
     spec: &OutputSpec,
     output: &Partition,
 ) -> Result<Vec<(String, Vec<u8>)>> {
-    let mut files: Vec<(String, Vec<u8>)> =
-        format::array_metadata_files(spec.format, shape, block_shape, spec.dtype, &spec.encoding)
-            .into_iter()
-            .map(|(name, bytes)| (name.to_string(), bytes))
-            .collect();
+    let mut files: Vec<(String, Vec<u8>)> = spec
+        .format_metadata(shape, block_shape)
+        .into_iter()
+        .map(|(name, bytes)| (name.to_string(), bytes))
+        .collect();
     if spec.format == BlockFormat::Raw {
-        let metadata = metadata_json(
-            shape,
-            spec.dtype,
-            input_block,
-            output,
-            spec.format,
-            &spec.dataset,
-            spec.axis_order,
-            source,
-        );
+        let metadata = metadata_json(spec, shape, input_block, output, source);
         files.push((METADATA_NAME.to_string(), metadata_bytes(&metadata)?));
     }
     Ok(files)
@@ -853,18 +863,18 @@ pub const METADATA_NAME: &str = "rechunkfs.json";
 
 /// What a reader of bytes needs to know about a grid of output blocks: the
 /// array, its dtype, the block and grid shapes, the file naming and how a
-/// block's bytes map to its shape. Shapes are in `order` (the user's).
-#[allow(clippy::too_many_arguments)]
+/// block's bytes map to its shape, for blocks written as `spec` says, of an
+/// array of `array` read from blocks of `input_block` in `source`. Shapes
+/// are in the user's order.
 pub fn metadata_json(
+    spec: &OutputSpec,
     array: &[u64],
-    dtype: DType,
     input_block: &[u64],
     output: &Partition,
-    format: BlockFormat,
-    dataset: &str,
-    order: AxisOrder,
     source: &Path,
 ) -> serde_json::Value {
+    let (dtype, format, order) = (spec.dtype, spec.format, spec.axis_order);
+    let dataset = spec.dataset.as_str();
     let names: String = "{i}_{j}_{k}_{l}_{m}_{n}_{o}_{p}"
         .split('_')
         .take(output.ndim())

@@ -1,12 +1,14 @@
-//! Where output blocks go: the file tree an output array is made of (names,
-//! nested directories, padded edge shapes), and `rechunk`'s sink that writes
-//! it into a directory, atomically per block.
+//! Where output blocks go: what a command asks to make of its input
+//! ([`request`]), the file tree an output array is made of (names, nested
+//! directories, padded edge shapes), and `rechunk`'s sink that writes it
+//! into a directory, atomically per block.
 
 pub mod directory;
 pub mod filetree;
 pub mod inputs;
 pub mod job;
 pub mod pyramid;
+pub mod request;
 
 use crate::error::Result;
 use crate::format::BlockFormat;

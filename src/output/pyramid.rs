@@ -147,10 +147,7 @@ pub fn build_levels(
             _ => Error::io(&dir, "creating a level's directory", e),
         })?;
         built.dirs.push(dir.clone());
-        let level_spec = OutputSpec {
-            space: level_space(&spec.space, &pyramid.scale(k)),
-            ..(*spec).clone()
-        };
+        let level_spec = level_spec(spec, pyramid, k);
         let level = PartOutput::whole(&pyramid.levels[k]);
         let mut sink = DirectorySink::new(&dir, pyramid.levels[k].clone(), level_spec, level)?;
         let rows = rows_per_pass(pyramid, &files, k, spec.dtype.size as u64, output.mem)?;
@@ -184,7 +181,7 @@ pub fn build_levels(
     Ok(built.keep())
 }
 
-/// The OME-Zarr group's files, or the precomputed `info`, and each Zarr v3
+/// The pyramid's metadata ([`pyramid_metadata`]), and each Zarr v3
 /// level's `dimension_names`.
 fn write_metadata(out: &Path, output: &PyramidOutput, built: &mut BuiltLevels) -> Result<()> {
     let PyramidOutput {
@@ -193,36 +190,15 @@ fn write_metadata(out: &Path, output: &PyramidOutput, built: &mut BuiltLevels) -
         axes,
         ..
     } = output;
-    let levels: Vec<ScaleLevel> = scale_levels(pyramid);
-    let labels = pyramid.method != Downsample::Mean;
-    let files: Vec<(&str, Vec<u8>)> = match spec.format {
-        BlockFormat::Precomputed => {
-            let info = precomputed::info(
-                axes,
-                &levels,
-                spec.dtype,
-                precomputed::is_segmentation(spec.dtype, labels),
-            );
-            vec![("info", ome::with_window(info, built.window))]
+    if spec.format == BlockFormat::Zarr3 && is_ome_group(spec, pyramid) {
+        for k in 0..pyramid.levels.len() {
+            let path = out.join(k.to_string()).join("zarr.json");
+            let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, "reading", e))?;
+            let bytes = level_array_metadata(spec, pyramid, bytes, axes);
+            write_atomically(&path, &bytes, &job::run_tag(0))?;
         }
-        BlockFormat::Zarr | BlockFormat::Zarr3 if levels.len() > 1 => {
-            let zarr3 = spec.format == BlockFormat::Zarr3;
-            if zarr3 {
-                for k in 0..levels.len() {
-                    let path = out.join(k.to_string()).join("zarr.json");
-                    let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, "reading", e))?;
-                    write_atomically(
-                        &path,
-                        &ome::with_dimension_names(bytes, axes),
-                        &job::run_tag(0),
-                    )?;
-                }
-            }
-            ome::group_files(axes, &levels, pyramid.method.name(), zarr3, built.window)
-        }
-        _ => Vec::new(),
-    };
-    for (name, bytes) in files {
+    }
+    for (name, bytes) in pyramid_metadata(spec, pyramid, axes, built.window) {
         let path = out.join(name);
         built.metadata.push(path.clone());
         write_atomically(&path, &bytes, &job::run_tag(0))?;
@@ -230,6 +206,66 @@ fn write_metadata(out: &Path, output: &PyramidOutput, built: &mut BuiltLevels) -
     File::open(out)
         .and_then(|d| d.sync_all())
         .map_err(|e| Error::io(out, "syncing the directory", e))
+}
+
+/// Whether `pyramid`, written as `spec` says, is an OME-Zarr image: a
+/// Zarr group of one array per level. A Zarr pyramid of one level is that
+/// array alone.
+pub fn is_ome_group(spec: &OutputSpec, pyramid: &Pyramid) -> bool {
+    matches!(spec.format, BlockFormat::Zarr | BlockFormat::Zarr3) && pyramid.levels.len() > 1
+}
+
+/// The files describing `pyramid` (with `axes` as viewers see them),
+/// written as `spec` says, at the top of its output: the OME-Zarr group's
+/// metadata, or the precomputed `info`, each with level 0's display
+/// `window` once it is known (`omero`; `rechunkfs.window`). None for block
+/// files, whose levels describe themselves, nor for a Zarr pyramid of one
+/// level. `rechunk` writes these bytes and a view serves them.
+pub fn pyramid_metadata(
+    spec: &OutputSpec,
+    pyramid: &Pyramid,
+    axes: &[WorldAxis],
+    window: Option<Window>,
+) -> Vec<(&'static str, Vec<u8>)> {
+    let levels: Vec<ScaleLevel> = scale_levels(pyramid);
+    if spec.format == BlockFormat::Precomputed {
+        let labels = pyramid.method != Downsample::Mean;
+        let segmentation = precomputed::is_segmentation(spec.dtype, labels);
+        let info = precomputed::info(axes, &levels, spec.dtype, segmentation);
+        return vec![("info", ome::with_window(info, window))];
+    }
+    if !is_ome_group(spec, pyramid) {
+        return Vec::new();
+    }
+    let zarr3 = spec.format == BlockFormat::Zarr3;
+    ome::group_files(axes, &levels, pyramid.method.name(), zarr3, window)
+}
+
+/// A level's array metadata file `bytes` as the pyramid holds it: in an
+/// OME-Zarr 0.5 image (Zarr v3), with `dimension_names` matching the axes.
+pub fn level_array_metadata(
+    spec: &OutputSpec,
+    pyramid: &Pyramid,
+    bytes: Vec<u8>,
+    axes: &[WorldAxis],
+) -> Vec<u8> {
+    if spec.format == BlockFormat::Zarr3 && is_ome_group(spec, pyramid) {
+        ome::with_dimension_names(bytes, axes)
+    } else {
+        bytes
+    }
+}
+
+/// The description of level `k` of `pyramid` written as `spec` says: its
+/// space scaled for a downsampled level.
+pub fn level_spec(spec: &OutputSpec, pyramid: &Pyramid, k: usize) -> OutputSpec {
+    if k == 0 {
+        return spec.clone();
+    }
+    OutputSpec {
+        space: level_space(&spec.space, &pyramid.scale(k)),
+        ..spec.clone()
+    }
 }
 
 /// The world space of a level whose voxels are `scale` level-0 voxels

@@ -7,13 +7,19 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// The smallest memory limit on this process's cgroup and its ancestors
 /// (cgroup v1 `memory.limit_in_bytes` or v2 `memory.max`), or `None` when
-/// there is none or it cannot be read.
+/// there is none or it cannot be read. Read once per process: the plan's
+/// budget, the executor's read-ahead and the page-cache advice all count
+/// on the same limit.
 pub fn memory_limit() -> Option<u64> {
-    let membership = fs::read_to_string("/proc/self/cgroup").ok()?;
-    memory_limit_from(&membership, Path::new("/sys/fs/cgroup"))
+    static LIMIT: OnceLock<Option<u64>> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let membership = fs::read_to_string("/proc/self/cgroup").ok()?;
+        memory_limit_from(&membership, Path::new("/sys/fs/cgroup"))
+    })
 }
 
 /// Whether the page cache cannot be expected to keep an array of `bytes`:

@@ -7,22 +7,21 @@
 //! (`FIRST_BLOCK_INO + rank`), then one per nested directory.
 
 use std::collections::HashMap;
+use std::ops::Deref;
 use std::sync::Arc;
 
-use serde::Serialize;
-
-use crate::array::axes::AxisOrder;
-use crate::array::dtype::DType;
 use crate::array::geometry::{IndexBox, Partition};
 use crate::array::space::Space;
 use crate::error::Result;
-use crate::format::encode::{BlockEncode, Encoding, ShardLayout};
-use crate::format::ome::{self, Window, WorldAxis};
-use crate::format::{self, precomputed, BlockFormat, BlockTemplate};
-use crate::output::directory::metadata_json;
+use crate::format::encode::{BlockEncode, ShardLayout};
+use crate::format::ome::{Window, WorldAxis};
+use crate::format::{self, BlockFormat, BlockTemplate};
+use crate::output::directory::{metadata_json, OutputSpec};
 use crate::output::filetree::{Dir, FileTree, Node};
-use crate::output::pyramid::{level_space, scale_levels};
-use crate::plan::pyramid::{Downsample, Pyramid};
+use crate::output::pyramid::{
+    level_array_metadata, level_dir, level_space, level_spec, pyramid_metadata,
+};
+use crate::plan::pyramid::Pyramid;
 use crate::view::NodeKind;
 
 pub const ROOT_INO: u64 = 1;
@@ -45,33 +44,24 @@ pub const WAIT_NAME: &str = ".rechunkfs-wait.json";
 /// Extended attribute of each block file: `done`, `pending` or `failed`.
 pub const STATE_XATTR: &str = "user.rechunkfs.state";
 
-/// The shape of what the view serves.
-#[derive(Clone, Debug, Serialize)]
+/// The shape of what the view serves: the array and its blocks, written
+/// as `output` describes, as `rechunk` would write them (encoded, they are
+/// uncompressed shards, whose sizes are exact before their data exist).
+/// It reads as its [`OutputSpec`] too (`layout.format`, `layout.dtype`).
+#[derive(Clone, Debug)]
 pub struct ViewLayout {
     pub source: std::path::PathBuf,
     pub array: Vec<u64>,
-    pub dtype: DType,
     pub input_block: Vec<u64>,
     pub output_block: Vec<u64>,
-    pub format: BlockFormat,
-    pub dataset: String,
-    /// Where the whole array lies in the world (NIfTI headers record it).
-    pub space: Space,
-    /// The order of names and shapes people see (the input's; see [`crate::array::axes`]).
-    pub axis_order: AxisOrder,
-    /// Sharded (Zarr v3): each output block is a shard of uncompressed
-    /// chunks of this shape (internal order).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub shard_chunks: Option<Vec<u64>>,
+    pub output: OutputSpec,
 }
 
-impl ViewLayout {
-    /// How the view's blocks are encoded: sharded, or not at all.
-    pub fn encoding(&self) -> Encoding {
-        Encoding {
-            compressor: None,
-            shard_chunks: self.shard_chunks.clone(),
-        }
+impl Deref for ViewLayout {
+    type Target = OutputSpec;
+
+    fn deref(&self) -> &OutputSpec {
+        &self.output
     }
 }
 
@@ -98,22 +88,18 @@ impl BlockTemplates {
         grids: &[Partition],
         pyramid: Option<&Pyramid>,
     ) -> Result<BlockTemplates> {
-        if let Some(inner) = &layout.shard_chunks {
+        if let Some(inner) = &layout.encoding.shard_chunks {
             // A sharded view has one level: `--levels` with `--shard` is refused earlier.
             return Self::for_shards(layout, &grids[0], inner);
         }
         let mut by_file_shape = HashMap::new();
         for (k, grid) in grids.iter().enumerate() {
-            let space = level_space_of(layout, pyramid, k);
+            let spec = match pyramid {
+                Some(pyramid) => level_spec(&layout.output, pyramid, k),
+                None => layout.output.clone(),
+            };
             for shape in distinct_file_shapes(layout, grid) {
-                let template = format::template_in_space(
-                    layout.format,
-                    &shape,
-                    layout.dtype,
-                    &layout.dataset,
-                    format::VIEW_DATA_ALIGNMENT,
-                    &space,
-                )?;
+                let template = spec.template_aligned(&shape, format::VIEW_DATA_ALIGNMENT)?;
                 by_file_shape.insert((k, shape), template);
             }
         }
@@ -130,7 +116,7 @@ impl BlockTemplates {
         output: &Partition,
         inner: &[u64],
     ) -> Result<BlockTemplates> {
-        layout.encoding().check(layout.format)?;
+        layout.encoding.check(layout.format)?;
         let shard: Vec<u64> = (0..output.ndim())
             .map(|d| output.axis(d).extent(0))
             .collect();
@@ -223,23 +209,15 @@ impl Namespace {
             bytes: view_metadata(layout, &files),
             windowed: false,
         }];
-        let extra: Vec<(Dir, String, Vec<u8>)> = match pyramid {
+        let extra: Vec<(Dir, String, Vec<u8>, bool)> = match pyramid {
             Some(pyramid) => pyramid_files(layout, &files, pyramid),
-            None => format::array_metadata_files(
-                layout.format,
-                &layout.array,
-                &files.block_shape(),
-                layout.dtype,
-                &layout.encoding(),
-            )
-            .into_iter()
-            .map(|(name, bytes)| (Dir::Root, name.to_string(), bytes))
-            .collect(),
+            None => layout
+                .format_metadata(&layout.array, &files.block_shape())
+                .into_iter()
+                .map(|(name, bytes)| (Dir::Root, name.to_string(), bytes, false))
+                .collect(),
         };
-        for (i, (dir, name, bytes)) in extra.into_iter().enumerate() {
-            let windowed = pyramid.is_some()
-                && dir == Dir::Root
-                && matches!(name.as_str(), ".zattrs" | "zarr.json" | "info");
+        for (i, (dir, name, bytes, windowed)) in extra.into_iter().enumerate() {
             statics.push(StaticFile {
                 dir,
                 ino: FIRST_EXTRA_STATIC_INO + i as u64,
@@ -314,73 +292,51 @@ pub struct ViewPyramid {
     pub peak_bytes: u64,
 }
 
-/// The files describing a pyramid, by directory: each Zarr level's array
-/// metadata and the OME-Zarr group's, or the precomputed `info`.
+/// The files describing a pyramid, by directory, each marked if it
+/// gains level 0's window ([`windowed`]): each Zarr level's array
+/// metadata, and the pyramid's own ([`pyramid_metadata`]).
 fn pyramid_files(
     layout: &ViewLayout,
     files: &FileTree,
     view: &ViewPyramid,
-) -> Vec<(Dir, String, Vec<u8>)> {
-    let levels = scale_levels(&view.pyramid);
+) -> Vec<(Dir, String, Vec<u8>, bool)> {
     let mut out = Vec::new();
-    match layout.format {
-        BlockFormat::Precomputed => {
-            let labels = view.pyramid.method != Downsample::Mean;
-            let segmentation = precomputed::is_segmentation(layout.dtype, labels);
-            let info = precomputed::info(&view.axes, &levels, layout.dtype, segmentation);
-            out.push((Dir::Root, "info".to_string(), info));
-        }
-        BlockFormat::Zarr | BlockFormat::Zarr3 => {
-            let zarr3 = layout.format == BlockFormat::Zarr3;
-            for (k, level) in levels.iter().enumerate() {
-                let dir = match files.lookup(Dir::Root, &k.to_string()) {
+    let count = view.pyramid.levels.len();
+    if matches!(layout.format, BlockFormat::Zarr | BlockFormat::Zarr3) {
+        for k in 0..count {
+            let dir = match level_dir(layout.format, count, k) {
+                None => Dir::Root,
+                Some(name) => match files.lookup(Dir::Root, &name) {
                     Some(Node::Dir(dir)) => dir,
                     _ => continue,
-                };
-                let metadata = format::array_metadata_files(
-                    layout.format,
-                    &level.shape,
-                    &level.block,
-                    layout.dtype,
-                    &layout.encoding(),
-                );
-                for (name, bytes) in metadata {
-                    let bytes = if zarr3 {
-                        ome::with_dimension_names(bytes, &view.axes)
-                    } else {
-                        bytes
-                    };
-                    out.push((dir, name.to_string(), bytes));
-                }
-            }
-            for (name, bytes) in
-                ome::group_files(&view.axes, &levels, view.pyramid.method.name(), zarr3, None)
-            {
-                out.push((Dir::Root, name.to_string(), bytes));
+                },
+            };
+            let grid = &view.pyramid.levels[k];
+            let block: Vec<u64> = (0..grid.ndim()).map(|d| grid.axis(d).extent(0)).collect();
+            for (name, bytes) in layout.format_metadata(&grid.array_shape(), &block) {
+                let bytes = level_array_metadata(&layout.output, &view.pyramid, bytes, &view.axes);
+                out.push((dir, name.to_string(), bytes, false));
             }
         }
-        _ => {}
+    }
+    for (name, bytes) in pyramid_metadata(&layout.output, &view.pyramid, &view.axes, None) {
+        out.push((Dir::Root, name.to_string(), bytes, true));
     }
     out
 }
 
-/// A pyramid's metadata file `bytes` (made without a window) with level
-/// 0's display window: the OME-Zarr group's `omero`, or the precomputed
-/// `info`'s `rechunkfs.window`.
+/// The pyramid's metadata file `name` with level 0's display window.
 pub(super) fn windowed(
     layout: &ViewLayout,
     view: &ViewPyramid,
-    bytes: &[u8],
+    name: &str,
     window: Option<Window>,
 ) -> Vec<u8> {
-    match layout.format {
-        BlockFormat::Precomputed => ome::with_window(bytes.to_vec(), window),
-        BlockFormat::Zarr | BlockFormat::Zarr3 => {
-            let shape = view.pyramid.levels[0].array_shape();
-            ome::with_omero(bytes.to_vec(), &view.axes, &shape, window)
-        }
-        _ => bytes.to_vec(),
-    }
+    pyramid_metadata(&layout.output, &view.pyramid, &view.axes, window)
+        .into_iter()
+        .find(|(file, _)| *file == name)
+        .map(|(_, bytes)| bytes)
+        .unwrap_or_default()
 }
 
 /// The metadata file's bytes: the array and its new grid as
@@ -389,13 +345,10 @@ pub(super) fn windowed(
 fn view_metadata(layout: &ViewLayout, files: &FileTree) -> Vec<u8> {
     let output = files.grid();
     let mut value = metadata_json(
+        &layout.output,
         &layout.array,
-        layout.dtype,
         &layout.input_block,
         output,
-        layout.format,
-        &layout.dataset,
-        layout.axis_order,
         &layout.source,
     );
     let letters = ["{i}", "{j}", "{k}", "{l}", "{m}", "{n}", "{o}", "{p}"];

@@ -507,7 +507,7 @@ impl ViewCore {
             Some(view) if file.windowed && window.complete => Cow::Owned(layout::windowed(
                 &self.layout,
                 view,
-                &file.bytes,
+                &file.name,
                 window.seen,
             )),
             _ => Cow::Borrowed(&file.bytes),

@@ -9,35 +9,26 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::format::BlockFormat;
-use crate::input::{HeaderChecks, InputArray, Values};
+use crate::input::{HeaderChecks, InputArray};
 use crate::output::pyramid::{files_of, pyramid_axes};
-use crate::plan::pyramid::{pyramid_cost, rows_per_pass, PyramidFlags};
-use crate::plan::{self, Plan, Problem, Strategy};
+use crate::output::request::Request;
+use crate::plan::pyramid::{pyramid_cost, rows_per_pass};
+use crate::plan::{Plan, Problem};
 use crate::view::staging::{make_private_dir, Manifest, Staging};
 use crate::view::{Access, BlockTemplates, ViewCore, ViewLayout, ViewPyramid};
 
 /// What `rechunkfs mount` was asked for.
 #[derive(Clone, Debug)]
 pub struct MountRequest {
-    pub input: PathBuf,
+    /// What to make of the input, as `rechunk` is asked (uncompressed:
+    /// a view's sizes are exact before its data exist).
+    pub request: Request,
     pub view: PathBuf,
-    pub output_block: Vec<u64>,
-    /// Zarr v3 shards of this shape (the user's order), each holding
-    /// chunks of `output_block`, uncompressed.
-    pub shard: Option<Vec<u64>>,
-    pub mem: Option<u64>,
-    pub strategy: Strategy,
     pub staging: Option<PathBuf>,
-    pub format: Option<BlockFormat>,
-    pub dataset: String,
-    /// `--values`: the input's stored or scaled values (`None`: not said).
-    pub values: Option<Values>,
     pub rebuild: bool,
     pub allow_other: bool,
     /// Never extract blocks ahead of the plan for waiting readers.
     pub in_order: bool,
-    /// A pyramid of levels to serve beside level 0 (docs/pyramids.md).
-    pub pyramid: PyramidFlags,
 }
 
 /// A view ready to mount: everything checked, nothing running yet.
@@ -56,14 +47,15 @@ pub struct PreparedView {
 /// Scans, plans and opens the staging area: everything short of mounting.
 pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
     let mut laps = Laps::new();
-    let (input, output_block) = scan(request)?;
+    let asked = &request.request;
+    // Headers are checked as the materialiser reads each block (see
+    // crate::input): a bad one stops it, and `status` says why.
+    let input = asked.scan(HeaderChecks::BeforeUse)?;
     laps.mark("scan");
-    let format = request
-        .format
-        .unwrap_or_else(|| input.format.default_output());
-    let input = input.with_values(request.values, format)?;
-    let (output_block, shard_chunks) = sharded(request, &input, output_block)?;
-    let pyramid = pyramid_of(request, &input, &output_block, format)?;
+    let checked = asked.check(input)?;
+    let (input, format, problem) = (&checked.input, checked.format, &checked.problem);
+    let shard_chunks = checked.encoding.shard_chunks.clone();
+    let pyramid = pyramid_of(asked, input, &problem.output_block, format)?;
     if pyramid.is_some() && shard_chunks.is_some() {
         return Err(Error::BadArgument(
             "--levels and --shard together are not served: a pyramid's levels are chunks of \
@@ -72,14 +64,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         ));
     }
     let reserved = pyramid.as_ref().map_or(0, |p| p.peak_bytes);
-    let (problem, plan, mem) = plan_view(
-        request,
-        &input,
-        output_block,
-        format,
-        &shard_chunks,
-        reserved,
-    )?;
+    let (plan, mem) = plan_view(asked, problem, reserved)?;
     laps.mark("plan");
     let format = format.for_output_blocks(&problem.output_block);
     let staging_dir = match &request.staging {
@@ -88,7 +73,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
             // A pyramid's description goes into the key: another pyramid
             // of the same blocks has an area of its own.
             let key = match &pyramid {
-                Some(_) => format!("{}|{}", input.dataset, request.pyramid.describe()),
+                Some(_) => format!("{}|{}", input.dataset, asked.pyramid.describe()),
                 None => input.dataset.clone(),
             };
             let dir = Staging::default_dir(
@@ -96,7 +81,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
                 &key,
                 &problem.output_block,
                 format,
-                request.values,
+                asked.values,
             )?;
             // Shards of other chunks lay their files out otherwise.
             let dir = match (&shard_chunks, dir.file_name()) {
@@ -115,8 +100,13 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         }
     };
     check_apart(&request.view, &input.source, &staging_dir)?;
-    let mut layout = layout_of(request, &input, &problem, format)?;
-    layout.shard_chunks = shard_chunks.clone();
+    let layout = ViewLayout {
+        source: input.source.clone(),
+        array: input.shape.clone(),
+        input_block: input.block_shape.clone(),
+        output_block: problem.output_block.clone(),
+        output: checked.output(format, input.space()?),
+    };
     // Before the staging area: what the format cannot hold is refused
     // with nothing made.
     let templates = match &pyramid {
@@ -126,10 +116,10 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         None => BlockTemplates::for_view(&layout, &plan.output)?,
     };
     laps.mark("templates");
-    let mut manifest = Manifest::new(&input, &problem.output_block, format);
+    let mut manifest = Manifest::new(input, &problem.output_block, format);
     manifest.shard_chunks = shard_chunks;
     if pyramid.is_some() {
-        manifest = manifest.with_pyramid(request.pyramid.describe());
+        manifest = manifest.with_pyramid(asked.pyramid.describe());
     }
     let (staging, done) = Staging::open(&staging_dir, &manifest, request.rebuild)?;
     laps.mark("staging");
@@ -145,7 +135,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
     );
     Ok(PreparedView {
         core,
-        input,
+        input: checked.input,
         plan,
         view: request.view.clone(),
         allow_other: request.allow_other,
@@ -211,7 +201,7 @@ fn ancestry(path: &Path) -> Vec<(u64, u64)> {
 /// building a block in a quarter of `--mem` (whole blocks when that holds
 /// them), which the plan of level 0 then leaves free.
 fn pyramid_of(
-    request: &MountRequest,
+    request: &Request,
     input: &InputArray,
     output_block: &[u64],
     format: BlockFormat,
@@ -258,109 +248,24 @@ fn pyramid_of(
     }))
 }
 
-/// The input, and the output block shape in its internal order.
-fn scan(request: &MountRequest) -> Result<(InputArray, Vec<u64>)> {
-    // Headers are checked as the materialiser reads each block (see
-    // crate::input): a bad one stops it, and `status` says why.
-    let input = InputArray::scan_with(
-        &request.input,
-        Some(&request.dataset),
-        HeaderChecks::BeforeUse,
-    )?;
-    // --shape is in the input's user-facing order (see crate::array::axes).
-    let output_block = input.axis_order().to_internal(&request.output_block);
-    if output_block.len() != input.ndim() {
-        return Err(Error::BadArgument(format!(
-            "--shape {} has {} dimensions but the input array {} has {}",
-            crate::array::geometry::show_shape(&request.output_block),
-            request.output_block.len(),
-            crate::array::geometry::show_shape(&input.axis_order().to_user(&input.shape)),
-            input.ndim()
-        )));
-    }
-    Ok((input, output_block))
-}
-
-/// The blocks the view serves (internal order) and, sharded, the chunks
-/// inside each shard: `--shard` (uncompressed Zarr v3 shards, whose sizes
-/// are exact before their data exist) holding chunks of `--shape`.
-fn sharded(
-    request: &MountRequest,
-    input: &InputArray,
-    output_block: Vec<u64>,
-) -> Result<(Vec<u64>, Option<Vec<u64>>)> {
-    let Some(shard) = &request.shard else {
-        return Ok((output_block, None));
-    };
-    let order = input.axis_order();
-    let shard = order.to_internal(shard);
-    if shard.len() != input.ndim() || shard.contains(&0) {
-        return Err(Error::BadArgument(format!(
-            "--shard {} must have {} positive sides, one per dimension of the input array",
-            crate::array::geometry::show_shape(&order.to_user(&shard)),
-            input.ndim()
-        )));
-    }
-    let inner = crate::format::encode::shard_chunks(&input.shape, &shard, &output_block, order)?;
-    Ok((shard, Some(inner)))
-}
-
-/// The problem, its plan, and the memory limit the plan was made within.
-fn plan_view(
-    request: &MountRequest,
-    input: &InputArray,
-    output_block: Vec<u64>,
-    format: BlockFormat,
-    shard_chunks: &Option<Vec<u64>>,
-    reserved: u64,
-) -> Result<(Problem, Plan, Option<u64>)> {
-    let encoding = crate::format::encode::Encoding {
-        compressor: None,
-        shard_chunks: shard_chunks.clone(),
-    };
-    encoding.check(format)?;
-    let mut problem = crate::output::problem_for(input, output_block, format)?;
-    if encoding.is_encoded() {
-        // A shard is laid out whole, then written in one call.
-        problem = problem.with_encoded_outputs();
-    }
-    let cgroup_limit = crate::sys::cgroup::memory_limit();
-    // Building a pyramid block holds `reserved` bytes beside the plan's.
-    let left = request.mem.map(|mem| mem.saturating_sub(reserved));
-    let (plan, mem) = plan::plan_within(&problem, request.strategy, left, cgroup_limit)?;
+/// The plan of `problem`, and the memory limit it was made within:
+/// `--mem` less the `reserved` bytes building pyramid blocks holds.
+fn plan_view(request: &Request, problem: &Problem, reserved: u64) -> Result<(Plan, Option<u64>)> {
+    let (plan, budget) = request.plan(problem, reserved)?;
     if reserved > 0 {
-        log::debug!("planning level 0 within {left:?} bytes: {reserved} are for pyramid blocks");
-    } else if mem != request.mem {
+        log::debug!(
+            "planning level 0 within {:?} bytes: {reserved} are for pyramid blocks",
+            budget.requested
+        );
+    } else if budget.used != request.mem {
         log::info!(
             "planning within {} bytes, half of the memory cgroup's {} bytes (--mem: {:?})",
-            mem.unwrap_or(0),
-            cgroup_limit.unwrap_or(0),
+            budget.used.unwrap_or(0),
+            budget.cgroup_limit.unwrap_or(0),
             request.mem
         );
     }
-    Ok((problem, plan, mem))
-}
-
-fn layout_of(
-    request: &MountRequest,
-    input: &InputArray,
-    problem: &Problem,
-    format: BlockFormat,
-) -> Result<ViewLayout> {
-    Ok(ViewLayout {
-        source: input.source.clone(),
-        array: input.shape.clone(),
-        dtype: input.dtype,
-        input_block: input.block_shape.clone(),
-        output_block: problem.output_block.clone(),
-        format,
-        // The dataset asked for: also what an HDF5 view of a Zarr or MINC2
-        // input (whose image has no /data of its own) names its dataset.
-        dataset: request.dataset.clone(),
-        space: input.space()?,
-        axis_order: input.axis_order(),
-        shard_chunks: None,
-    })
+    Ok((plan, budget.used))
 }
 
 /// Where the time of a few steps went, for a debug log line.
