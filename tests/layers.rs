@@ -191,24 +191,8 @@ const KNOWN_CYCLES: &[&[&str]] = &[
         "input/values.rs",
         "input/zarr.rs",
     ],
-    &[
-        "plan/cost.rs",
-        "plan/dims.rs",
-        "plan/mod.rs",
-        "plan/order.rs",
-        "plan/problem.rs",
-        "plan/search.rs",
-        "plan/steps.rs",
-    ],
-    &[
-        "engine/extract.rs",
-        "engine/inputs.rs",
-        "engine/mod.rs",
-        "engine/pool.rs",
-        "engine/sink.rs",
-        "engine/workers.rs",
-        "engine/writer.rs",
-    ],
+    &["plan/mod.rs", "plan/search.rs"],
+    &["engine/mod.rs", "engine/sink.rs", "engine/writer.rs"],
     &[
         "view/layout.rs",
         "view/mod.rs",
@@ -224,7 +208,6 @@ const KNOWN_CYCLES: &[&[&str]] = &[
         "cli/plan.rs",
         "cli/pyramid.rs",
         "cli/rechunk.rs",
-        "cli/report.rs",
         "cli/sample.rs",
         "cli/serve.rs",
         "cli/slurm.rs",
@@ -332,8 +315,10 @@ fn imports_of(relative: &str, source: &str, files: &BTreeSet<String>) -> BTreeSe
             continue;
         }
         let (paths, used) = expand_path(&code[at..]);
-        // `pub(in crate::format)` names where an item is seen, not an import.
-        let visibility = code[..at].trim_end().ends_with("(in");
+        // `pub(super)`, `pub(in crate::format)` say where an item is seen:
+        // no import.
+        let before = code[..at].trim_end();
+        let visibility = before.ends_with("pub(") || before.ends_with("(in");
         at += used.max(1);
         if visibility {
             continue;
@@ -499,7 +484,11 @@ fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
                 .filter(|pair| pair[0].trim() == "#[cfg(test)]")
                 .filter_map(|pair| {
                     let name = pair[1].trim().strip_prefix("mod ")?.strip_suffix(';')?;
-                    let dir = if dir.is_empty() { String::new() } else { format!("{dir}/") };
+                    let dir = if dir.is_empty() {
+                        String::new()
+                    } else {
+                        format!("{dir}/")
+                    };
                     Some(format!("{dir}{name}.rs"))
                 })
                 .collect::<Vec<_>>()
@@ -577,6 +566,7 @@ fn imports_are_read_from_paths_groups_and_child_modules() {
                   use crate::format::{block::{BlockInfo, Storage}, hdf5};\n\
                   fn f() -> crate::DType { crate::array::dtype::DType::new() }\n\
                   use ::hdf5::sync::sync; // crate::view is a comment\n\
+                  pub(super) fn g() {}\npub(in crate::view) fn h() {}\n\
                   #[cfg(test)]\nmod tests { use crate::view::View; }\n";
     let found = imports_of("format/minc/scaled.rs", scaled, &files);
     let expected: BTreeSet<String> = [
@@ -590,14 +580,19 @@ fn imports_are_read_from_paths_groups_and_child_modules() {
     .map(|f| f.to_string())
     .collect();
     assert_eq!(found, expected);
-    let module = "pub use block::BlockFormat;\nfn p() { hdf5::probe(); ::hdf5::x(); minc::IMAGE }\n\
+    let module =
+        "pub use block::BlockFormat;\nfn p() { hdf5::probe(); ::hdf5::x(); minc::IMAGE }\n\
                   use super::array;\n";
     let found = imports_of("format/mod.rs", module, &files);
-    let expected: BTreeSet<String> =
-        ["format/block.rs", "format/hdf5.rs", "format/minc/mod.rs", "array/mod.rs"]
-            .iter()
-            .map(|f| f.to_string())
-            .collect();
+    let expected: BTreeSet<String> = [
+        "format/block.rs",
+        "format/hdf5.rs",
+        "format/minc/mod.rs",
+        "array/mod.rs",
+    ]
+    .iter()
+    .map(|f| f.to_string())
+    .collect();
     assert_eq!(found, expected);
     let graph: BTreeMap<String, BTreeSet<String>> = [
         ("a.rs", vec!["b.rs"]),
@@ -610,5 +605,8 @@ fn imports_are_read_from_paths_groups_and_child_modules() {
     .collect();
     let parts = cycles_of(&graph);
     assert_eq!(parts.len(), 1);
-    assert_eq!(cycle_through(&graph, &parts[0]), "a.rs -> b.rs -> c.rs -> a.rs");
+    assert_eq!(
+        cycle_through(&graph, &parts[0]),
+        "a.rs -> b.rs -> c.rs -> a.rs"
+    );
 }
