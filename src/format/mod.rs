@@ -151,6 +151,18 @@ impl BlockFormat {
             .unwrap_or(self)
     }
 
+    /// Whether the format's output is a pyramid even of one level (a
+    /// precomputed volume is a scale of its `info`).
+    pub fn always_a_pyramid(self) -> bool {
+        self.traits().pyramid == PyramidKind::Precomputed
+    }
+
+    /// Whether the format writes files describing a pyramid's levels and
+    /// axes for viewers (OME-Zarr's group, precomputed's `info`).
+    pub fn describes_pyramids(self) -> bool {
+        self.traits().pyramid != PyramidKind::Plain
+    }
+
     /// Whether each level of a pyramid of `levels` levels has a directory
     /// of its own (otherwise level 0 is OUT itself).
     pub fn levels_in_own_dirs(self, levels: usize) -> bool {
