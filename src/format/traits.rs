@@ -35,6 +35,10 @@ pub type PlaceFn = fn(&BlockTemplate, &[u64], DType, &Space, &[u64]) -> BlockTem
 /// `block_shape`, as `(name, bytes)`.
 pub type MetadataFn = fn(&[u64], &[u64], DType, &Encoding) -> Vec<(&'static str, Vec<u8>)>;
 
+/// The format blocks of a shape (internal C order) are written in, where
+/// the shape outgrows the one asked for.
+pub type WiderFn = fn(&[u64]) -> Option<BlockFormat>;
+
 /// How a format names its block files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockNames {
@@ -130,7 +134,7 @@ pub struct FormatTraits {
     pub leading_axis_is_time: bool,
     /// The format blocks of a shape (internal C order) need instead, where
     /// the shape outgrows this one (NIfTI-1's 16-bit sides).
-    pub wider: Option<fn(&[u64]) -> Option<BlockFormat>>,
+    pub wider: Option<WiderFn>,
     /// How a pyramid of levels is laid out and described.
     pub pyramid: PyramidKind,
     /// The compressors blocks can be written with.
