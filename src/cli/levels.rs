@@ -53,7 +53,7 @@ impl<'a> LevelsRequest<'a> {
             &block,
             spec.dtype,
         )?;
-        if rotated && (format.pads_edge_blocks() || format == BlockFormat::Precomputed) {
+        if rotated && format.describes_pyramids() {
             eprintln!(
                 "note: the input's affine rotates its axes, which {} cannot record: the \
                  pyramid's metadata gives its voxel sizes and origin only",

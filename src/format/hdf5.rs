@@ -41,8 +41,11 @@ use hdf5_sys::h5t::{
     H5Tget_sign, H5Tget_size, H5Tset_ebias, H5Tset_fields, H5Tset_size,
 };
 
-use super::{shape_problem, shape_text, BlockInfo, BlockTemplate, Storage};
+use super::block::{shape_problem, shape_text, BlockInfo, BlockTemplate, Storage};
+use super::encoding::{BlockEncode, Compression};
+use super::traits::{Dataset, FormatTraits};
 use crate::array::dtype::{DType, Endian, Kind};
+use crate::array::space::Space;
 use crate::error::{Error, Result};
 
 /// The element types rechunkfs carries, for refusals.
@@ -840,7 +843,7 @@ impl DeflateEncoder {
     }
 }
 
-impl super::encode::BlockEncode for DeflateEncoder {
+impl BlockEncode for DeflateEncoder {
     fn encode(&self, path: &Path, shape: &[u64], raw: Vec<u8>) -> Result<Vec<u8>> {
         Self::check_block(shape, self.dtype)?;
         let expected = shape.iter().product::<u64>() * self.dtype.size as u64;
@@ -987,6 +990,33 @@ unsafe fn create_datatype(dtype: DType) -> ::hdf5::Result<hid_t> {
         _ => return Err(format!("no HDF5 type for {dtype}").into()),
     };
     ::hdf5::h5check(H5Tcopy(standard))
+}
+
+/// HDF5's row of the format table: read and written, its array in the
+/// dataset `--dataset` names, gzip its one compressor.
+pub(super) const TRAITS: FormatTraits = FormatTraits {
+    name: "HDF5",
+    extension: "h5",
+    input_extensions: &["h5", "hdf5"],
+    probe: Ok(probe),
+    template: Ok(template_of),
+    dataset: Dataset::Named,
+    comparable_headers: true,
+    cache_probes: true,
+    compression: Compression::Gzip,
+    ..FormatTraits::NONE
+};
+
+/// [`template`] as the format table calls it (HDF5 records no space).
+fn template_of(
+    shape: &[u64],
+    dtype: DType,
+    dataset: &str,
+    data_len: u64,
+    alignment: u64,
+    _space: &Space,
+) -> Result<BlockTemplate> {
+    template(shape, dtype, dataset, data_len, alignment)
 }
 
 #[cfg(test)]

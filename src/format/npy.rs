@@ -11,8 +11,10 @@
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use super::{shape_problem, shape_text, BlockInfo, Storage};
+use super::block::{read_head, shape_problem, shape_text, BlockInfo, BlockTemplate, Storage};
+use super::traits::FormatTraits;
 use crate::array::dtype::{DType, Endian, Kind};
+use crate::array::space::Space;
 use crate::error::{Error, Result};
 
 /// The six bytes every npy file starts with.
@@ -350,7 +352,7 @@ pub fn probe(path: &Path) -> Result<BlockInfo> {
         format: "npy",
         problem,
     };
-    let (file, file_len, mut head) = super::read_head(path, "npy", FIRST_READ_LEN)?;
+    let (file, file_len, mut head) = read_head(path, "npy", FIRST_READ_LEN)?;
     let header = loop {
         match decode_header(&head) {
             Ok(header) => break header,
@@ -600,6 +602,41 @@ impl LiteralParser {
             _ => Err(format!("{word:?} is not a literal")),
         }
     }
+}
+
+/// npy's row of the format table: read and written, header then data.
+pub(super) const TRAITS: FormatTraits = FormatTraits {
+    name: "npy",
+    extension: "npy",
+    input_extensions: &["npy"],
+    probe: Ok(probe_block),
+    template: Ok(template),
+    comparable_headers: true,
+    ..FormatTraits::NONE
+};
+
+/// [`probe`] as the format table calls it (npy has no datasets).
+fn probe_block(path: &Path, _dataset: &str) -> Result<BlockInfo> {
+    probe(path)
+}
+
+/// An npy block's template: its header, padded so the data start at a
+/// multiple of `alignment`.
+fn template(
+    shape: &[u64],
+    dtype: DType,
+    _dataset: &str,
+    data_len: u64,
+    alignment: u64,
+    _space: &Space,
+) -> Result<BlockTemplate> {
+    let prefix = encode_header_aligned(shape, dtype, alignment as usize);
+    Ok(BlockTemplate {
+        data_offset: prefix.len() as u64,
+        prefix,
+        data_len,
+        suffix: Vec::new(),
+    })
 }
 
 #[cfg(test)]

@@ -409,6 +409,16 @@ pub fn with_dimension_names(zarr_json: Vec<u8>, axes: &[WorldAxis]) -> Vec<u8> {
     bytes
 }
 
+/// Refuses an array OME-Zarr cannot hold as an image: fewer than 2 axes.
+pub fn check_axes(ndim: usize) -> Result<()> {
+    if ndim < 2 {
+        return Err(Error::BadArgument(format!(
+            "an OME-Zarr image has 2 axes or more; this array has {ndim}: drop --levels"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

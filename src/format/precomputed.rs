@@ -15,6 +15,7 @@
 use serde_json::{json, Value};
 
 use super::ome::{ScaleLevel, WorldAxis};
+use super::traits::{data_only_template, BlockNames, FormatTraits, PyramidKind};
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::array::geometry::Region;
 use crate::error::{Error, Result};
@@ -155,6 +156,19 @@ pub fn info(axes: &[WorldAxis], levels: &[ScaleLevel], dtype: DType, labels: boo
 pub fn is_segmentation(dtype: DType, labels: bool) -> bool {
     labels && dtype.kind == Kind::Unsigned && matches!(dtype.size, 4 | 8)
 }
+
+/// Neuroglancer precomputed's row of the format table: written only,
+/// chunks named by their voxel ranges, always a pyramid of scales.
+pub(super) const TRAITS: FormatTraits = FormatTraits {
+    name: "Neuroglancer precomputed",
+    extension: "precomputed",
+    aliases: &["precomputed"],
+    names: BlockNames::VoxelRanges,
+    probe: Err("rechunkfs writes Neuroglancer precomputed volumes but does not read them"),
+    template: Ok(data_only_template),
+    pyramid: PyramidKind::Precomputed,
+    ..FormatTraits::NONE
+};
 
 #[cfg(test)]
 mod tests {

@@ -18,9 +18,10 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use super::encode::{Compressor, Encoding};
+use super::block::{shape_problem, shape_text, BlockFormat};
+use super::encoding::{Compression, Compressor, Encoding};
+use super::traits::{data_only_template, BlockNames, FormatTraits, PyramidKind};
 use super::zarr_codecs::BlockDecoder;
-use super::BlockFormat;
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::array::names::ChunkKey;
 use crate::error::{Error, Result};
@@ -229,13 +230,13 @@ fn check_shapes(path: &Path, shape: &[u64], chunks: &[u64], dtype: DType) -> Res
             path,
             format!(
                 "the shape {} and the chunk shape {} differ in dimensions",
-                super::shape_text(shape),
-                super::shape_text(chunks)
+                shape_text(shape),
+                shape_text(chunks)
             ),
         ));
     }
-    super::shape_problem(shape, dtype).map_err(|problem| Error::bad_input(path, problem))?;
-    super::shape_problem(chunks, dtype)
+    shape_problem(shape, dtype).map_err(|problem| Error::bad_input(path, problem))?;
+    shape_problem(chunks, dtype)
         .map_err(|problem| Error::bad_input(path, format!("chunks: {problem}")))?;
     Ok(())
 }
@@ -760,6 +761,52 @@ fn v3_codecs_written(dtype: DType, encoding: &Encoding) -> Value {
             }
         }]),
     }
+}
+
+/// Zarr v2's row of the format table: an array directory of whole chunks
+/// beside its `.zarray`, written (and read through its directory).
+pub(super) const TRAITS: FormatTraits = FormatTraits {
+    name: "Zarr v2",
+    extension: "zarr",
+    aliases: &["zarr", "zarr2"],
+    pads_edge_blocks: true,
+    names: BlockNames::ZarrV2,
+    probe: Err("a Zarr chunk has no header to probe: open the array's directory instead"),
+    template: Ok(data_only_template),
+    array_metadata: Some(metadata_v2),
+    pyramid: PyramidKind::OmeZarr { zarr3: false },
+    compression: Compression::Any,
+    ..FormatTraits::NONE
+};
+
+/// Zarr v3's row: as v2's, with `zarr.json`, `c/`-keyed chunks and shards.
+pub(super) const TRAITS_3: FormatTraits = FormatTraits {
+    name: "Zarr v3",
+    extension: "zarr3",
+    aliases: &["zarr3"],
+    names: BlockNames::ZarrV3,
+    array_metadata: Some(metadata_v3),
+    pyramid: PyramidKind::OmeZarr { zarr3: true },
+    shards: true,
+    ..TRAITS
+};
+
+fn metadata_v2(
+    shape: &[u64],
+    chunks: &[u64],
+    dtype: DType,
+    encoding: &Encoding,
+) -> Vec<(&'static str, Vec<u8>)> {
+    array_metadata(BlockFormat::Zarr, shape, chunks, dtype, encoding)
+}
+
+fn metadata_v3(
+    shape: &[u64],
+    chunks: &[u64],
+    dtype: DType,
+    encoding: &Encoding,
+) -> Vec<(&'static str, Vec<u8>)> {
+    array_metadata(BlockFormat::Zarr3, shape, chunks, dtype, encoding)
 }
 
 #[cfg(test)]

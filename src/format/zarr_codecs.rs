@@ -31,7 +31,7 @@ use super::decode::{
     gzip_limited, most_at_ratio, reserved, zeroed, zlib_limited, zstd_limited, BlockDecode,
     Overrun, BLOSC_RATIO, DEFLATE_RATIO, ZSTD_RATIO,
 };
-use super::encode::BlockEncode;
+use super::encoding::BlockEncode;
 use crate::array::dtype::{DType, Endian};
 use crate::array::geometry::IndexBox;
 use crate::error::{Error, Result};

@@ -25,7 +25,7 @@ pub(super) struct NamedBlock {
 /// One block file as the whole array.
 pub(super) fn scan_single_file(path: &Path, dataset: String) -> Result<InputArray> {
     let format = format_of(path)?;
-    if format == BlockFormat::Tiff {
+    if format.traits().whole_file {
         return super::tiff::scan_file(path);
     }
     let info = format::probe(path, format, format.input_dataset(&dataset))?;

@@ -28,7 +28,7 @@ pub(super) fn assemble_grid(
     // and MINC2's place it in the world) can be checked against another's.
     let comparable = named
         .first()
-        .is_some_and(|block| matches!(block.format, BlockFormat::Hdf5 | BlockFormat::Npy));
+        .is_some_and(|block| block.format.traits().comparable_headers);
     if checks == HeaderChecks::AtScan || !comparable {
         return assemble(dir, named, dataset, false);
     }

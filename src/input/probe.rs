@@ -244,7 +244,7 @@ impl ProbeCache {
         format: BlockFormat,
         dataset: &str,
     ) -> Result<format::BlockInfo> {
-        if format != BlockFormat::Hdf5 {
+        if !format.traits().cache_probes {
             return format::probe(path, format, dataset);
         }
         let (file, len) = open_with_len(path)?;

@@ -64,7 +64,7 @@ impl InputArray {
     /// [`InputArray::space`]); `None` for an input a record cannot hold
     /// (see the module's notes).
     pub fn record(&self, space: &Space) -> Option<ScanRecord> {
-        if self.format == BlockFormat::Minc2 || self.files != FileShape::Exact {
+        if self.format.traits().stored_scaling || self.files != FileShape::Exact {
             return None;
         }
         let mut checks: Vec<RecordedCheck> = Vec::new();

@@ -55,7 +55,7 @@ impl InputArray {
     /// with nothing to scale, and an unsaid choice where the stored values
     /// would lose the input's scaling (see the module's notes).
     pub fn with_values(self, values: Option<Values>, format: BlockFormat) -> Result<InputArray> {
-        if self.format != BlockFormat::Minc2 {
+        if !self.format.traits().stored_scaling {
             return match values {
                 Some(Values::Scaled) => Err(Error::BadArgument(format!(
                     "--values scaled applies to MINC2 images, whose image-min/image-max scale \
@@ -154,7 +154,7 @@ impl InputArray {
 fn stored_keeps(scaling: &ValueScaling, format: BlockFormat) -> bool {
     match scaling {
         ValueScaling::Float | ValueScaling::Absent | ValueScaling::Identity => true,
-        ValueScaling::Global { .. } => matches!(format, BlockFormat::Nifti | BlockFormat::Nifti2),
+        ValueScaling::Global { .. } => format.traits().global_scaling,
         ValueScaling::PerSlice { .. } => false,
     }
 }
@@ -171,7 +171,7 @@ fn unsaid_refusal(path: &Path, scaling: &ValueScaling, format: BlockFormat) -> S
         }
         _ => "a scaling".into(),
     };
-    let choices = if matches!(format, BlockFormat::Nifti | BlockFormat::Nifti2) {
+    let choices = if format.traits().global_scaling {
         "pass --values scaled to write the physical values as float32 (as nibabel's get_fdata \
          computes them), or --values stored with --format h5 to write the stored values \
          without their scaling"

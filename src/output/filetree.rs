@@ -12,7 +12,7 @@
 use crate::array::axes::AxisOrder;
 use crate::array::geometry::{FileShape, Partition};
 use crate::array::names::{parse_component, ChunkKey};
-use crate::format::{precomputed, BlockFormat};
+use crate::format::{precomputed, BlockFormat, BlockNames};
 
 /// A directory of one level's tree (its root being the level's directory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl LevelTree {
             key.in_order(order)
         };
         let mut tree = LevelTree::new(key, grid, files);
-        if format == BlockFormat::Precomputed {
+        if format.traits().names == BlockNames::VoxelRanges {
             tree.naming = Naming::VoxelRanges;
         }
         tree

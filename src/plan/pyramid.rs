@@ -101,8 +101,8 @@ pub struct PyramidFlags {
 impl PyramidFlags {
     /// The pyramid these flags ask for over an array of `shape` (internal
     /// order) in blocks of `block`, written as `format`; `None` when there
-    /// is none to make (no `--levels`, or one level, and a format other
-    /// than precomputed, which always has at least its level 0 scale).
+    /// is none to make (no `--levels`, or one level, and a format whose
+    /// output is not always a pyramid, as precomputed's is).
     pub fn pyramid(
         &self,
         shape: &[u64],
@@ -110,15 +110,15 @@ impl PyramidFlags {
         order: AxisOrder,
         format: BlockFormat,
     ) -> Result<Option<Pyramid>> {
-        let precomputed = format == BlockFormat::Precomputed;
+        let always = format.always_a_pyramid();
         let count = match &self.levels {
             Some(text) => text.parse::<LevelCount>()?,
-            None if precomputed => LevelCount::Exactly(1),
+            None if always => LevelCount::Exactly(1),
             None => return Ok(None),
         };
         let method: Downsample = self.downsample.parse()?;
         let factors = factors_of(self.factors.as_deref(), shape.len(), order)?;
-        if count == LevelCount::Exactly(1) && !precomputed {
+        if count == LevelCount::Exactly(1) && !always {
             return Ok(None);
         }
         Pyramid::new(shape, block, factors, count, method).map(Some)

@@ -423,10 +423,7 @@ impl ViewCore {
         let (level, _) = self.files().level_of(rank);
         let file_shape = self.files().file_shape(rank);
         let template = self.templates.of_shape(level, &file_shape);
-        if !matches!(
-            self.layout.format,
-            format::BlockFormat::Nifti | format::BlockFormat::Nifti2
-        ) {
+        if self.layout.format.traits().place.is_none() {
             return Cow::Borrowed(template);
         }
         let pyramid = self.pyramid.as_ref().map(|p| &p.pyramid);

@@ -15,25 +15,23 @@
 //! output. The `scaled` module computes the physical values instead (`--values
 //! scaled`), as an encoded input.
 
-use std::ffi::c_void;
 use std::path::Path;
 
 use ::hdf5::sync::sync;
-use ::hdf5::types::{TypeDescriptor, VarLenAscii, VarLenUnicode};
-use hdf5_sys::h5a::H5Aread;
 
+mod attrs;
 mod scaled;
 
+pub use attrs::IMAGE;
+use attrs::{library_error, numbers_attr, string_attr};
 pub use scaled::{scaled_decoder, scaled_dtype, value_scaling, ValueScaling};
 
-use super::BlockInfo;
+use super::block::{read_head, BlockInfo};
+use super::traits::{Dataset, FormatTraits};
 use crate::array::dtype::{DType, Kind};
 use crate::array::space::{Space, UNITS_MM};
 use crate::error::{Error, Result};
 
-/// Where a MINC2 file keeps its image.
-pub const IMAGE: &str = "/minc-2.0/image/0/image";
-const IMAGE_GROUP: &str = "/minc-2.0/image/0";
 const DIMENSIONS: &str = "/minc-2.0/dimensions";
 
 /// Learn a MINC2 file's image shape (C order, as its `dimorder` lists the
@@ -46,7 +44,7 @@ pub fn probe(path: &Path) -> Result<BlockInfo> {
 /// MINC1 files are netCDF (`CDF\x01` or `CDF\x02`), not HDF5: say what
 /// they are and how to convert them, rather than that they are not HDF5.
 fn refuse_minc1(path: &Path) -> Result<()> {
-    let (_, _, head) = super::read_head(path, "MINC2", 4)?;
+    let (_, _, head) = read_head(path, "MINC2", 4)?;
     if head.starts_with(b"CDF\x01") || head.starts_with(b"CDF\x02") {
         return Err(Error::bad_input(
             path,
@@ -55,65 +53,6 @@ fn refuse_minc1(path: &Path) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-fn library_error(path: &Path, what: &str, error: ::hdf5::Error) -> Error {
-    Error::Hdf5 {
-        path: path.to_path_buf(),
-        message: format!("cannot read {what}: {error}"),
-    }
-}
-
-/// The most bytes a string attribute may hold.
-const MAX_STRING_ATTR: usize = 1 << 20;
-
-/// A string attribute, fixed-length (as libminc writes them) or
-/// variable-length (as h5py writes Python strings); `None` if absent.
-fn string_attr(location: &::hdf5::Location, name: &str) -> ::hdf5::Result<Option<String>> {
-    if !location.attr_names()?.iter().any(|n| n == name) {
-        return Ok(None);
-    }
-    let attr = location.attr(name)?;
-    let file_type = attr.dtype()?;
-    let text = match file_type.to_descriptor()? {
-        TypeDescriptor::VarLenAscii => attr.read_scalar::<VarLenAscii>()?.as_str().to_owned(),
-        TypeDescriptor::VarLenUnicode => attr.read_scalar::<VarLenUnicode>()?.as_str().to_owned(),
-        TypeDescriptor::FixedAscii(len) | TypeDescriptor::FixedUnicode(len) => {
-            let points = attr.space()?.size().max(1);
-            // An attribute lives in its object's header (at most 64 KiB)
-            // unless stored densely; a string past this is a lie.
-            let size = len.checked_mul(points).filter(|&n| n <= MAX_STRING_ATTR);
-            let Some(size) = size else {
-                return Err(format!(
-                    "attribute {name} claims {points} strings of {len} bytes, more than the \
-                     {MAX_STRING_ATTR} bytes rechunkfs reads"
-                )
-                .into());
-            };
-            let mut bytes = vec![0u8; size];
-            // SAFETY: the attribute is open, its memory type is its own file
-            // type (fixed strings of `len` bytes), and the buffer holds
-            // `len` bytes for each of its `points` elements. The caller
-            // holds the library lock.
-            ::hdf5::h5check(unsafe {
-                H5Aread(attr.id(), file_type.id(), bytes.as_mut_ptr() as *mut c_void)
-            })?;
-            bytes.truncate(len);
-            String::from_utf8_lossy(&bytes)
-                .trim_end_matches(['\0', ' '])
-                .to_owned()
-        }
-        other => return Err(format!("attribute {name} is {other}, not a string").into()),
-    };
-    Ok(Some(text))
-}
-
-/// A numeric attribute's values, converted to f64; `None` if absent.
-fn numbers_attr(location: &::hdf5::Location, name: &str) -> ::hdf5::Result<Option<Vec<f64>>> {
-    if !location.attr_names()?.iter().any(|n| n == name) {
-        return Ok(None);
-    }
-    location.attr(name)?.read_raw::<f64>().map(Some)
 }
 
 /// What one MINC2 dimension variable says.
@@ -166,16 +105,6 @@ fn fill_dimension(location: &::hdf5::Location, dimension: &mut Dimension) -> ::h
     }
     dimension.irregular = string_attr(location, "spacing")?.as_deref() == Some("irregular");
     Ok(())
-}
-
-/// The least and greatest values of an integer dtype, nibabel's default
-/// valid range.
-fn dtype_range(dtype: DType) -> (f64, f64) {
-    let bits = (dtype.size * 8) as i32;
-    match dtype.kind {
-        Kind::Unsigned => (0.0, 2f64.powi(bits) - 1.0),
-        _ => (-(2f64.powi(bits - 1)), 2f64.powi(bits - 1) - 1.0),
-    }
 }
 
 /// Learn the world space of the MINC2 file at `path`, whose image has
@@ -330,4 +259,32 @@ fn read_scaling(
         ValueScaling::Float | ValueScaling::Absent => {}
     }
     Ok(None)
+}
+
+/// MINC2's row of the format table: read only, its image at a fixed
+/// dataset, its stored values scaled by each file's image-min/image-max.
+pub(in crate::format) const TRAITS: FormatTraits = FormatTraits {
+    name: "MINC2",
+    extension: "mnc",
+    input_extensions: &["mnc"],
+    probe: Ok(probe_block),
+    template: Err(
+        "rechunkfs reads MINC2 but does not write it; choose --format nii (NIfTI-1, with \
+         the MINC2 affine), h5, npy or raw",
+    ),
+    space: Some(space_of),
+    dataset: Dataset::Fixed(IMAGE),
+    stored_scaling: true,
+    leading_axis_is_time: true,
+    ..FormatTraits::NONE
+};
+
+/// [`probe`] as the format table calls it (the dataset is always [`IMAGE`]).
+fn probe_block(path: &Path, _dataset: &str) -> Result<BlockInfo> {
+    probe(path)
+}
+
+/// [`probe_space`] as the format table calls it.
+fn space_of(path: &Path, info: &BlockInfo) -> Result<Space> {
+    probe_space(path, info.shape.len(), info.dtype)
 }

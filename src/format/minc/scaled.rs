@@ -21,12 +21,12 @@ use std::sync::Arc;
 
 use ::hdf5::sync::sync;
 
-use super::{dtype_range, library_error, numbers_attr, string_attr, IMAGE, IMAGE_GROUP};
+use super::attrs::{dtype_range, library_error, numbers_attr, string_attr, IMAGE, IMAGE_GROUP};
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::error::{Error, Result};
+use crate::format::block::shape_text;
 use crate::format::decode::{most_at_ratio, zeroed, BlockDecode, DEFLATE_RATIO};
 use crate::format::hdf5::Hdf5BlockReader;
-use crate::format::shape_text;
 
 /// How a MINC2 file's stored values become its physical values.
 #[derive(Clone, Debug, PartialEq)]

@@ -12,13 +12,12 @@ use std::sync::Arc;
 
 use flate2::bufread::MultiGzDecoder;
 
-use super::{header_of, shape_text, NiftiHeader, HEAD_LEN};
 use crate::error::{Error, Result};
+use crate::format::block::{shape_text, Storage};
 use crate::format::decode::{check_holds, most_at_ratio, reserved, BlockDecode, DEFLATE_RATIO};
-use crate::format::Storage;
 
 /// How [`crate::error::Error::BadBlockFile`] names the format.
-const FORMAT: &str = "gzipped NIfTI";
+pub(super) const FORMAT: &str = "gzipped NIfTI";
 
 /// Compressed bytes read at a time while probing: enough for the header
 /// to inflate from, not the whole file.
@@ -29,34 +28,40 @@ pub(super) fn is_gzip(head: &[u8]) -> bool {
     head.starts_with(&[0x1f, 0x8b])
 }
 
-/// The header of the gzipped NIfTI file `path` (open as `file`, at its
-/// start, `file_len` bytes), with its data length and storage, inflating
-/// only the header's bytes. A file too short to inflate to what its
-/// header claims, even at deflate's greatest ratio, is refused here.
-pub(super) fn read_header(
-    path: &Path,
-    file: File,
-    file_len: u64,
-) -> Result<(NiftiHeader, u64, Storage)> {
-    let mut stream =
-        MultiGzDecoder::new(BufReader::with_capacity(PROBE_BUFFER, file)).take(HEAD_LEN);
-    let mut head = Vec::with_capacity(HEAD_LEN as usize);
+/// The first `up_to` bytes (fewer if the stream is shorter) the gzipped
+/// file `path` (open as `file`, at its start) inflates to: its header,
+/// inflating nothing past it.
+pub(super) fn inflate_head(path: &Path, file: File, up_to: u64) -> Result<Vec<u8>> {
+    let mut stream = MultiGzDecoder::new(BufReader::with_capacity(PROBE_BUFFER, file)).take(up_to);
+    let mut head = Vec::with_capacity(up_to as usize);
     stream
         .read_to_end(&mut head)
         .map_err(|e| damaged(path, "its header", &e))?;
-    let (header, data_len) = header_of(path, &head, FORMAT)?;
+    Ok(head)
+}
+
+/// The storage of the gzipped NIfTI file `path` (`file_len` bytes) whose
+/// header puts `data_len` bytes of an image of `dims` (x, y, z order) at
+/// `vox_offset` of the inflated stream. A file too short to inflate to
+/// that, even at deflate's greatest ratio, is refused.
+pub(super) fn storage(
+    path: &Path,
+    file_len: u64,
+    vox_offset: u64,
+    data_len: u64,
+    dims: Vec<u64>,
+) -> Result<Storage> {
     let decoder = GzippedNifti {
-        vox_offset: header.vox_offset,
+        vox_offset,
         data_len,
-        dims: header.dims.clone(),
+        dims,
     };
     check_holds(&decoder, path, file_len)?;
-    let storage = Storage::Encoded {
+    Ok(Storage::Encoded {
         decoder: Arc::new(decoder),
         offset: 0,
         len: file_len,
-    };
-    Ok((header, data_len, storage))
+    })
 }
 
 /// The error for a gzip stream that does not inflate.
@@ -211,8 +216,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("0_0_0.nii.gz");
         std::fs::write(&path, &whole[..whole.len() / 2]).unwrap();
-        let file = std::fs::File::open(&path).unwrap();
-        let (header, data_len, storage) = read_header(&path, file, whole.len() as u64 / 2).unwrap();
+        let (header, data_len, storage) = super::super::read_file_header(&path).unwrap();
         assert_eq!(header.dims, [60, 50, 40]);
         assert_eq!(data_len, 40 * 50 * 60 * 2);
         let Storage::Encoded { decoder, .. } = storage else {

@@ -22,7 +22,11 @@ mod gzip;
 
 use std::path::Path;
 
-use super::{shape_problem, shape_text, BlockInfo, BlockTemplate, Storage};
+use super::block::{
+    read_head, shape_problem, shape_text, BlockFormat, BlockInfo, BlockTemplate, Storage,
+};
+use super::traits::FormatTraits;
+use crate::array::axes::AxisOrder;
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::array::space::{affine_of_qform, qform_of, Qform, Space};
 use crate::error::{Error, Result};
@@ -705,9 +709,18 @@ pub fn read_header(path: &Path) -> Result<NiftiHeader> {
 
 /// The header of `path`, its data length, and how the file stores it.
 fn read_file_header(path: &Path) -> Result<(NiftiHeader, u64, Storage)> {
-    let (file, file_len, head) = super::read_head(path, "NIfTI", HEAD_LEN)?;
+    let (file, file_len, head) = read_head(path, "NIfTI", HEAD_LEN)?;
     if gzip::is_gzip(&head) {
-        return gzip::read_header(path, file, file_len);
+        let head = gzip::inflate_head(path, file, HEAD_LEN)?;
+        let (header, data_len) = header_of(path, &head, gzip::FORMAT)?;
+        let storage = gzip::storage(
+            path,
+            file_len,
+            header.vox_offset,
+            data_len,
+            header.dims.clone(),
+        )?;
+        return Ok((header, data_len, storage));
     }
     let (header, data_len) = header_of(path, &head, "NIfTI")?;
     let needed_len = header.vox_offset.saturating_add(data_len);
@@ -740,6 +753,108 @@ pub fn probe(path: &Path) -> Result<BlockInfo> {
         dtype: header.dtype,
         storage,
     })
+}
+
+/// NIfTI-1's row of the format table: read as NIfTI-1 or -2 (`.nii`,
+/// `.nii.gz`), written as NIfTI-1 unless a block needs NIfTI-2; each
+/// header places its block in the world.
+pub(super) const TRAITS: FormatTraits = FormatTraits {
+    name: "NIfTI",
+    extension: "nii",
+    input_extensions: &["nii"],
+    axis_order: AxisOrder::Nifti,
+    probe: Ok(probe_block),
+    template: Ok(template_one),
+    space: Some(space_of),
+    place: Some(place_one),
+    global_scaling: true,
+    leading_axis_is_time: true,
+    wider: Some(wider),
+    ..FormatTraits::NONE
+};
+
+/// NIfTI-2's row: written only (inputs of either version are NIfTI's).
+pub(super) const TRAITS_2: FormatTraits = FormatTraits {
+    name: "NIfTI-2",
+    aliases: &["nii2", "nifti2"],
+    input_extensions: &[],
+    template: Ok(template_two),
+    place: Some(place_two),
+    leading_axis_is_time: false,
+    wider: None,
+    ..TRAITS
+};
+
+/// [`probe`] as the format table calls it (NIfTI has no datasets).
+fn probe_block(path: &Path, _dataset: &str) -> Result<BlockInfo> {
+    probe(path)
+}
+
+/// The world space a NIfTI file's header gives.
+fn space_of(path: &Path, _info: &BlockInfo) -> Result<Space> {
+    Ok(read_header(path)?.space)
+}
+
+/// NIfTI-2 for blocks with a side past NIfTI-1's.
+fn wider(block_shape: &[u64]) -> Option<BlockFormat> {
+    (Version::needed_for(block_shape) == Version::Two).then_some(BlockFormat::Nifti2)
+}
+
+fn template_one(
+    shape: &[u64],
+    dtype: DType,
+    _dataset: &str,
+    data_len: u64,
+    alignment: u64,
+    space: &Space,
+) -> Result<BlockTemplate> {
+    template(Version::One, shape, dtype, space, data_len, alignment)
+}
+
+fn template_two(
+    shape: &[u64],
+    dtype: DType,
+    _dataset: &str,
+    data_len: u64,
+    alignment: u64,
+    space: &Space,
+) -> Result<BlockTemplate> {
+    template(Version::Two, shape, dtype, space, data_len, alignment)
+}
+
+fn place_one(
+    template: &BlockTemplate,
+    shape: &[u64],
+    dtype: DType,
+    space: &Space,
+    origin: &[u64],
+) -> BlockTemplate {
+    place(Version::One, template, shape, dtype, space, origin)
+}
+
+fn place_two(
+    template: &BlockTemplate,
+    shape: &[u64],
+    dtype: DType,
+    space: &Space,
+    origin: &[u64],
+) -> BlockTemplate {
+    place(Version::Two, template, shape, dtype, space, origin)
+}
+
+/// `template` with its header's affine translated to the voxel `origin`.
+fn place(
+    version: Version,
+    template: &BlockTemplate,
+    shape: &[u64],
+    dtype: DType,
+    space: &Space,
+    origin: &[u64],
+) -> BlockTemplate {
+    let header = encode_header(version, shape, dtype, space, origin, template.data_offset);
+    let mut placed = template.clone();
+    placed.prefix[..header.len()].copy_from_slice(&header);
+    placed
 }
 
 #[cfg(test)]

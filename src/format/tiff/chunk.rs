@@ -11,13 +11,43 @@ use std::path::Path;
 
 use tiff::decoder::{Decoder, Limits};
 
-use super::{bad, compression_name};
 use crate::array::dtype::{DType, Endian, Kind};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::decode::{
     most_at_ratio, reserved, zlib_limited, zstd_limited, BlockDecode, Overrun, DEFLATE_RATIO,
     LZW_RATIO, PACKBITS_RATIO, ZSTD_RATIO,
 };
+
+/// The format's name in messages.
+pub const NAME: &str = "TIFF";
+
+/// Compression schemes decoded (TIFF's `Compression` tag), by number.
+pub(super) const NONE: u16 = 1;
+const SUPPORTED_COMPRESSION: [(u16, &str); 6] = [
+    (NONE, "uncompressed"),
+    (5, "LZW"),
+    (8, "Adobe deflate"),
+    (32946, "deflate"),
+    (32773, "PackBits"),
+    (50000, "zstd"),
+];
+
+/// The name of compression scheme `code`, if it is one rechunkfs decodes.
+pub(super) fn compression_name(code: u16) -> Option<&'static str> {
+    SUPPORTED_COMPRESSION
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map(|(_, name)| *name)
+}
+
+/// A refusal of the TIFF file at `path`.
+pub(super) fn bad(path: &Path, problem: impl Into<String>) -> Error {
+    Error::BadBlockFile {
+        path: path.to_path_buf(),
+        format: NAME,
+        problem: problem.into(),
+    }
+}
 
 /// Decodes one strip or tile of a page into its raw C-order bytes (rows ×
 /// width × samples), padded with zeros to a full chunk's rows, in the

@@ -17,13 +17,12 @@ use std::path::Path;
 use tiff::decoder::{Decoder, Limits};
 use tiff::tags::{ByteOrder, Tag};
 
-pub use chunk::ChunkDecode;
+use chunk::{bad, compression_name, NONE};
+pub use chunk::{ChunkDecode, NAME};
 
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::error::{Error, Result};
-
-/// The format's name in messages.
-pub const NAME: &str = "TIFF";
+use crate::format::traits::FormatTraits;
 
 /// The most pages one file may have: each is an entry in memory and its
 /// directory a read at the scan.
@@ -45,17 +44,6 @@ pub enum Chunking {
 
 /// SGI's tag for a page that is a volume of this many slices.
 const IMAGE_DEPTH: u16 = 32997;
-
-/// Compression schemes decoded (TIFF's `Compression` tag), by number.
-const NONE: u16 = 1;
-const SUPPORTED_COMPRESSION: [(u16, &str); 6] = [
-    (NONE, "uncompressed"),
-    (5, "LZW"),
-    (8, "Adobe deflate"),
-    (32946, "deflate"),
-    (32773, "PackBits"),
-    (50000, "zstd"),
-];
 
 /// One page (image file directory) of a TIFF file.
 #[derive(Clone, Debug)]
@@ -198,26 +186,11 @@ impl Page {
     }
 }
 
-fn compression_name(code: u16) -> Option<&'static str> {
-    SUPPORTED_COMPRESSION
-        .iter()
-        .find(|(c, _)| *c == code)
-        .map(|(_, name)| *name)
-}
-
 /// A TIFF file's pages, in order, and the file's byte order and length.
 pub struct TiffFile {
     pub pages: Vec<Page>,
     pub byte_order: Endian,
     pub len: u64,
-}
-
-fn bad(path: &Path, problem: impl Into<String>) -> Error {
-    Error::BadBlockFile {
-        path: path.to_path_buf(),
-        format: NAME,
-        problem: problem.into(),
-    }
 }
 
 /// Reads every page directory of the TIFF file at `path`. Refused, naming
@@ -398,7 +371,7 @@ fn read_coding<R: Read + Seek>(
 /// The problem with a page's sizes, if any: a page or a chunk too large
 /// to count in bytes, or strip and tile tables that do not cover the page.
 fn check_layout(page: &Page) -> std::result::Result<(), String> {
-    super::shape_problem(&page.shape(), page.dtype)?;
+    crate::format::block::shape_problem(&page.shape(), page.dtype)?;
     let (rows, width) = page.chunk_extent();
     let chunk_bytes = [rows, width, page.pixel_bytes()]
         .iter()
@@ -549,3 +522,18 @@ pub fn is_tiff_name(path: &Path) -> bool {
         .and_then(|e| e.to_str())
         .is_some_and(|e| e.eq_ignore_ascii_case("tif") || e.eq_ignore_ascii_case("tiff"))
 }
+
+/// TIFF's row of the format table: read only, each file a whole array
+/// read page by page.
+pub(in crate::format) const TRAITS: FormatTraits = FormatTraits {
+    name: NAME,
+    extension: "tif",
+    input_extensions: &["tif", "tiff"],
+    probe: Err("a TIFF file is read page by page as a whole array, not as one block of a grid"),
+    whole_file: true,
+    template: Err(
+        "rechunkfs reads TIFF but does not write it; choose --format h5, npy, nii, raw, zarr \
+         or zarr3",
+    ),
+    ..FormatTraits::NONE
+};
