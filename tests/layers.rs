@@ -195,9 +195,12 @@ const KNOWN_CYCLES: &[&[&str]] = &[
     &["engine/mod.rs", "engine/sink.rs", "engine/writer.rs"],
     &[
         "view/layout.rs",
+        "view/materialise.rs",
         "view/mod.rs",
         "view/opens.rs",
         "view/prepare.rs",
+        "view/running.rs",
+        "view/space.rs",
         "view/status.rs",
     ],
     &[

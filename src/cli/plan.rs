@@ -315,7 +315,7 @@ fn problem_of_args(
             let dtype: DType = args.dtype.as_deref().unwrap_or("u1").parse()?;
             let array = parse_shape(array).context("--array")?;
             let blocks = parse_shape(args.blocks.as_deref().unwrap_or("")).context("--blocks")?;
-            let format = format.unwrap_or(BlockFormat::Hdf5);
+            let format = format.unwrap_or_default();
             let planning = &args.planning;
             let encoding = encoding_of(
                 &planning.shape,

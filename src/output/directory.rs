@@ -30,7 +30,7 @@ use crate::array::space::Space;
 use crate::engine::{reopen, BlockSink, Executor, OpenOutput, OutputFiles, OutputTarget, RunStats};
 use crate::error::{Error, Result};
 use crate::format::encode::{self, BlockEncode, Encoding};
-use crate::format::{self, BlockFormat, BlockTemplate};
+use crate::format::{self, BlockFormat, BlockTemplate, Dataset};
 use crate::input::InputArray;
 use crate::output::filetree::FileTree;
 use crate::output::inputs::InputFiles;
@@ -851,7 +851,7 @@ pub fn array_metadata(
         .into_iter()
         .map(|(name, bytes)| (name.to_string(), bytes))
         .collect();
-    if spec.format == BlockFormat::Raw {
+    if spec.format.traits().data_only {
         let metadata = metadata_json(spec, shape, input_block, output, source);
         files.push((METADATA_NAME.to_string(), metadata_bytes(&metadata)?));
     }
@@ -888,12 +888,12 @@ pub fn metadata_json(
         "block_shape": order.to_user(&block_shape),
         "grid_shape": order.to_user(&output.grid_shape()),
         "format": format,
-        "dataset": if format == BlockFormat::Hdf5 { Some(dataset) } else { None },
+        "dataset": if format.traits().dataset == Dataset::Named { Some(dataset) } else { None },
         "file_name_pattern": format!("{names}.{}", format.extension()),
         "axis_order": order,
         "axis_order_description": order.describe(),
         "numpy_order": order.numpy_order(),
-        "data_offset": if format == BlockFormat::Raw { Some(0) } else { None },
+        "data_offset": if format.traits().data_only { Some(0) } else { None },
         "source": source,
     })
 }

@@ -22,7 +22,7 @@ use crate::array::space::Space;
 use crate::engine::downsample::{LevelBuilder, LevelFiles, PyramidStats};
 use crate::error::{Error, Result};
 use crate::format::ome::{self, ScaleLevel, Window, WindowOf, WorldAxis};
-use crate::format::{precomputed, BlockFormat};
+use crate::format::{precomputed, BlockFormat, PyramidKind};
 use crate::output::directory::{
     finish_array, write_atomically, DirectorySink, OutputSpec, PartOutput,
 };
@@ -33,8 +33,7 @@ use crate::plan::pyramid::{rows_per_pass, Downsample, Pyramid};
 /// Where level `k` of a pyramid of `levels` levels goes, relative to OUT
 /// (`None`: OUT itself).
 pub fn level_dir(format: BlockFormat, levels: usize, k: usize) -> Option<String> {
-    let own_dirs = format == BlockFormat::Precomputed || (format.pads_edge_blocks() && levels > 1);
-    (own_dirs || k > 0).then(|| k.to_string())
+    (format.levels_in_own_dirs(levels) || k > 0).then(|| k.to_string())
 }
 
 /// Checks that `format` can hold a pyramid over an array of `shape` and
@@ -50,15 +49,8 @@ pub fn pyramid_axes(
     block: &[u64],
     dtype: crate::DType,
 ) -> Result<(Vec<WorldAxis>, bool)> {
-    if format == BlockFormat::Precomputed {
-        precomputed::check(shape, block, dtype)?;
-    }
-    if format.pads_edge_blocks() && shape.len() < 2 {
-        return Err(Error::BadArgument(
-            "an OME-Zarr image has 2 axes or more; this array has 1: drop --levels".into(),
-        ));
-    }
-    let leading_is_time = matches!(input_format, BlockFormat::Nifti | BlockFormat::Minc2);
+    format.check_pyramid(shape, block, dtype)?;
+    let leading_is_time = input_format.traits().leading_axis_is_time;
     ome::world_axes(space, shape.len(), leading_is_time)
 }
 
@@ -190,7 +182,7 @@ fn write_metadata(out: &Path, output: &PyramidOutput, built: &mut BuiltLevels) -
         axes,
         ..
     } = output;
-    if spec.format == BlockFormat::Zarr3 && is_ome_group(spec, pyramid) {
+    if is_ome_group(spec, pyramid) && zarr3(spec) {
         for k in 0..pyramid.levels.len() {
             let path = out.join(k.to_string()).join("zarr.json");
             let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, "reading", e))?;
@@ -212,7 +204,12 @@ fn write_metadata(out: &Path, output: &PyramidOutput, built: &mut BuiltLevels) -
 /// Zarr group of one array per level. A Zarr pyramid of one level is that
 /// array alone.
 pub fn is_ome_group(spec: &OutputSpec, pyramid: &Pyramid) -> bool {
-    matches!(spec.format, BlockFormat::Zarr | BlockFormat::Zarr3) && pyramid.levels.len() > 1
+    matches!(spec.format.traits().pyramid, PyramidKind::OmeZarr { .. }) && pyramid.levels.len() > 1
+}
+
+/// Whether `spec` writes Zarr v3 OME-Zarr (0.5), whose level arrays name their dimensions.
+fn zarr3(spec: &OutputSpec) -> bool {
+    spec.format.traits().pyramid == PyramidKind::OmeZarr { zarr3: true }
 }
 
 /// The files describing `pyramid` (with `axes` as viewers see them),
@@ -228,7 +225,7 @@ pub fn pyramid_metadata(
     window: Option<Window>,
 ) -> Vec<(&'static str, Vec<u8>)> {
     let levels: Vec<ScaleLevel> = scale_levels(pyramid);
-    if spec.format == BlockFormat::Precomputed {
+    if spec.format.traits().pyramid == PyramidKind::Precomputed {
         let labels = pyramid.method != Downsample::Mean;
         let segmentation = precomputed::is_segmentation(spec.dtype, labels);
         let info = precomputed::info(axes, &levels, spec.dtype, segmentation);
@@ -237,8 +234,7 @@ pub fn pyramid_metadata(
     if !is_ome_group(spec, pyramid) {
         return Vec::new();
     }
-    let zarr3 = spec.format == BlockFormat::Zarr3;
-    ome::group_files(axes, &levels, pyramid.method.name(), zarr3, window)
+    ome::group_files(axes, &levels, pyramid.method.name(), zarr3(spec), window)
 }
 
 /// A level's array metadata file `bytes` as the pyramid holds it: in an
@@ -249,7 +245,7 @@ pub fn level_array_metadata(
     bytes: Vec<u8>,
     axes: &[WorldAxis],
 ) -> Vec<u8> {
-    if spec.format == BlockFormat::Zarr3 && is_ome_group(spec, pyramid) {
+    if is_ome_group(spec, pyramid) && zarr3(spec) {
         ome::with_dimension_names(bytes, axes)
     } else {
         bytes

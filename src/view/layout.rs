@@ -15,7 +15,7 @@ use crate::array::space::Space;
 use crate::error::Result;
 use crate::format::encode::{BlockEncode, ShardLayout};
 use crate::format::ome::{Window, WorldAxis};
-use crate::format::{self, BlockFormat, BlockTemplate};
+use crate::format::{self, BlockNames, BlockTemplate, PyramidKind};
 use crate::output::directory::{metadata_json, OutputSpec};
 use crate::output::filetree::{Dir, FileTree, Node};
 use crate::output::pyramid::{
@@ -302,7 +302,7 @@ fn pyramid_files(
 ) -> Vec<(Dir, String, Vec<u8>, bool)> {
     let mut out = Vec::new();
     let count = view.pyramid.levels.len();
-    if matches!(layout.format, BlockFormat::Zarr | BlockFormat::Zarr3) {
+    if matches!(layout.format.traits().pyramid, PyramidKind::OmeZarr { .. }) {
         for k in 0..count {
             let dir = match level_dir(layout.format, count, k) {
                 None => Dir::Root,
@@ -357,7 +357,7 @@ fn view_metadata(layout: &ViewLayout, files: &FileTree) -> Vec<u8> {
     if let Some(prefix) = &key.prefix {
         pattern = format!("{prefix}{}{pattern}", key.separator);
     }
-    value["file_name_pattern"] = if layout.format == BlockFormat::Precomputed {
+    value["file_name_pattern"] = if layout.format.traits().names == BlockNames::VoxelRanges {
         serde_json::json!("{key}/{x0}-{x1}_{y0}-{y1}_{z0}-{z1}")
     } else {
         serde_json::json!(format!("{pattern}{}", key.suffix))
