@@ -548,7 +548,6 @@ fn start_materialiser(
         prepared.core.clone(),
         prepared.input.clone(),
         prepared.plan.clone(),
-        None,
         true,
     )
     .unwrap()

@@ -189,29 +189,28 @@ fn stepped_run_cancellable(
     core: Arc<ViewCore>,
     cancel: Arc<AtomicBool>,
 ) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
-    stepped_run_with(f, core, cancel, None)
+    stepped_run_with(f, core, cancel, false)
 }
 
-/// As [`stepped_run_cancellable`]; with `on_demand` = Some(mem), waited-for
-/// blocks are extracted ahead of the plan within `mem`.
+/// As [`stepped_run_cancellable`]; with `on_demand`, waited-for blocks are
+/// extracted beside the plan.
 fn stepped_run_with(
     f: &Fixture,
     core: Arc<ViewCore>,
     cancel: Arc<AtomicBool>,
-    on_demand: Option<Option<u64>>,
+    on_demand: bool,
 ) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
     let (go, _reached, handle) = stepped_run_observed(f, core, cancel, on_demand);
     (go, handle)
 }
 
 /// As [`stepped_run_with`], and says on `reached` each time the run stops
-/// between read blocks: by then it has done everything it does between
-/// steps (extracting waited-for blocks among it).
+/// between read blocks.
 fn stepped_run_observed(
     f: &Fixture,
     core: Arc<ViewCore>,
     cancel: Arc<AtomicBool>,
-    on_demand: Option<Option<u64>>,
+    on_demand: bool,
 ) -> (
     mpsc::Sender<()>,
     mpsc::Receiver<()>,
@@ -223,9 +222,8 @@ fn stepped_run_observed(
     let input = f.input.clone();
     let handle = std::thread::spawn(move || {
         let mut sink = StagingSink::new(core.clone());
-        if let Some(mem) = on_demand {
-            sink = sink.with_on_demand(input.clone(), plan.clone(), mem);
-        }
+        let extractor =
+            on_demand.then(|| sink.start_extractor(input.clone(), cancel.clone()).unwrap());
         let result = Executor::new(&plan, &input)
             .with_cancel(&cancel)
             .with_witness(core.staging().as_ref())
@@ -233,6 +231,7 @@ fn stepped_run_observed(
                 let _ = reached_tx.send(());
                 let _ = wait.recv();
             });
+        drop(extractor);
         // Completed blocks become durable (journaled) in batches; the end
         // of a run, stopped or not, closes the last batch.
         sink.flush().unwrap();
@@ -455,7 +454,6 @@ fn a_panic_on_the_materialiser_fails_the_view_and_its_parked_reads() {
         core.clone(),
         f.input.clone(),
         f.plan.clone(),
-        None,
         false,
     )
     .unwrap();
@@ -844,19 +842,15 @@ fn a_waited_for_block_is_extracted_ahead_of_the_plan_and_not_written_twice() {
     let f = fixture(&[30, 28, 26], &[10, 7, 13], &[12, 9, 8], BlockFormat::Hdf5);
     let (core, _) = open_core(&f);
     let last = core.output().count() - 1;
+    let (go, reached, runner) =
+        stepped_run_observed(&f, core.clone(), Arc::new(AtomicBool::new(false)), true);
+    // The plan is held after its first read block, and stays held: the
+    // waited-for block is served without waiting for its next step.
+    reached.recv_timeout(Duration::from_secs(10)).unwrap();
     let parked = read_into(&core, block_ino(&core, last), 0, 1 << 22);
-    let (go, runner) = stepped_run_with(
-        &f,
-        core.clone(),
-        Arc::new(AtomicBool::new(false)),
-        Some(None),
-    );
-    // One read block later the waited-for block is served, long before
-    // the plan would reach it.
-    go.send(()).unwrap();
     let answered = parked
         .recv_timeout(Duration::from_secs(10))
-        .unwrap()
+        .expect("the read of a far block waited for the plan's held step")
         .unwrap();
     assert_eq!(answered, expected(&f, &core, last));
     let status = core.status();
@@ -905,8 +899,7 @@ fn a_block_extracted_ahead_of_the_plan_is_journaled_after_its_inputs() {
     let last = core.output().count() - 1;
     let parked = read_into(&core, block_ino(&core, last), 0, 1 << 22);
     let cancel = Arc::new(AtomicBool::new(false));
-    let (go, runner) = stepped_run_with(&f, core.clone(), cancel.clone(), Some(None));
-    go.send(()).unwrap();
+    let (go, runner) = stepped_run_with(&f, core.clone(), cancel.clone(), true);
     let answered = parked.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(answered.unwrap(), expected(&f, &core, last));
     // Stopped now, the plan has read only its first read block's inputs:
@@ -916,46 +909,6 @@ fn a_block_extracted_ahead_of_the_plan_is_journaled_after_its_inputs() {
     runner.join().unwrap();
     assert!(journal_ranks(&f.staging_dir).contains(&last));
     assert_blocks_journaled_after_their_inputs(&f, &core);
-}
-
-#[test]
-fn extraction_that_would_break_the_memory_cap_waits_for_the_plan() {
-    let f = fixture(&[30, 28, 26], &[10, 7, 13], &[12, 9, 8], BlockFormat::Npy);
-    let (core, _) = open_core(&f);
-    let last = core.output().count() - 1;
-    let parked = read_into(&core, block_ino(&core, last), 0, 1 << 22);
-    // A cap below one block: no extraction can fit.
-    let tiny = core.template(last).data_len - 1;
-    let (go, reached, runner) = stepped_run_observed(
-        &f,
-        core.clone(),
-        Arc::new(AtomicBool::new(false)),
-        Some(Some(tiny)),
-    );
-    // Three stops between read blocks, the run held at the third: the
-    // urgent block was weighed for extraction and refused.
-    for step in 0..3 {
-        reached.recv_timeout(Duration::from_secs(10)).unwrap();
-        if step < 2 {
-            go.send(()).unwrap();
-        }
-    }
-    assert!(
-        parked.try_recv().is_err(),
-        "not extracted: it would not fit"
-    );
-    assert_eq!(core.status().on_demand_blocks, 0);
-    drop(go);
-    runner.join().unwrap();
-    assert_eq!(
-        parked
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap()
-            .unwrap(),
-        expected(&f, &core, last)
-    );
-    assert_eq!(core.status().on_demand_blocks, 0);
-    assert_eq!(core.status().seeks_made, core.status().seeks_planned);
 }
 
 /// The node `path` (components joined by `/`) resolves to from the root.

@@ -149,7 +149,6 @@ pub fn serve(
         plan,
         view,
         allow_other,
-        mem,
         on_demand,
     } = prepared;
     fail_view_on_panic(&core);
@@ -157,7 +156,7 @@ pub fn serve(
     // Started first, so its first reads overlap the mount: nothing it
     // does needs the view mounted, and if mounting fails, what it
     // completed meanwhile is kept in the staging area like any other.
-    let materialiser = Materialiser::start(core.clone(), input, plan, mem, on_demand)?;
+    let materialiser = Materialiser::start(core.clone(), input, plan, on_demand)?;
     let mounting = Instant::now();
     let mut session = match fuser::Session::new(RechunkFs::new(core.clone()), &view, &config) {
         Ok(session) => session,

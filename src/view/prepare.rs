@@ -13,6 +13,7 @@ use crate::input::{HeaderChecks, InputArray, Values};
 use crate::output::pyramid::{files_of, pyramid_axes};
 use crate::plan::pyramid::{pyramid_cost, rows_per_pass, PyramidFlags};
 use crate::plan::{self, Plan, Problem, Strategy};
+use crate::view::materialise::on_demand_bytes;
 use crate::view::staging::{make_private_dir, Manifest, Staging};
 use crate::view::{Access, BlockTemplates, ViewCore, ViewLayout, ViewPyramid};
 
@@ -47,9 +48,8 @@ pub struct PreparedView {
     pub plan: Plan,
     pub view: PathBuf,
     pub allow_other: bool,
-    /// The memory limit, also for blocks extracted ahead of the plan.
-    pub mem: Option<u64>,
-    /// Whether blocks readers wait for may be extracted ahead of the plan.
+    /// Whether blocks readers wait for may be extracted ahead of the plan
+    /// (the plan leaves their memory free: `status` shows how much).
     pub on_demand: bool,
 }
 
@@ -72,14 +72,40 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         ));
     }
     let reserved = pyramid.as_ref().map_or(0, |p| p.peak_bytes);
-    let (problem, plan, mem) = plan_view(
-        request,
-        &input,
-        output_block,
-        format,
-        &shard_chunks,
-        reserved,
-    )?;
+    let on_demand = match request.in_order {
+        true => None,
+        false => Some(on_demand_bytes(
+            &input,
+            &output_block,
+            shard_chunks.as_deref(),
+        )?),
+    };
+    let planned = |extraction: u64| {
+        plan_view(
+            request,
+            &input,
+            output_block.clone(),
+            format,
+            &shard_chunks,
+            reserved + extraction,
+        )
+    };
+    // Extracting a block beside the plan holds `on_demand` bytes, which
+    // the plan leaves free; a --mem too small for both is the plan's.
+    let (problem, plan, on_demand) = match on_demand.map(|bytes| (planned(bytes), bytes)) {
+        Some((Ok((problem, plan, _)), bytes)) => (problem, plan, Some(bytes)),
+        Some((Err(error), bytes)) => {
+            let (problem, plan, _) = planned(0)?;
+            log::warn!(
+                "--mem holds the plan but not also the {bytes} bytes of extracting a block beside                  it ({error}): blocks readers wait for wait for the plan; a larger --mem serves                  them at once"
+            );
+            (problem, plan, None)
+        }
+        None => {
+            let (problem, plan, _) = planned(0)?;
+            (problem, plan, None)
+        }
+    };
     laps.mark("plan");
     let format = format.for_output_blocks(&problem.output_block);
     let staging_dir = match &request.staging {
@@ -138,6 +164,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         ViewCore::with_levels(layout, &plan, templates, Arc::new(staging), &done, pyramid)
             .with_access(access),
     );
+    core.reserve_on_demand(on_demand.unwrap_or(0));
     laps.mark("view");
     log::debug!(
         "prepared the view of {} input blocks: {laps}",
@@ -149,8 +176,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         plan,
         view: request.view.clone(),
         allow_other: request.allow_other,
-        mem,
-        on_demand: !request.in_order,
+        on_demand: on_demand.is_some(),
     })
 }
 
@@ -325,11 +351,15 @@ fn plan_view(
         problem = problem.with_encoded_outputs();
     }
     let cgroup_limit = crate::sys::cgroup::memory_limit();
-    // Building a pyramid block holds `reserved` bytes beside the plan's.
+    // Building a pyramid block, and extracting a block on demand, hold
+    // `reserved` bytes beside the plan's.
     let left = request.mem.map(|mem| mem.saturating_sub(reserved));
     let (plan, mem) = plan::plan_within(&problem, request.strategy, left, cgroup_limit)?;
     if reserved > 0 {
-        log::debug!("planning level 0 within {left:?} bytes: {reserved} are for pyramid blocks");
+        log::debug!(
+            "planning level 0 within {left:?} bytes: {reserved} are for pyramid blocks and \
+             blocks extracted on demand"
+        );
     } else if mem != request.mem {
         log::info!(
             "planning within {} bytes, half of the memory cgroup's {} bytes (--mem: {:?})",
