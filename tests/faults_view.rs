@@ -1515,3 +1515,139 @@ fn an_ordinary_user_unmounts_the_view_of_a_stopped_daemon_at_once() {
         requester(pid) == Requester::Gone
     });
 }
+
+/// How long each read block of the plan is held in the tests of blocks
+/// on demand: far beyond their own deadlines.
+const HELD_STEP_MS: u64 = 60_000;
+/// What those tests allow a far block: a read that waited for the held
+/// step would take [`HELD_STEP_MS`].
+const FAR_BLOCK_DEADLINE: Duration = Duration::from_secs(20);
+
+/// The sample array, 64×60×48 u2, written by zarr-python as Zarr v2 in
+/// uncompressed 16×20×16 chunks, viewed in npy blocks of
+/// [`HELD_VIEW_BLOCK`] (two chunks each), its plan held after its first
+/// read block for [`HELD_STEP_MS`]. Returns the view once the plan is in
+/// that hold: its first read block's reads are counted (the view counts
+/// them as the read block ends, before the hold).
+const HELD_ARRAY: [u64; 3] = [64, 60, 48];
+const HELD_CHUNK: [u64; 3] = [16, 20, 16];
+const HELD_VIEW_BLOCK: [u64; 3] = [16, 20, 32];
+
+fn view_held_in_its_first_step(root: &Path) -> View {
+    let input = common::make_zarr(
+        root,
+        "in.zarr",
+        &HELD_ARRAY,
+        &HELD_CHUNK,
+        dtype("<u2"),
+        BlockFormat::Zarr,
+    );
+    let view = View::mount(
+        &input,
+        &root.join("view"),
+        &root.join("staging"),
+        "16,20,32",
+        HELD_STEP_MS,
+        &[],
+    );
+    within(
+        Duration::from_secs(20),
+        "the plan's first read block",
+        || json_u64(&view.status(), "seeks_made") > 0,
+    );
+    view
+}
+
+/// Reads a far block of the view (the plan reads in C order), with numpy, and checks
+/// it equals the source's region read by zarr-python; fails if that takes
+/// [`FAR_BLOCK_DEADLINE`] (it waited for the plan's held step).
+fn read_far_block_against_zarr_python(root: &Path, view: &View) {
+    let grid = Partition::regular(&HELD_ARRAY, &HELD_VIEW_BLOCK);
+    // The last along the first two dimensions, a whole block (the last
+    // along the third is cut short).
+    let grid_shape = grid.grid_shape();
+    let far = [grid_shape[0] - 1, grid_shape[1] - 1, 0];
+    let block = grid.block(&far);
+    let path = view.view.join(format!("{}.npy", grid_name(&far)));
+    let origin: Vec<String> = block.origin.iter().map(u64::to_string).collect();
+    let shape: Vec<String> = block.shape.iter().map(u64::to_string).collect();
+    let code = "import sys, numpy as np, zarr\n\
+        path, source, origin, shape = sys.argv[1:5]\n\
+        origin = [int(v) for v in origin.split(',')]\n\
+        shape = [int(v) for v in shape.split(',')]\n\
+        got = np.load(path)\n\
+        want = zarr.open_array(source, mode='r')[tuple(slice(o, o + n) for o, n in zip(origin, shape))]\n\
+        assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape)\n\
+        assert np.array_equal(got, want), 'bytes differ'\n\
+        print('exact')\n";
+    let mut reader = Command::new(common::python())
+        .args(["-c", code, path_str(&path), path_str(&root.join("in.zarr"))])
+        .args([origin.join(","), shape.join(",")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run python");
+    let started = Instant::now();
+    while reader.try_wait().unwrap().is_none() {
+        if started.elapsed() > FAR_BLOCK_DEADLINE {
+            let _ = reader.kill();
+            let _ = reader.wait();
+            panic!(
+                "reading the far block {} was stuck for {FAR_BLOCK_DEADLINE:?}: it waits for \
+                 the plan's held step ({HELD_STEP_MS} ms); status: {}",
+                path.display(),
+                view.status()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let output = reader.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "exact");
+}
+
+#[test]
+fn a_far_block_is_served_while_the_plan_holds_its_step() {
+    require!(Fuse, Readers);
+    let root = tempfile::tempdir().unwrap();
+    let view = view_held_in_its_first_step(root.path());
+    read_far_block_against_zarr_python(root.path(), &view);
+    let status = view.status();
+    assert_eq!(status["on_demand_blocks"], 1, "{status}");
+    assert_eq!(
+        status["state"], "materialising",
+        "served while the plan still holds: {status}"
+    );
+    let unmounted = view.umount();
+    assert!(unmounted.status.success(), "{}", stderr(&unmounted));
+}
+
+#[test]
+fn a_block_on_demand_reads_just_its_chunks_within_memory_set_aside_for_it() {
+    require!(Fuse, Readers);
+    let root = tempfile::tempdir().unwrap();
+    let view = view_held_in_its_first_step(root.path());
+    read_far_block_against_zarr_python(root.path(), &view);
+    let status = view.status();
+    // The far block covers two whole chunks: one read of each, all its
+    // bytes and nothing more, then one write.
+    let block_bytes = HELD_VIEW_BLOCK.iter().product::<u64>() * 2;
+    let chunk_bytes = HELD_CHUNK.iter().product::<u64>() * 2;
+    assert_eq!(json_u64(&status, "on_demand_blocks"), 1, "{status}");
+    assert_eq!(json_u64(&status, "on_demand_bytes_read"), block_bytes);
+    assert_eq!(json_u64(&status, "on_demand_seeks"), 3, "{status}");
+    // The plan leaves one block and one chunk's buffer of --mem free for
+    // it, and that is what it held.
+    assert_eq!(
+        json_u64(&status, "on_demand_reserved_bytes"),
+        block_bytes + chunk_bytes,
+        "{status}"
+    );
+    assert_eq!(
+        json_u64(&status, "on_demand_peak_bytes"),
+        block_bytes + chunk_bytes,
+        "{status}"
+    );
+    let unmounted = view.umount();
+    assert!(unmounted.status.success(), "{}", stderr(&unmounted));
+}
