@@ -8,7 +8,13 @@ Prints, from one run on the same data (page cache dropped before each mount):
 - total materialisation time with that reader running, against an
   undisturbed materialisation; target: <= 1.2x.
 
+- a viewer's first screen: with `--levels auto` (OME-Zarr v2), the time to
+  read one coarse tile right after the mount (level 2's first tile, then
+  the coarsest), against h5py reading the same tile's region straight from
+  the input blocks; target: about the same, however large the view.
+
     bench/run on-demand [--workdir bench-out] [--pause 0.05] [--rounds 5] [--quick]
+                        [--first-screen-only]
 
 Each round runs both, the undisturbed one first in odd rounds and second in
 even ones; the table gives medians over the rounds, with their range.
@@ -123,6 +129,60 @@ def one_round(s, r, rounds):
             "disturbed": disturbed}
 
 
+def tile_region(level, factor, block):
+    """Level 0's box under tile 0 of `level` (factor 2 per axis): its end
+    along each axis (its origin is 0)."""
+    return [block * factor ** level] * 3
+
+
+def read_inputs_directly(data, end, side):
+    """Reads the box [0, end) of the input blocks (35^3 HDF5 files named by
+    their grid index) with h5py, as a program reading the inputs would;
+    returns the seconds and bytes."""
+    import h5py
+
+    start = time.monotonic()
+    got = 0
+    blocks = [-(-min(e, side) // 35) for e in end]
+    for i in range(blocks[0]):
+        for j in range(blocks[1]):
+            for k in range(blocks[2]):
+                with h5py.File(os.path.join(data, f"{i}_{j}_{k}.h5"), "r") as f:
+                    dset = f["data"] if "data" in f else f[list(f.keys())[0]]
+                    part = tuple(slice(0, min(35, e - 35 * n)) for e, n in zip(end, (i, j, k)))
+                    got += dset[part].nbytes
+    return time.monotonic() - start, got
+
+
+def first_screen(s, side):
+    """Mounts with --levels auto and reads level 2's first tile, then the
+    coarsest one, cold, against reading their regions' inputs directly."""
+    view, staging = s.view, s.staging
+    rows = []
+    start = mount(s.data, view, staging, SHAPE, ("--levels", "auto", "--format", "zarr"))
+    levels = sorted(int(n) for n in os.listdir(view) if n.isdigit())
+    mounted = time.monotonic() - start
+    for level in (2, levels[-1]):
+        path = os.path.join(view, str(level), "0.0.0")
+        t = time.monotonic()
+        with open(path, "rb") as f:
+            f.read()
+        tile = time.monotonic() - t
+        read = status(view)["on_demand_bytes_read"]
+        rows.append({"level": level, "tile": tile, "read": read})
+    run("umount", view)
+    for row in rows:
+        end = tile_region(row["level"], 2, 50)
+        drop_caches()
+        row["direct"], row["direct_bytes"] = read_inputs_directly(s.data, end, side)
+    print(f"first screen (mounted in {mounted:.2f} s):")
+    print("| tile | through the view | its inputs read by h5py | ratio | input bytes read for it (cumulative) |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print(f"| level {row['level']} tile 0 | {row['tile'] * 1000:.0f} ms | {row['direct'] * 1000:.0f} ms "
+              f"| {row['tile'] / row['direct']:.2f}x | {row['read']:,} |")
+
+
 def print_table(rows):
     def med(key):
         return statistics.median(row[key] for row in rows)
@@ -149,6 +209,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="350^3 instead of 700^3")
     p.add_argument("--pause", type=float, default=0.05, help="seconds between the reader's block reads")
     p.add_argument("--rounds", type=int, default=5, help="undisturbed and disturbed runs, in turn (default 5)")
+    p.add_argument("--first-screen-only", action="store_true", help="only the viewer's first screen")
     a = p.parse_args(argv)
     if a.rounds < 1:
         p.error("--rounds must be at least 1")
@@ -158,5 +219,8 @@ def main(argv=None):
     if not os.path.isdir(data):
         run("sample", data, "--array", f"{side},{side},{side}", "--blocks", "35,35,35", "--dtype", "u16", "--format", "h5")
     s = Setup(a.workdir, data, a.pause)
+    first_screen(s, side)
+    if a.first_screen_only:
+        return
     rows = [one_round(s, r, a.rounds) for r in range(a.rounds)]
     print_table(rows)

@@ -1070,3 +1070,161 @@ fn zarr2_view_lists_flat_chunk_names_beside_its_metadata() {
         assert_eq!(read_all(&core, node.ino), whole);
     }
 }
+
+/// A view of `input` (npy blocks of 10×12×10 u2) in 20×12×10 npy blocks,
+/// prepared within `mem`, staged under `root/name`.
+fn prepared_within(
+    input: &Path,
+    root: &Path,
+    name: &str,
+    mem: u64,
+) -> rechunkfs::view::PreparedView {
+    let view = root.join(name).join("view");
+    std::fs::create_dir_all(&view).unwrap();
+    rechunkfs::view::prepare(&rechunkfs::view::MountRequest {
+        input: input.to_path_buf(),
+        view,
+        output_block: vec![20, 12, 10],
+        shard: None,
+        mem: Some(mem),
+        strategy: Strategy::Keep,
+        staging: Some(root.join(name).join("staging")),
+        format: Some(BlockFormat::Npy),
+        dataset: "/data".into(),
+        values: None,
+        rebuild: false,
+        allow_other: false,
+        in_order: false,
+        pyramid: Default::default(),
+    })
+    .unwrap()
+}
+
+/// Extracting a block beside the plan holds one output block and one input
+/// block's buffer; the plan is made within --mem less exactly that, and a
+/// --mem one byte short of the least plan plus it leaves blocks to the plan.
+#[test]
+fn the_plan_leaves_exactly_one_extractions_bytes_of_mem_free() {
+    let root = tempfile::tempdir().unwrap();
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &[40, 36, 30],
+        &[10, 12, 10],
+        dtype("<u2"),
+        BlockFormat::Npy,
+    );
+    let extraction = 20 * 12 * 10 * 2 + 10 * 12 * 10 * 2;
+    let generous = prepared_within(&input, root.path(), "generous", 1 << 30);
+    assert!(generous.on_demand);
+    assert_eq!(generous.core.status().on_demand_reserved_bytes, extraction);
+    assert!(generous.plan.prediction.peak_bytes + extraction <= 1 << 30);
+    let problem = generous.plan.problem.clone();
+    drop(generous);
+    // The least --mem any plan of this view fits in.
+    let (mut low, mut high) = (0u64, 1 << 30);
+    while low + 1 < high {
+        let mid = (low + high) / 2;
+        match plan::plan(&problem, Strategy::Keep, Some(mid)) {
+            Ok(_) => high = mid,
+            Err(_) => low = mid,
+        }
+    }
+    let least = high;
+    let fits = prepared_within(&input, root.path(), "fits", least + extraction);
+    assert!(fits.on_demand);
+    assert_eq!(fits.core.status().on_demand_reserved_bytes, extraction);
+    assert!(fits.plan.prediction.peak_bytes + extraction <= least + extraction);
+    drop(fits);
+    let short = prepared_within(&input, root.path(), "short", least + extraction - 1);
+    assert!(
+        !short.on_demand,
+        "no room for an extraction beside the plan"
+    );
+    assert_eq!(short.core.status().on_demand_reserved_bytes, 0);
+    assert!(short.plan.prediction.peak_bytes < least + extraction);
+}
+
+/// A block the plan is partway through writing is left to it: the
+/// extractor skips it (and goes on to a far block asked for after it),
+/// the plan finishes it, and it is published, counted and journaled once.
+#[test]
+fn a_block_the_plan_is_writing_is_not_extracted_and_is_published_once() {
+    // Merges along the first dimension: each output block is written in
+    // slabs, one after each step of its read block (cut at the inputs).
+    let f = fixture(
+        &[40, 24, 10],
+        &[10, 12, 10],
+        &[40, 12, 10],
+        BlockFormat::Npy,
+    );
+    assert!(f.plan.steps.axis(0).count() > f.plan.read.axis(0).count());
+    let (core, _) = open_core(&f);
+    let count = core.output().count();
+    let (go, reached, runner) =
+        stepped_run_observed(&f, core.clone(), Arc::new(AtomicBool::new(false)), true);
+    // Held between two steps of the first read block: its first slab is
+    // written, so the plan has claimed the block it belongs to.
+    reached.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        core.status().blocks_done,
+        0,
+        "held within the first read block"
+    );
+    let order: Vec<Vec<usize>> = f.plan.read_blocks_in_order().collect();
+    let first_write = f
+        .plan
+        .completed_write_block(&order[0])
+        .expect("a write block");
+    let writing_box = f.plan.write.block(&first_write);
+    let in_first_write = |rank: u64| {
+        let block = f.plan.output.block(&f.plan.output.unravel(rank));
+        block.intersect(&writing_box).is_some()
+    };
+    let writing_rank = (0..count).find(|&r| in_first_write(r)).unwrap();
+    let far = (0..count)
+        .rev()
+        .find(|&r| !in_first_write(r))
+        .expect("a far block");
+    assert!(
+        std::fs::metadata(core.staged_path(writing_rank)).is_ok(),
+        "its first slab is written"
+    );
+    let waiting = read_into(&core, block_ino(&core, writing_rank), 0, 1 << 22);
+    let far_read = read_into(&core, block_ino(&core, far), 0, 1 << 22);
+    // The far block, asked for second, is extracted while the plan holds;
+    // by then the extractor has passed over the block the plan writes.
+    let got = far_read
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the far block waited for the plan's held step")
+        .unwrap();
+    assert_eq!(got, expected(&f, &core, far));
+    assert!(waiting.try_recv().is_err(), "left to the plan");
+    assert_eq!(core.status().on_demand_blocks, 1);
+    drop(go);
+    runner.join().unwrap();
+    assert_eq!(
+        waiting
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap()
+            .unwrap(),
+        expected(&f, &core, writing_rank)
+    );
+    let status = core.status();
+    assert_eq!(status.on_demand_blocks, 1);
+    assert_eq!(status.blocks_done, count, "each block counted once");
+    assert_eq!(status.bytes_done, status.bytes_total);
+    let mut journal = journal_ranks(&f.staging_dir);
+    let recorded = journal.len();
+    journal.sort_unstable();
+    journal.dedup();
+    assert_eq!(journal.len(), recorded, "no block recorded twice");
+    assert_eq!(journal.len() as u64, count);
+    for rank in 0..count {
+        let got = read_into(&core, block_ino(&core, rank), 0, 1 << 22)
+            .recv()
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, expected(&f, &core, rank), "{}", core.block_name(rank));
+    }
+}

@@ -429,24 +429,30 @@ struct Serving {
 }
 
 impl Serving {
-    /// Extracts the level-0 blocks that waited-for blocks need, the latest
-    /// asked for first, one at a time, until stopped; a failure fails the
-    /// view (and stops the plan) as the plan's own would.
+    /// Extracts the level-0 blocks that waited-for blocks need, one at a
+    /// time, in the order they were asked for, until stopped: level-0
+    /// blocks asked for themselves first, then the sources of pyramid
+    /// blocks (a coarse tile's many must not hold up a block's one). A
+    /// failure fails the view (and stops the plan) as the plan's own would.
     fn serve(mut self) {
-        // (waited-for block, level-0 block it needs)
-        let mut queue: VecDeque<(u64, u64)> = VecDeque::new();
+        // (waited-for block, level-0 block it needs), each kind in order
+        let mut direct: VecDeque<(u64, u64)> = VecDeque::new();
+        let mut sources: VecDeque<(u64, u64)> = VecDeque::new();
         while !self.ended.load(Ordering::Relaxed) && !self.cancel.load(Ordering::Relaxed) {
-            let urgent = if queue.is_empty() {
+            let urgent = if direct.is_empty() && sources.is_empty() {
                 self.core.wait_urgent(IDLE_WAIT)
             } else {
                 self.core.take_urgent()
             };
-            for &wanted in urgent.iter().rev() {
-                for rank in level0_sources(&self.core, &[wanted]).into_iter().rev() {
-                    queue.push_front((wanted, rank));
-                }
+            for wanted in urgent {
+                let queue = match self.core.files().level_of(wanted).0 {
+                    0 => &mut direct,
+                    _ => &mut sources,
+                };
+                let needed = level0_sources(&self.core, wanted);
+                queue.extend(needed.into_iter().map(|rank| (wanted, rank)));
             }
-            let Some((wanted, rank)) = queue.pop_front() else {
+            let Some((wanted, rank)) = direct.pop_front().or_else(|| sources.pop_front()) else {
                 continue;
             };
             // A block nobody waits for any more is left to the plan.
@@ -571,37 +577,30 @@ fn sources_done(core: &ViewCore, k: usize, index: &[usize]) -> bool {
     IndexBox::new(below.overlapping(&source)).all(|i| core.is_done(first + below.linear(&i)))
 }
 
-/// The level-0 blocks to extract for the waited-for blocks `ranks`: a
-/// level-0 block itself, or the pending level-0 blocks a pyramid block
-/// is computed from, which is built as they complete (with the blocks of
-/// the levels between): a coarse tile costs the reads of its own region.
-fn level0_sources(core: &ViewCore, ranks: &[u64]) -> Vec<u64> {
+/// The pending level-0 blocks to extract for waited-for block `rank`: the
+/// block itself, or those a pyramid block is computed from, which is built
+/// as they complete (with the blocks of the levels between): a coarse
+/// tile costs the reads of its own region.
+fn level0_sources(core: &ViewCore, rank: u64) -> Vec<u64> {
     let files = core.files();
-    let mut out = Vec::new();
-    for &rank in ranks {
-        let (k, _) = files.level_of(rank);
-        let Some(view) = core.pyramid().filter(|_| k > 0) else {
-            out.push(rank);
-            continue;
-        };
-        let region = files.block_region(rank);
-        let scale = view.pyramid.scale(k);
-        let level0 = files.level_grid(0);
-        let full = level0.array_shape();
-        let origin: Vec<u64> = (0..region.ndim())
-            .map(|d| region.origin[d] * scale[d])
-            .collect();
-        let shape = (0..region.ndim())
-            .map(|d| (region.end(d) * scale[d]).min(full[d]) - origin[d])
-            .collect();
-        out.extend(
-            IndexBox::new(level0.overlapping(&crate::array::geometry::Region::new(origin, shape)))
-                .map(|i| level0.linear(&i)),
-        );
-    }
-    let mut seen = std::collections::HashSet::new();
-    out.retain(|&rank| !core.is_done(rank) && seen.insert(rank));
-    out
+    let (k, _) = files.level_of(rank);
+    let Some(view) = core.pyramid().filter(|_| k > 0) else {
+        return [rank].into_iter().filter(|&r| !core.is_done(r)).collect();
+    };
+    let region = files.block_region(rank);
+    let scale = view.pyramid.scale(k);
+    let level0 = files.level_grid(0);
+    let full = level0.array_shape();
+    let origin: Vec<u64> = (0..region.ndim())
+        .map(|d| region.origin[d] * scale[d])
+        .collect();
+    let shape = (0..region.ndim())
+        .map(|d| (region.end(d) * scale[d]).min(full[d]) - origin[d])
+        .collect();
+    IndexBox::new(level0.overlapping(&crate::array::geometry::Region::new(origin, shape)))
+        .map(|i| level0.linear(&i))
+        .filter(|&r| !core.is_done(r))
+        .collect()
 }
 
 /// A pyramid level's blocks as a [`BlockSink`] of their own ranks
