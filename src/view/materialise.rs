@@ -996,3 +996,29 @@ impl Drop for Materialiser {
         self.stop_within(STOP_GRACE);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padding_in_place_places_each_row_and_zeros_the_rest() {
+        // A 2×3×2 edge chunk of 2-byte elements in a 3×4×5 chunk.
+        let (shape, padded, elem) = ([2u64, 3, 2], [3u64, 4, 5], 2usize);
+        let data: Vec<u8> = (1..=(2 * 3 * 2 * 2) as u8).collect();
+        let mut want = vec![0u8; 3 * 4 * 5 * 2];
+        for i in 0..2 {
+            for j in 0..3 {
+                let from = (i * 3 + j) * 2 * elem;
+                let to = (i * 4 + j) * 5 * elem;
+                want[to..to + 2 * elem].copy_from_slice(&data[from..from + 2 * elem]);
+            }
+        }
+        let mut got = Vec::with_capacity(want.len());
+        got.extend_from_slice(&data);
+        let capacity = got.capacity();
+        pad_in_place(&mut got, &shape, &padded, elem);
+        assert_eq!(got, want);
+        assert_eq!(got.capacity(), capacity, "no second buffer");
+    }
+}
