@@ -210,6 +210,8 @@ impl BlockSink for StagingSink {
         if let Some(open) = self.files.close(rank) {
             pagecache::start_writeback(&open.file);
         }
+        // Its writes went through: a wait for space they were in is over.
+        self.space.recovered(&self.core);
         let mut shared = self.shared.lock();
         shared.finish_block(rank)?;
         shared.build_parents(rank)
