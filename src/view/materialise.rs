@@ -251,7 +251,8 @@ fn open_target<'f>(
 
 impl Publisher {
     /// Claims pending block `rank` for `who`, unless it is done or the
-    /// other side writes it. A claim holds until the block is done.
+    /// other side writes it. A claim holds until the block is done (or its
+    /// extraction fails: the plan then writes it from scratch).
     fn claim(&mut self, rank: u64, who: Claimant) -> bool {
         if self.core.is_done(rank) {
             return false;
@@ -474,6 +475,9 @@ impl Serving {
                 shared.finish_block(rank)?;
                 shared.build_parents(rank)
             });
+            if published.is_err() {
+                self.shared.lock().claims.remove(&rank);
+            }
             match published {
                 Ok(()) => {}
                 Err(Error::Cancelled) => break,
