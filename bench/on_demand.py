@@ -8,7 +8,13 @@ Prints, from one run on the same data (page cache dropped before each mount):
 - total materialisation time with that reader running, against an
   undisturbed materialisation; target: <= 1.2x.
 
+- a viewer's first screen: with `--levels auto` (OME-Zarr v2), the time to
+  read one coarse tile right after the mount (level 2's first tile, then
+  the coarsest), against h5py reading the same tile's region straight from
+  the input blocks; target: about the same, however large the view.
+
     bench/run on-demand [--workdir bench-out] [--pause 0.05] [--rounds 5] [--quick]
+                        [--first-screen-only]
 
 Each round runs both, the undisturbed one first in odd rounds and second in
 even ones; the table gives medians over the rounds, with their range.
@@ -123,6 +129,68 @@ def one_round(s, r, rounds):
             "disturbed": disturbed}
 
 
+def tile_region(level, factor, block):
+    """Level 0's box under tile 0 of `level` (factor 2 per axis): its end
+    along each axis (its origin is 0)."""
+    return [block * factor ** level] * 3
+
+
+READ_DIRECTLY = """
+import os, sys, time
+import h5py
+data, end = sys.argv[1], [int(v) for v in sys.argv[2].split(",")]
+start = time.monotonic()
+got = 0
+for i in range(-(-end[0] // 35)):
+    for j in range(-(-end[1] // 35)):
+        for k in range(-(-end[2] // 35)):
+            with h5py.File(os.path.join(data, f"{i}_{j}_{k}.h5"), "r") as f:
+                part = tuple(slice(0, min(35, e - 35 * n)) for e, n in zip(end, (i, j, k)))
+                got += f["data"][part].nbytes
+print(time.monotonic() - start, got)
+"""
+
+
+def read_inputs_directly(data, end, side):
+    """Reads the box [0, end) of the input blocks (35^3 HDF5 files named by
+    their grid index) with h5py (target/pyenv), as a program reading the
+    inputs would; returns the seconds (timed inside that program, after
+    its imports) and the bytes."""
+    python = os.path.join(ROOT, "target", "pyenv", "bin", "python")
+    end = ",".join(str(min(e, side)) for e in end)
+    out = subprocess.run([python, "-c", READ_DIRECTLY, data, end], check=True, capture_output=True, text=True)
+    seconds, got = out.stdout.split()
+    return float(seconds), int(got)
+
+
+def first_screen(s, side):
+    """For level 2's first tile, then the coarsest, each on a fresh mount
+    with --levels auto (page cache dropped first): the time to read the
+    tile right after the mount, against reading its region's inputs
+    directly (cold too)."""
+    rows = []
+    for which in ("level 2", "coarsest"):
+        start = mount(s.data, s.view, s.staging, SHAPE, ("--levels", "auto", "--format", "zarr"))
+        mounted = time.monotonic() - start
+        levels = sorted(int(n) for n in os.listdir(s.view) if n.isdigit())
+        level = 2 if which == "level 2" else levels[-1]
+        t = time.monotonic()
+        with open(os.path.join(s.view, str(level), "0.0.0"), "rb") as f:
+            f.read()
+        tile = time.monotonic() - t
+        final = status(s.view)
+        run("umount", s.view)
+        drop_caches()
+        direct, direct_bytes = read_inputs_directly(s.data, tile_region(level, 2, 50), side)
+        rows.append((level, mounted, tile, direct, final["on_demand_bytes_read"], direct_bytes))
+    print("| first screen: tile 0 of | mount | tile through the view | its region read by h5py | ratio "
+          "| input bytes read for it (view / h5py) |")
+    print("|---|---|---|---|---|---|")
+    for level, mounted, tile, direct, read, direct_bytes in rows:
+        print(f"| level {level} | {mounted:.2f} s | {tile * 1000:.0f} ms | {direct * 1000:.0f} ms "
+              f"| {tile / direct:.2f}x | {read:,} / {direct_bytes:,} |")
+
+
 def print_table(rows):
     def med(key):
         return statistics.median(row[key] for row in rows)
@@ -149,6 +217,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="350^3 instead of 700^3")
     p.add_argument("--pause", type=float, default=0.05, help="seconds between the reader's block reads")
     p.add_argument("--rounds", type=int, default=5, help="undisturbed and disturbed runs, in turn (default 5)")
+    p.add_argument("--first-screen-only", action="store_true", help="only the viewer's first screen")
     a = p.parse_args(argv)
     if a.rounds < 1:
         p.error("--rounds must be at least 1")
@@ -158,5 +227,8 @@ def main(argv=None):
     if not os.path.isdir(data):
         run("sample", data, "--array", f"{side},{side},{side}", "--blocks", "35,35,35", "--dtype", "u16", "--format", "h5")
     s = Setup(a.workdir, data, a.pause)
+    first_screen(s, side)
+    if a.first_screen_only:
+        return
     rows = [one_round(s, r, a.rounds) for r in range(a.rounds)]
     print_table(rows)

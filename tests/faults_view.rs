@@ -1515,3 +1515,239 @@ fn an_ordinary_user_unmounts_the_view_of_a_stopped_daemon_at_once() {
         requester(pid) == Requester::Gone
     });
 }
+
+/// How long each read block of the plan is held in the tests of blocks
+/// on demand: far beyond their own deadlines.
+const HELD_STEP_MS: u64 = 60_000;
+/// What those tests allow a far block: a read that waited for the held
+/// step would take [`HELD_STEP_MS`].
+const FAR_BLOCK_DEADLINE: Duration = Duration::from_secs(20);
+
+/// The sample array, 64×60×48 u2, written by zarr-python as Zarr v2 in
+/// uncompressed 16×20×16 chunks, viewed in npy blocks of
+/// [`HELD_VIEW_BLOCK`] (two chunks each), its plan held after its first
+/// read block for [`HELD_STEP_MS`]. Returns the view once the plan is in
+/// that hold: its first read block's reads are counted (the view counts
+/// them as the read block ends, before the hold).
+const HELD_ARRAY: [u64; 3] = [64, 60, 48];
+const HELD_CHUNK: [u64; 3] = [16, 20, 16];
+const HELD_VIEW_BLOCK: [u64; 3] = [16, 20, 32];
+
+fn view_held_in_its_first_step(root: &Path, extra: &[&str]) -> View {
+    let input = common::make_zarr(
+        root,
+        "in.zarr",
+        &HELD_ARRAY,
+        &HELD_CHUNK,
+        dtype("<u2"),
+        BlockFormat::Zarr,
+    );
+    let view = View::mount(
+        &input,
+        &root.join("view"),
+        &root.join("staging"),
+        "16,20,32",
+        HELD_STEP_MS,
+        extra,
+    );
+    within(
+        Duration::from_secs(20),
+        "the plan's first read block",
+        || json_u64(&view.status(), "seeks_made") > 0,
+    );
+    view
+}
+
+/// Reads a far block of the view (the plan reads in C order), with numpy, and checks
+/// it equals the source's region read by zarr-python; fails if that takes
+/// [`FAR_BLOCK_DEADLINE`] (it waited for the plan's held step).
+fn read_far_block_against_zarr_python(root: &Path, view: &View) {
+    let grid = Partition::regular(&HELD_ARRAY, &HELD_VIEW_BLOCK);
+    // The last along the first two dimensions, a whole block (the last
+    // along the third is cut short).
+    let grid_shape = grid.grid_shape();
+    let far = [grid_shape[0] - 1, grid_shape[1] - 1, 0];
+    let block = grid.block(&far);
+    let path = view.view.join(format!("{}.npy", grid_name(&far)));
+    let origin: Vec<String> = block.origin.iter().map(u64::to_string).collect();
+    let shape: Vec<String> = block.shape.iter().map(u64::to_string).collect();
+    let code = "import sys, numpy as np, zarr\n\
+        path, source, origin, shape = sys.argv[1:5]\n\
+        origin = [int(v) for v in origin.split(',')]\n\
+        shape = [int(v) for v in shape.split(',')]\n\
+        got = np.load(path)\n\
+        want = zarr.open_array(source, mode='r')[tuple(slice(o, o + n) for o, n in zip(origin, shape))]\n\
+        assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape)\n\
+        assert np.array_equal(got, want), 'bytes differ'\n\
+        print('exact')\n";
+    let args = [
+        path_str(&path).to_string(),
+        path_str(&root.join("in.zarr")).to_string(),
+        origin.join(","),
+        shape.join(","),
+    ];
+    let said = python_within(code, &args, view, &format!("reading {}", path.display()));
+    assert_eq!(said, "exact");
+}
+
+/// Runs the Python `code` with `args`, failing the test if it fails or
+/// takes [`FAR_BLOCK_DEADLINE`] (`what` waited for the plan's held step of
+/// `view`); returns what it printed.
+fn python_within(code: &str, args: &[String], view: &View, what: &str) -> String {
+    let mut reader = Command::new(common::python())
+        .args(["-c", code])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run python");
+    let started = Instant::now();
+    while reader.try_wait().unwrap().is_none() {
+        if started.elapsed() > FAR_BLOCK_DEADLINE {
+            let _ = reader.kill();
+            let _ = reader.wait();
+            panic!(
+                "{what} was stuck for {FAR_BLOCK_DEADLINE:?}: it waits for the plan's held \
+                 step ({HELD_STEP_MS} ms); status: {}",
+                view.status()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let output = reader.wait_with_output().unwrap();
+    assert!(output.status.success(), "{what}: {}", stderr(&output));
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+#[test]
+fn a_far_block_is_served_while_the_plan_holds_its_step() {
+    require!(Fuse, Readers);
+    let root = tempfile::tempdir().unwrap();
+    let view = view_held_in_its_first_step(root.path(), &[]);
+    read_far_block_against_zarr_python(root.path(), &view);
+    let status = view.status();
+    assert_eq!(status["on_demand_blocks"], 1, "{status}");
+    assert_eq!(
+        status["state"], "materialising",
+        "served while the plan still holds: {status}"
+    );
+    let unmounted = view.umount();
+    assert!(unmounted.status.success(), "{}", stderr(&unmounted));
+}
+
+#[test]
+fn a_block_on_demand_reads_just_its_chunks_within_memory_set_aside_for_it() {
+    require!(Fuse, Readers);
+    let root = tempfile::tempdir().unwrap();
+    let view = view_held_in_its_first_step(root.path(), &[]);
+    read_far_block_against_zarr_python(root.path(), &view);
+    let status = view.status();
+    // The far block covers two whole chunks: one read of each, all its
+    // bytes and nothing more, then one write.
+    let block_bytes = HELD_VIEW_BLOCK.iter().product::<u64>() * 2;
+    let chunk_bytes = HELD_CHUNK.iter().product::<u64>() * 2;
+    assert_eq!(json_u64(&status, "on_demand_blocks"), 1, "{status}");
+    assert_eq!(json_u64(&status, "on_demand_bytes_read"), block_bytes);
+    assert_eq!(json_u64(&status, "on_demand_seeks"), 3, "{status}");
+    // The plan leaves one block and one chunk's buffer of --mem free for
+    // it, and that is what it held.
+    assert_eq!(
+        json_u64(&status, "on_demand_reserved_bytes"),
+        block_bytes + chunk_bytes,
+        "{status}"
+    );
+    assert_eq!(
+        json_u64(&status, "on_demand_peak_bytes"),
+        block_bytes + chunk_bytes,
+        "{status}"
+    );
+    let unmounted = view.umount();
+    assert!(unmounted.status.success(), "{}", stderr(&unmounted));
+}
+
+/// A viewer's first screen: a coarse tile of a pyramid, asked for while
+/// the plan holds its first step, is built from level-0 blocks extracted
+/// for it, reading its own region's input and no more; the coarsest tile
+/// after it reads the rest, each input byte once. Both exact against
+/// TensorStore's downsampling of the source as zarr-python reads it.
+#[test]
+fn a_viewers_coarse_tiles_read_just_their_regions_while_the_plan_holds() {
+    require!(Fuse, Readers);
+    let root = tempfile::tempdir().unwrap();
+    let array = [128u64, 128, 32];
+    let input = common::make_zarr(
+        root.path(),
+        "in.zarr",
+        &array,
+        &[16, 16, 16],
+        dtype("<u2"),
+        BlockFormat::Zarr,
+    );
+    let view = View::mount(
+        &input,
+        &root.path().join("view"),
+        &root.path().join("staging"),
+        "16,16,16",
+        HELD_STEP_MS,
+        &["--levels", "auto"],
+    );
+    within(
+        Duration::from_secs(20),
+        "the plan's first read block",
+        || json_u64(&view.status(), "seeks_made") > 0,
+    );
+    let levels = view.status()["levels"].clone();
+    assert_eq!(levels.as_array().map(Vec::len), Some(4), "{levels}");
+    let code = "import sys, numpy as np, zarr, tensorstore as ts\n\
+        view, source, level, name, box = sys.argv[1:6]\n\
+        data = zarr.open_array(source, mode='r')[...]\n\
+        for _ in range(int(level)):\n\
+        \x20   data = ts.downsample(ts.array(data), [2, 2, 2], 'mean').read().result()\n\
+        box = [int(v) for v in box.split(',')]\n\
+        want = np.ascontiguousarray(data[tuple(slice(a, b) for a, b in zip(box[::2], box[1::2]))])\n\
+        got = np.load(f'{view}/{level}/{name}.npy')\n\
+        assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape)\n\
+        assert np.array_equal(got, want), f'level {level} tile {name} differs'\n\
+        print('exact')\n";
+    let tile = |level: &str, name: &str, region: &str| {
+        let args = [
+            path_str(&view.view).to_string(),
+            path_str(&input).to_string(),
+            level.to_string(),
+            name.to_string(),
+            region.to_string(),
+        ];
+        let what = format!("reading tile {level}/{name}");
+        assert_eq!(python_within(code, &args, &view, &what), "exact");
+    };
+    // Level 1 is 64×64×16 in 16³ tiles: tile 1_1_0 covers level 0's
+    // [32, 64) × [32, 64) × [0, 32), eight 16³ chunks of u2.
+    tile("1", "1_1_0", "16,32,16,32,0,16");
+    let status = view.status();
+    assert_eq!(json_u64(&status, "on_demand_blocks"), 8, "{status}");
+    assert_eq!(
+        json_u64(&status, "on_demand_bytes_read"),
+        8 * 16 * 16 * 16 * 2
+    );
+    // The coarsest level is one 16×16×4 tile over the whole array, from
+    // 128 level-0 blocks: the rest of the input is read for it, neither
+    // the first tile's part nor the blocks the plan wrote before its hold
+    // again.
+    tile("3", "0_0_0", "0,16,0,16,0,4");
+    let status = view.status();
+    let level0 = &status["levels"][0];
+    assert_eq!(json_u64(level0, "blocks_done"), 128, "{status}");
+    let by_plan = 128 - json_u64(&status, "on_demand_blocks");
+    assert!(
+        by_plan < 8,
+        "the plan held after its first read block: {status}"
+    );
+    assert_eq!(
+        json_u64(&status, "on_demand_bytes_read") + by_plan * 16 * 16 * 16 * 2,
+        array.iter().product::<u64>() * 2,
+        "{status}"
+    );
+    assert_eq!(status["state"], "materialising", "{status}");
+    let unmounted = view.umount();
+    assert!(unmounted.status.success(), "{}", stderr(&unmounted));
+}

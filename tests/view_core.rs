@@ -192,29 +192,28 @@ fn stepped_run_cancellable(
     core: Arc<ViewCore>,
     cancel: Arc<AtomicBool>,
 ) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
-    stepped_run_with(f, core, cancel, None)
+    stepped_run_with(f, core, cancel, false)
 }
 
-/// As [`stepped_run_cancellable`]; with `on_demand` = Some(mem), waited-for
-/// blocks are extracted ahead of the plan within `mem`.
+/// As [`stepped_run_cancellable`]; with `on_demand`, waited-for blocks are
+/// extracted beside the plan.
 fn stepped_run_with(
     f: &Fixture,
     core: Arc<ViewCore>,
     cancel: Arc<AtomicBool>,
-    on_demand: Option<Option<u64>>,
+    on_demand: bool,
 ) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
     let (go, _reached, handle) = stepped_run_observed(f, core, cancel, on_demand);
     (go, handle)
 }
 
 /// As [`stepped_run_with`], and says on `reached` each time the run stops
-/// between read blocks: by then it has done everything it does between
-/// steps (extracting waited-for blocks among it).
+/// between read blocks.
 fn stepped_run_observed(
     f: &Fixture,
     core: Arc<ViewCore>,
     cancel: Arc<AtomicBool>,
-    on_demand: Option<Option<u64>>,
+    on_demand: bool,
 ) -> (
     mpsc::Sender<()>,
     mpsc::Receiver<()>,
@@ -226,9 +225,8 @@ fn stepped_run_observed(
     let input = f.input.clone();
     let handle = std::thread::spawn(move || {
         let mut sink = StagingSink::new(core.clone());
-        if let Some(mem) = on_demand {
-            sink = sink.with_on_demand(input.clone(), plan.clone(), mem);
-        }
+        let extractor =
+            on_demand.then(|| sink.start_extractor(input.clone(), cancel.clone()).unwrap());
         let result = Executor::new(&plan, &input)
             .with_cancel(&cancel)
             .with_witness(core.staging().as_ref())
@@ -236,6 +234,7 @@ fn stepped_run_observed(
                 let _ = reached_tx.send(());
                 let _ = wait.recv();
             });
+        drop(extractor);
         // Completed blocks become durable (journaled) in batches; the end
         // of a run, stopped or not, closes the last batch.
         sink.flush().unwrap();
@@ -458,7 +457,6 @@ fn a_panic_on_the_materialiser_fails_the_view_and_its_parked_reads() {
         core.clone(),
         f.input.clone(),
         f.plan.clone(),
-        None,
         false,
     )
     .unwrap();
@@ -847,19 +845,15 @@ fn a_waited_for_block_is_extracted_ahead_of_the_plan_and_not_written_twice() {
     let f = fixture(&[30, 28, 26], &[10, 7, 13], &[12, 9, 8], BlockFormat::Hdf5);
     let (core, _) = open_core(&f);
     let last = core.output().count() - 1;
+    let (go, reached, runner) =
+        stepped_run_observed(&f, core.clone(), Arc::new(AtomicBool::new(false)), true);
+    // The plan is held after its first read block, and stays held: the
+    // waited-for block is served without waiting for its next step.
+    reached.recv_timeout(Duration::from_secs(10)).unwrap();
     let parked = read_into(&core, block_ino(&core, last), 0, 1 << 22);
-    let (go, runner) = stepped_run_with(
-        &f,
-        core.clone(),
-        Arc::new(AtomicBool::new(false)),
-        Some(None),
-    );
-    // One read block later the waited-for block is served, long before
-    // the plan would reach it.
-    go.send(()).unwrap();
     let answered = parked
         .recv_timeout(Duration::from_secs(10))
-        .unwrap()
+        .expect("the read of a far block waited for the plan's held step")
         .unwrap();
     assert_eq!(answered, expected(&f, &core, last));
     let status = core.status();
@@ -908,8 +902,7 @@ fn a_block_extracted_ahead_of_the_plan_is_journaled_after_its_inputs() {
     let last = core.output().count() - 1;
     let parked = read_into(&core, block_ino(&core, last), 0, 1 << 22);
     let cancel = Arc::new(AtomicBool::new(false));
-    let (go, runner) = stepped_run_with(&f, core.clone(), cancel.clone(), Some(None));
-    go.send(()).unwrap();
+    let (go, runner) = stepped_run_with(&f, core.clone(), cancel.clone(), true);
     let answered = parked.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(answered.unwrap(), expected(&f, &core, last));
     // Stopped now, the plan has read only its first read block's inputs:
@@ -919,46 +912,6 @@ fn a_block_extracted_ahead_of_the_plan_is_journaled_after_its_inputs() {
     runner.join().unwrap();
     assert!(journal_ranks(&f.staging_dir).contains(&last));
     assert_blocks_journaled_after_their_inputs(&f, &core);
-}
-
-#[test]
-fn extraction_that_would_break_the_memory_cap_waits_for_the_plan() {
-    let f = fixture(&[30, 28, 26], &[10, 7, 13], &[12, 9, 8], BlockFormat::Npy);
-    let (core, _) = open_core(&f);
-    let last = core.output().count() - 1;
-    let parked = read_into(&core, block_ino(&core, last), 0, 1 << 22);
-    // A cap below one block: no extraction can fit.
-    let tiny = core.template(last).data_len - 1;
-    let (go, reached, runner) = stepped_run_observed(
-        &f,
-        core.clone(),
-        Arc::new(AtomicBool::new(false)),
-        Some(Some(tiny)),
-    );
-    // Three stops between read blocks, the run held at the third: the
-    // urgent block was weighed for extraction and refused.
-    for step in 0..3 {
-        reached.recv_timeout(Duration::from_secs(10)).unwrap();
-        if step < 2 {
-            go.send(()).unwrap();
-        }
-    }
-    assert!(
-        parked.try_recv().is_err(),
-        "not extracted: it would not fit"
-    );
-    assert_eq!(core.status().on_demand_blocks, 0);
-    drop(go);
-    runner.join().unwrap();
-    assert_eq!(
-        parked
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap()
-            .unwrap(),
-        expected(&f, &core, last)
-    );
-    assert_eq!(core.status().on_demand_blocks, 0);
-    assert_eq!(core.status().seeks_made, core.status().seeks_planned);
 }
 
 /// The node `path` (components joined by `/`) resolves to from the root.
@@ -1118,5 +1071,166 @@ fn zarr2_view_lists_flat_chunk_names_beside_its_metadata() {
         let whole = expected_chunk(&f, rank);
         assert_eq!(node.size, whole.len() as u64);
         assert_eq!(read_all(&core, node.ino), whole);
+    }
+}
+
+/// A view of `input` (npy blocks of 10×12×10 u2) in 20×12×10 npy blocks,
+/// prepared within `mem`, staged under `root/name`.
+fn prepared_within(
+    input: &Path,
+    root: &Path,
+    name: &str,
+    mem: u64,
+) -> rechunkfs::view::PreparedView {
+    let view = root.join(name).join("view");
+    std::fs::create_dir_all(&view).unwrap();
+    rechunkfs::view::prepare(&rechunkfs::view::MountRequest {
+        request: rechunkfs::output::request::Request {
+            input: input.to_path_buf(),
+            dataset: "/data".into(),
+            values: None,
+            format: Some(BlockFormat::Npy),
+            shape: "20,12,10".into(),
+            shard: None,
+            compress: None,
+            mem: Some(mem),
+            strategy: Strategy::Keep,
+            pyramid: Default::default(),
+        },
+        view,
+        staging: Some(root.join(name).join("staging")),
+        rebuild: false,
+        allow_other: false,
+        in_order: false,
+    })
+    .unwrap()
+}
+
+/// Extracting a block beside the plan holds one output block and one input
+/// block's buffer; the plan is made within --mem less exactly that, and a
+/// --mem one byte short of the least plan plus it leaves blocks to the plan.
+#[test]
+fn the_plan_leaves_exactly_one_extractions_bytes_of_mem_free() {
+    let root = tempfile::tempdir().unwrap();
+    let input = make_blocks(
+        root.path(),
+        "in",
+        &[40, 36, 30],
+        &[10, 12, 10],
+        dtype("<u2"),
+        BlockFormat::Npy,
+    );
+    let extraction = 20 * 12 * 10 * 2 + 10 * 12 * 10 * 2;
+    let generous = prepared_within(&input, root.path(), "generous", 1 << 30);
+    assert!(generous.on_demand);
+    assert_eq!(generous.core.status().on_demand_reserved_bytes, extraction);
+    assert!(generous.plan.prediction.peak_bytes + extraction <= 1 << 30);
+    let problem = generous.plan.problem.clone();
+    drop(generous);
+    // The least --mem any plan of this view fits in.
+    let (mut low, mut high) = (0u64, 1 << 30);
+    while low + 1 < high {
+        let mid = (low + high) / 2;
+        match plan::plan(&problem, Strategy::Keep, Some(mid)) {
+            Ok(_) => high = mid,
+            Err(_) => low = mid,
+        }
+    }
+    let least = high;
+    let fits = prepared_within(&input, root.path(), "fits", least + extraction);
+    assert!(fits.on_demand);
+    assert_eq!(fits.core.status().on_demand_reserved_bytes, extraction);
+    assert!(fits.plan.prediction.peak_bytes + extraction <= least + extraction);
+    drop(fits);
+    let short = prepared_within(&input, root.path(), "short", least + extraction - 1);
+    assert!(
+        !short.on_demand,
+        "no room for an extraction beside the plan"
+    );
+    assert_eq!(short.core.status().on_demand_reserved_bytes, 0);
+    assert!(short.plan.prediction.peak_bytes < least + extraction);
+}
+
+/// A block the plan is partway through writing is left to it: the
+/// extractor skips it (and goes on to a far block asked for after it),
+/// the plan finishes it, and it is published, counted and journaled once.
+#[test]
+fn a_block_the_plan_is_writing_is_not_extracted_and_is_published_once() {
+    // Merges along the first dimension: each output block is written in
+    // slabs, one after each step of its read block (cut at the inputs).
+    let f = fixture(
+        &[40, 24, 10],
+        &[10, 12, 10],
+        &[40, 12, 10],
+        BlockFormat::Npy,
+    );
+    assert!(f.plan.steps.axis(0).count() > f.plan.read.axis(0).count());
+    let (core, _) = open_core(&f);
+    let count = core.output().count();
+    let (go, reached, runner) =
+        stepped_run_observed(&f, core.clone(), Arc::new(AtomicBool::new(false)), true);
+    // Held between two steps of the first read block: its first slab is
+    // written, so the plan has claimed the block it belongs to.
+    reached.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        core.status().blocks_done,
+        0,
+        "held within the first read block"
+    );
+    let order: Vec<Vec<usize>> = f.plan.read_blocks_in_order().collect();
+    let first_write = f
+        .plan
+        .completed_write_block(&order[0])
+        .expect("a write block");
+    let writing_box = f.plan.write.block(&first_write);
+    let in_first_write = |rank: u64| {
+        let block = f.plan.output.block(&f.plan.output.unravel(rank));
+        block.intersect(&writing_box).is_some()
+    };
+    let writing_rank = (0..count).find(|&r| in_first_write(r)).unwrap();
+    let far = (0..count)
+        .rev()
+        .find(|&r| !in_first_write(r))
+        .expect("a far block");
+    assert!(
+        std::fs::metadata(core.staged_path(writing_rank)).is_ok(),
+        "its first slab is written"
+    );
+    let waiting = read_into(&core, block_ino(&core, writing_rank), 0, 1 << 22);
+    let far_read = read_into(&core, block_ino(&core, far), 0, 1 << 22);
+    // The far block, asked for second, is extracted while the plan holds;
+    // by then the extractor has passed over the block the plan writes.
+    let got = far_read
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the far block waited for the plan's held step")
+        .unwrap();
+    assert_eq!(got, expected(&f, &core, far));
+    assert!(waiting.try_recv().is_err(), "left to the plan");
+    assert_eq!(core.status().on_demand_blocks, 1);
+    drop(go);
+    runner.join().unwrap();
+    assert_eq!(
+        waiting
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap()
+            .unwrap(),
+        expected(&f, &core, writing_rank)
+    );
+    let status = core.status();
+    assert_eq!(status.on_demand_blocks, 1);
+    assert_eq!(status.blocks_done, count, "each block counted once");
+    assert_eq!(status.bytes_done, status.bytes_total);
+    let mut journal = journal_ranks(&f.staging_dir);
+    let recorded = journal.len();
+    journal.sort_unstable();
+    journal.dedup();
+    assert_eq!(journal.len(), recorded, "no block recorded twice");
+    assert_eq!(journal.len() as u64, count);
+    for rank in 0..count {
+        let got = read_into(&core, block_ino(&core, rank), 0, 1 << 22)
+            .recv()
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, expected(&f, &core, rank), "{}", core.block_name(rank));
     }
 }

@@ -213,11 +213,22 @@ fn print_status(view: &Path, status: &Status) {
         status.waiting_reads
     );
     println!(
-        "on demand {} blocks extracted ahead of the plan for waiting readers ({} extra seeks, {:.2} s)",
+        "on demand {} blocks extracted ahead of the plan for waiting readers ({} extra seeks, \
+         {} read, {:.2} s)",
         thousands(status.on_demand_blocks),
         thousands(status.on_demand_seeks),
+        show_bytes(status.on_demand_bytes_read),
         status.on_demand_seconds
     );
+    if status.on_demand_reserved_bytes > 0 {
+        println!(
+            "          {} of --mem set aside for them beside the plan (at most {} held)",
+            show_bytes(status.on_demand_reserved_bytes),
+            show_bytes(status.on_demand_peak_bytes)
+        );
+    } else if status.state == "materialising" {
+        println!("          off: blocks wait for the plan (--in-order, or --mem too small)");
+    }
     println!(
         "read ahead {} done blocks for readers opening the blocks in order",
         thousands(status.read_ahead_blocks)

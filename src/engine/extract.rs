@@ -25,13 +25,17 @@ use crate::sys::files::open_regular;
 /// of the plan. An input whose file changes while its part is read
 /// ([`Error::InputChanged`](crate::error::Error::InputChanged)) fails the
 /// extraction: the region would mix two versions of it.
+///
+/// Returns the most bytes it held beside `dest` at once (one part's span,
+/// or one decoded block and its encoding), never above
+/// [`region_read_bytes`].
 pub fn read_region(
     input: &InputArray,
     region: &Region,
     dest: &mut Vec<u8>,
     counter: &mut SeekCounter,
     witness: Option<&dyn InputWitness>,
-) -> Result<()> {
+) -> Result<u64> {
     let grid_of_inputs = input.grid();
     let mut extraction = Extraction {
         input,
@@ -39,6 +43,7 @@ pub fn read_region(
         grid: PieceGrid::new(&cut_at(region, &input.shape), region),
         counter,
         witness,
+        held: 0,
     };
     let buffers = std::slice::from_mut(dest);
     for input_index in IndexBox::new(grid_of_inputs.overlapping(region)) {
@@ -50,7 +55,33 @@ pub fn read_region(
         let rank = grid_of_inputs.linear(&input_index);
         extraction.read_part(rank, &part, &file_box, buffers)?;
     }
-    Ok(())
+    Ok(extraction.held)
+}
+
+/// The most bytes [`read_region`] can hold beside its destination, for any
+/// region of `input`: the largest of its input blocks' buffers (a
+/// contiguous block's whole data, as the span of a part can be; an encoded
+/// block decoded, with its encoding). Blocks read through libhdf5 are read
+/// straight into the destination; absent ones hold nothing.
+pub fn region_read_bytes(input: &InputArray) -> u64 {
+    let grid = input.grid();
+    let elem = input.dtype.size as u64;
+    let mut most = 0;
+    for (rank, block) in input.blocks.iter().enumerate() {
+        let decoded = || {
+            let file_box = input
+                .files
+                .file_box(&grid.block(&grid.unravel(rank as u64)));
+            file_box.volume() * elem
+        };
+        let held = match &block.storage {
+            Storage::Absent { .. } | Storage::Hdf5Dataset { .. } => 0,
+            Storage::Contiguous { .. } => decoded(),
+            Storage::Encoded { len, .. } => decoded() + len,
+        };
+        most = most.max(held);
+    }
+    most
 }
 
 /// The array cut at `region`'s bounds, in an array of `shape`: its one
@@ -70,6 +101,8 @@ struct Extraction<'x> {
     grid: PieceGrid,
     counter: &'x mut SeekCounter,
     witness: Option<&'x dyn InputWitness>,
+    /// The most bytes held beside the region's piece so far.
+    held: u64,
 }
 
 impl Extraction<'_> {
@@ -106,6 +139,7 @@ impl Extraction<'_> {
         let (handle, then) = InputHandle::open(self.input, rank, opened, self.witness)?;
         match &handle {
             InputHandle::Contiguous { file, data_offset } => {
+                self.held = self.held.max(end - first);
                 let mut span = vec![0u8; (end - first) as usize];
                 let at = data_offset + first;
                 seekio::read_exact_at(file, &block.path, &mut [IoSliceMut::new(&mut span)], at)?;
@@ -147,9 +181,13 @@ impl Extraction<'_> {
         let handle = opened.as_ref().map(|(handle, _)| handle);
         let counter = &mut *self.counter;
         let key = FileKey::Input(rank);
+        let mut encoded_len = 0;
         let decoded = decoded_block(handle, block, &file_box.shape, |offset, len| {
+            encoded_len = len;
             counter.read(key, offset, len)
         })?;
+        // The encoding is held while it is decoded.
+        self.held = self.held.max(decoded.len() as u64 + encoded_len);
         if let Some((handle, then)) = &opened {
             unchanged(block, then, &handle.identity_now(block)?)?;
         }

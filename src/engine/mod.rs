@@ -49,7 +49,7 @@ use pool::BufferPool;
 use seekio::{SeekCounter, SeekLog};
 use writer::{PendingWrites, WriteJob, WriteReport, Writer};
 
-pub use extract::read_region;
+pub use extract::{read_region, region_read_bytes};
 pub use inputs::InputWitness;
 pub use sink::{reopen, BlockSink, OpenOutput, OutputFiles, OutputTarget};
 

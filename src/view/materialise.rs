@@ -1,14 +1,26 @@
 //! The materialiser: a background thread that runs the plan into the
-//! staging area and tells the view as each block completes.
+//! staging area and tells the view as each block completes, and beside it
+//! an extractor thread that writes the blocks readers wait for straight
+//! from the input, without waiting for the plan's step in progress.
 //!
 //! A block is reported done only after its data are synced and its journal
 //! record is synced after them, so a crash never leaves a block recorded
 //! complete without its bytes.
 //!
+//! Each pending block is written by one side only: the plan claims a block
+//! when it starts writing it, the extractor before it reads it, and a
+//! block claimed by one is skipped by the other ([`Publisher::claim`]).
+//! Both publish complete blocks through the one [`Publisher`], which
+//! batches their durability and builds pyramid blocks as their sources
+//! complete. The extractor holds one output block and one input block's
+//! buffer at a time; the view plans the executor within `--mem` less
+//! that ([`on_demand_bytes`]), so the two never exceed it together.
+//!
 //! A full staging filesystem pauses it ([`SpaceWait`]) rather than failing
 //! the view, and before it starts, the files an earlier run left of blocks
 //! never recorded done are removed: their space is the run's.
 
+use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -16,12 +28,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::array::geometry::IndexBox;
+use parking_lot::Mutex;
+
+use crate::array::geometry::{volume, IndexBox};
 use crate::array::names::parse_grid_index;
 use crate::engine::downsample::{LevelBuilder, LevelFiles};
 use crate::engine::seekio::{self, FileKey, SeekCounter};
 use crate::engine::{
-    read_region, BlockSink, Executor, OpenOutput, OutputFiles, OutputTarget, RunStats,
+    read_region, region_read_bytes, BlockSink, Executor, OpenOutput, OutputFiles, OutputTarget,
+    RunStats,
 };
 use crate::error::{Error, Result};
 use crate::input::InputArray;
@@ -30,21 +45,41 @@ use crate::plan::Plan;
 use crate::sys::pagecache;
 use crate::view::space::SpaceWait;
 use crate::view::staging::{Staging, WindowRecord};
-use crate::view::ViewCore;
+use crate::view::{OnDemandCount, ViewCore};
 
 /// Staging files kept open while partially written.
 const OPEN_OUTPUTS: usize = 128;
 
-/// A [`BlockSink`] writing the view's block files into its staging area.
+/// A [`BlockSink`] writing the view's block files into its staging area:
+/// the plan's side. Blocks the extractor claimed are skipped.
+pub struct StagingSink {
+    core: Arc<ViewCore>,
+    files: OutputFiles,
+    shared: Arc<Mutex<Publisher>>,
+    space: SpaceWait,
+}
+
+/// Who writes a pending block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Claimant {
+    Plan,
+    Extractor,
+}
+
+/// What the plan's sink and the extractor share: who writes each block
+/// being written, and the publication of complete blocks.
 ///
 /// A completed block is served at once (its bytes are in the page cache,
 /// readable through the staging file), while its durability is batched:
 /// the files of a batch are synced, then their journal records are written
 /// and synced together. A crash loses only unrecorded blocks, which a
 /// remount redoes.
-pub struct StagingSink {
+struct Publisher {
     core: Arc<ViewCore>,
-    files: OutputFiles,
+    /// Level-0 blocks being written, by whom; a block leaves once done.
+    claims: HashMap<u64, Claimant>,
+    /// Pyramid blocks' files while they are built (only here).
+    levels: OutputFiles,
     /// Completed blocks not yet recorded: their data are synced (one
     /// syncfs for the batch) before their journal records are written.
     unsynced: Vec<u64>,
@@ -55,24 +90,10 @@ pub struct StagingSink {
     /// Whether staged blocks' pages are dropped once synced (arrays the
     /// page cache cannot hold: [`crate::sys::cgroup::page_cache_cannot_hold`]).
     drop_synced: bool,
-    /// Set for a view: blocks readers wait for are extracted from this
-    /// input ahead of the plan, within this memory limit.
-    on_demand: Option<OnDemand>,
     space: SpaceWait,
     /// A pyramid's window, while it is gathered.
     window: Option<Level0Window>,
 }
-
-/// What extracting blocks ahead of the plan needs.
-struct OnDemand {
-    input: InputArray,
-    plan: Plan,
-    mem: Option<u64>,
-}
-
-/// A waited-for block the plan completes within this many read blocks is
-/// left to the plan: extracting it would cost more than waiting.
-const SOON_STEPS: u64 = 1;
 
 /// A durability batch closes at this many bytes...
 const SYNC_BATCH_BYTES: u64 = 256 << 20;
@@ -81,83 +102,209 @@ const SYNC_BATCH_BLOCKS: usize = 1024;
 /// ...or this long after the last one.
 const SYNC_BATCH_AGE: Duration = Duration::from_secs(2);
 
+/// The most bytes extracting one output block of `output_block` (the
+/// shape of the view's blocks, or of its shards of `shard_chunks`) from
+/// `input` holds at once: the block's array, beside either one input
+/// block's buffer while it is read ([`region_read_bytes`]) or, for a
+/// shard, its encoding. The view's plan leaves this much of `--mem` free.
+pub fn on_demand_bytes(
+    input: &InputArray,
+    output_block: &[u64],
+    shard_chunks: Option<&[u64]>,
+) -> Result<u64> {
+    let block = volume(output_block) * input.dtype.size as u64;
+    let encoded = match shard_chunks {
+        Some(inner) => crate::format::encode::ShardLayout::new(output_block, inner, input.dtype)?
+            .template()
+            .file_len(),
+        None => 0,
+    };
+    Ok(block + region_read_bytes(input).max(encoded))
+}
+
 impl StagingSink {
     pub fn new(core: Arc<ViewCore>) -> StagingSink {
-        let array_bytes = crate::array::geometry::volume(&core.output().array_shape())
-            * core.layout().dtype.size as u64;
-        StagingSink {
+        let array_bytes = volume(&core.output().array_shape()) * core.layout().dtype.size as u64;
+        let publisher = Publisher {
             drop_synced: crate::sys::cgroup::page_cache_cannot_hold(array_bytes),
-            files: OutputFiles::new(OPEN_OUTPUTS),
+            claims: HashMap::new(),
+            levels: OutputFiles::new(OPEN_OUTPUTS),
             unsynced: Vec::new(),
             unsynced_bytes: 0,
             last_flush: Instant::now(),
             batch_age: SYNC_BATCH_AGE,
-            on_demand: None,
             space: SpaceWait::new(),
             window: Level0Window::of(&core),
+            core: core.clone(),
+        };
+        StagingSink {
             core,
+            files: OutputFiles::new(OPEN_OUTPUTS),
+            shared: Arc::new(Mutex::new(publisher)),
+            space: SpaceWait::new(),
         }
     }
 
     /// A wait for space ends when `cancel` is set (the view stops).
     pub fn with_cancel(mut self, cancel: Arc<AtomicBool>) -> StagingSink {
-        self.space = self.space.with_cancel(cancel);
+        self.space = SpaceWait::new().with_cancel(cancel.clone());
+        self.shared.lock().space = SpaceWait::new().with_cancel(cancel);
         self
     }
 
-    /// Extracts blocks that readers wait for ahead of the plan, reading
-    /// `input` directly, while the executor's held bytes plus the block fit
-    /// in `mem`.
-    pub fn with_on_demand(
-        mut self,
-        input: InputArray,
-        plan: Plan,
-        mem: Option<u64>,
-    ) -> StagingSink {
-        self.on_demand = Some(OnDemand { input, plan, mem });
-        self
+    /// Durability batches stay open for at most `age`.
+    fn set_batch_age(&mut self, age: Duration) {
+        self.shared.lock().batch_age = age;
     }
 
-    /// Writes output block `rank` now, reading just its part of the input,
-    /// and serves it; the plan then skips it. Returns the seeks it took.
-    pub fn extract(&mut self, rank: u64, input: &InputArray) -> Result<u64> {
-        let started = Instant::now();
-        let region = self.core.output().block(&self.core.output().unravel(rank));
-        let template = self.core.template(rank).into_owned();
-        let file_shape = self.core.files().file_shape(rank);
-        let mut data = vec![0u8; region.volume() as usize * input.dtype.size];
-        let mut counter = SeekCounter::default();
-        read_region(
+    /// Starts extracting the blocks readers wait for from `input`, beside
+    /// the plan, until the extractor is stopped (or dropped) or `cancel`
+    /// is set. Its memory is [`on_demand_bytes`], which the plan must
+    /// leave free.
+    pub fn start_extractor(&self, input: InputArray, cancel: Arc<AtomicBool>) -> Result<Extractor> {
+        let ended = Arc::new(AtomicBool::new(false));
+        let serving = Serving {
+            core: self.core.clone(),
+            shared: self.shared.clone(),
             input,
-            &region,
-            &mut data,
-            &mut counter,
-            Some(self.core.staging().as_ref()),
-        )?;
-        if file_shape != region.shape {
-            data = pad(&data, &region.shape, &file_shape, input.dtype.size);
-        }
-        // Whatever the plan wrote of it so far is rewritten whole.
-        self.files.close(rank);
-        let path = self.core.staged_path(rank);
-        // An encoded block (a shard) is its whole file, trailer included.
-        let (data, at) = match self.core.encoder() {
-            Some(encoder) => (encoder.encode(&path, &file_shape, data)?, 0),
-            None => (data, template.data_offset),
+            ended: ended.clone(),
+            space: SpaceWait::new().with_cancel(cancel.clone()),
+            cancel,
         };
-        let file = Staging::create_block(&template, &path)?;
-        seekio::write_all_at(&file, &path, &mut [IoSlice::new(&data)], at)?;
-        counter.write(FileKey::Output(rank), at, data.len() as u64);
-        pagecache::start_writeback(&file);
-        self.unsynced_bytes += template.file_len();
+        let thread = std::thread::Builder::new()
+            .name("extractor".into())
+            .spawn(move || {
+                let core = serving.core.clone();
+                core.fail_on_panic("extractor", || serving.serve());
+            })
+            .map_err(|e| Error::os("thread spawn", "starting the extractor", e))?;
+        Ok(Extractor {
+            ended,
+            thread: Some(thread),
+        })
+    }
+
+    /// Records every completed block in the journal, which syncs their data
+    /// first: the order that makes a record trustworthy.
+    pub fn flush(&mut self) -> Result<()> {
+        self.shared.lock().flush()
+    }
+
+    /// Builds every pyramid block not done whose sources are (a resumed
+    /// view's, left when it stopped between a source and its block).
+    fn catch_up_levels(&mut self) -> Result<()> {
+        self.shared.lock().catch_up_levels()
+    }
+}
+
+impl BlockSink for StagingSink {
+    fn encoder(&self) -> Option<Arc<dyn crate::format::encode::BlockEncode>> {
+        self.core.encoder()
+    }
+
+    fn wants(&mut self, rank: u64) -> bool {
+        self.shared.lock().claim(rank, Claimant::Plan)
+    }
+
+    fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
+        open_target(&self.core, &mut self.files, rank)
+    }
+
+    fn complete(&mut self, rank: u64) -> Result<()> {
+        // Closed now: the batch's syncfs needs no open file.
+        if let Some(open) = self.files.close(rank) {
+            pagecache::start_writeback(&open.file);
+        }
+        // Its writes went through: a wait for space they were in is over.
+        self.space.recovered(&self.core);
+        let mut shared = self.shared.lock();
+        shared.finish_block(rank)?;
+        shared.build_parents(rank)
+    }
+
+    fn no_space(&mut self, error: Error) -> Result<()> {
+        self.space.pause(&self.core, &error)
+    }
+}
+
+/// The file of block `rank`, opened in `files` on its first write.
+fn open_target<'f>(
+    core: &ViewCore,
+    files: &'f mut OutputFiles,
+    rank: u64,
+) -> Result<OutputTarget<'f>> {
+    if !files.is_open(rank) {
+        let path = core.staged_path(rank);
+        let template = core.template(rank);
+        let file = if files.was_created(rank) {
+            Staging::open_block(&path, true)?
+        } else {
+            // Whatever an interrupted run left here is not recorded
+            // done, so it is rewritten from scratch.
+            Staging::create_block(&template, &path)?
+        };
+        let output = OpenOutput {
+            file,
+            path,
+            data_offset: template.data_offset,
+            file_shape: core.files().file_shape(rank),
+        };
+        files.insert(rank, output);
+    }
+    files.target(rank)
+}
+
+impl Publisher {
+    /// Claims pending block `rank` for `who`, unless it is done or the
+    /// other side writes it. A claim holds until the block is done (or its
+    /// extraction fails: the plan then writes it from scratch).
+    fn claim(&mut self, rank: u64, who: Claimant) -> bool {
+        if self.core.is_done(rank) {
+            return false;
+        }
+        *self.claims.entry(rank).or_insert(who) == who
+    }
+
+    /// Block `rank` is written: served at once, made durable in a batch.
+    fn finish_block(&mut self, rank: u64) -> Result<()> {
+        self.unsynced_bytes += self.core.template(rank).file_len();
         self.unsynced.push(rank);
-        // Counted before waiting readers are woken, so the status they see
-        // already includes it.
-        self.core
-            .record_on_demand(counter.seeks(), started.elapsed().as_secs_f64());
         self.core.mark_done(&[rank]);
-        self.build_parents(rank)?;
-        Ok(counter.seeks())
+        self.claims.remove(&rank);
+        self.space.recovered(&self.core);
+        if self.unsynced_bytes >= SYNC_BATCH_BYTES
+            || self.unsynced.len() >= SYNC_BATCH_BLOCKS
+            || self.last_flush.elapsed() >= self.batch_age
+        {
+            loop {
+                match self.flush() {
+                    Err(error) if error.is_no_space() => self.space.pause(&self.core, &error)?,
+                    result => break result?,
+                }
+            }
+            self.space.recovered(&self.core);
+        }
+        Ok(())
+    }
+
+    /// Records every completed block in the journal, which syncs their data
+    /// first: the order that makes a record trustworthy.
+    fn flush(&mut self) -> Result<()> {
+        if self.unsynced.is_empty() {
+            return Ok(());
+        }
+        self.core.staging().record_done(&self.unsynced)?;
+        // Synced: readers of these blocks now read them from the disk, like
+        // blocks done in an earlier session (see pagecache::drop_cached_pages).
+        if self.drop_synced {
+            for &rank in &self.unsynced {
+                pagecache::drop_cached_pages_of(&self.core.staged_path(rank));
+            }
+        }
+        self.unsynced.clear();
+        self.unsynced_bytes = 0;
+        self.last_flush = Instant::now();
+        Ok(())
     }
 
     /// After block `rank` is done: builds the block of the next pyramid
@@ -205,7 +352,10 @@ impl StagingSink {
             watched: window.as_mut().map(|w| &mut w.values),
         };
         let first = core.files().level_ranks(k).start;
-        let mut sink = LevelSink { sink: self, first };
+        let mut sink = LevelSink {
+            publisher: self,
+            first,
+        };
         let built = builder.build(local, &mut below, &mut sink);
         if let Some(window) = &mut window {
             if built.is_ok() {
@@ -241,12 +391,118 @@ impl StagingSink {
         }
         Ok(())
     }
+}
 
-    /// [`StagingSink::extract`], tried again while the staging filesystem
-    /// is full.
-    fn extract_waiting_for_space(&mut self, rank: u64, input: &InputArray) -> Result<u64> {
+/// The running extractor: stopped and joined when dropped.
+pub struct Extractor {
+    /// Set to stop it after the block in hand.
+    ended: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Extractor {
+    /// Stops it after the block in hand (which it publishes) and waits.
+    pub fn stop(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        self.ended.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                log::error!("the extractor thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Extractor {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}
+
+/// How long the extractor waits for a reader before it looks whether it
+/// is to stop.
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+
+/// The extractor's thread.
+struct Serving {
+    core: Arc<ViewCore>,
+    shared: Arc<Mutex<Publisher>>,
+    input: InputArray,
+    ended: Arc<AtomicBool>,
+    cancel: Arc<AtomicBool>,
+    space: SpaceWait,
+}
+
+impl Serving {
+    /// Extracts the level-0 blocks that waited-for blocks need, one at a
+    /// time, in the order they were asked for, until stopped: level-0
+    /// blocks asked for themselves first, then the sources of pyramid
+    /// blocks (a coarse tile's many must not hold up a block's one). A
+    /// failure fails the view (and stops the plan) as the plan's own would.
+    fn serve(mut self) {
+        // (waited-for block, level-0 block it needs), each kind in order
+        let mut direct: VecDeque<(u64, u64)> = VecDeque::new();
+        let mut sources: VecDeque<(u64, u64)> = VecDeque::new();
+        while !self.ended.load(Ordering::Relaxed) && !self.cancel.load(Ordering::Relaxed) {
+            let urgent = if direct.is_empty() && sources.is_empty() {
+                self.core.wait_urgent(IDLE_WAIT)
+            } else {
+                self.core.take_urgent()
+            };
+            for wanted in urgent {
+                let queue = match self.core.files().level_of(wanted).0 {
+                    0 => &mut direct,
+                    _ => &mut sources,
+                };
+                let needed = level0_sources(&self.core, wanted);
+                queue.extend(needed.into_iter().map(|rank| (wanted, rank)));
+            }
+            let Some((wanted, rank)) = direct.pop_front().or_else(|| sources.pop_front()) else {
+                continue;
+            };
+            // A block nobody waits for any more is left to the plan.
+            if self.core.is_done(rank) || !self.core.is_waited_for(wanted) {
+                continue;
+            }
+            // Claimed by the plan, it is being written now: the plan
+            // finishes it within the read block in hand.
+            if !self.shared.lock().claim(rank, Claimant::Extractor) {
+                continue;
+            }
+            let published = self.extract_waiting_for_space(rank).and_then(|count| {
+                // Counted before waiting readers are woken, so the status
+                // they see already includes it.
+                self.core.record_on_demand(count);
+                let mut shared = self.shared.lock();
+                shared.finish_block(rank)?;
+                shared.build_parents(rank)
+            });
+            if published.is_err() {
+                self.shared.lock().claims.remove(&rank);
+            }
+            match published {
+                Ok(()) => {}
+                Err(Error::Cancelled) => break,
+                Err(error) => {
+                    log::error!(
+                        "extracting {} on demand failed: {error}",
+                        self.core.block_name(rank)
+                    );
+                    self.core.fail(error.to_string());
+                    self.cancel.store(true, Ordering::Relaxed);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// [`extract`], tried again while the staging filesystem is full.
+    fn extract_waiting_for_space(&mut self, rank: u64) -> Result<OnDemandCount> {
         loop {
-            match self.extract(rank, input) {
+            match extract(&self.core, rank, &self.input) {
                 Err(error) if error.is_no_space() => self.space.pause(&self.core, &error)?,
                 result => {
                     self.space.recovered(&self.core);
@@ -255,127 +511,54 @@ impl StagingSink {
             }
         }
     }
-
-    /// Records every completed block in the journal, which syncs their data
-    /// first: the order that makes a record trustworthy.
-    pub fn flush(&mut self) -> Result<()> {
-        if self.unsynced.is_empty() {
-            return Ok(());
-        }
-        self.core.staging().record_done(&self.unsynced)?;
-        // Synced: readers of these blocks now read them from the disk, like
-        // blocks done in an earlier session (see pagecache::drop_cached_pages).
-        if self.drop_synced {
-            for &rank in &self.unsynced {
-                pagecache::drop_cached_pages_of(&self.core.staged_path(rank));
-            }
-        }
-        self.unsynced.clear();
-        self.unsynced_bytes = 0;
-        self.last_flush = Instant::now();
-        Ok(())
-    }
 }
 
-impl BlockSink for StagingSink {
-    fn encoder(&self) -> Option<Arc<dyn crate::format::encode::BlockEncode>> {
-        self.core.encoder()
+/// Writes level-0 block `rank` into the staging area, reading just its
+/// part of `input`, its data on their way to the disk; the caller
+/// publishes it. Holds at most [`on_demand_bytes`]: the block's array
+/// (allocated at once at its file's size, padded in place) beside one
+/// input block's buffer, or beside its encoding.
+fn extract(core: &ViewCore, rank: u64, input: &InputArray) -> Result<OnDemandCount> {
+    let started = Instant::now();
+    let region = core.output().block(&core.output().unravel(rank));
+    let template = core.template(rank).into_owned();
+    let file_shape = core.files().file_shape(rank);
+    let elem = input.dtype.size;
+    let file_bytes = volume(&file_shape) as usize * elem;
+    let mut data = Vec::with_capacity(file_bytes);
+    data.resize(region.volume() as usize * elem, 0);
+    let mut counter = SeekCounter::default();
+    let reading = read_region(
+        input,
+        &region,
+        &mut data,
+        &mut counter,
+        Some(core.staging().as_ref()),
+    )?;
+    let mut held = file_bytes as u64 + reading;
+    if file_shape != region.shape {
+        pad_in_place(&mut data, &region.shape, &file_shape, elem);
     }
-
-    fn between_steps(&mut self, stats: &RunStats) -> Result<()> {
-        let Some(on_demand) = self.on_demand.take() else {
-            return Ok(());
-        };
-        let mut result = Ok(());
-        let urgent = self.core.take_urgent();
-        for rank in level0_sources(&self.core, &urgent) {
-            let region = self.core.output().block(&self.core.output().unravel(rank));
-            if on_demand.plan.completion_step(&region) < stats.read_blocks_done + SOON_STEPS {
-                continue;
-            }
-            // An encoded block is held twice: gathered, and encoded.
-            let copies = if self.core.encoder().is_some() { 2 } else { 1 };
-            let bytes = copies * self.core.template(rank).data_len;
-            if on_demand
-                .mem
-                .is_some_and(|mem| stats.held_bytes + bytes > mem)
-            {
-                log::info!(
-                    "{}: a reader waits, but extracting it now would exceed --mem; the plan will reach it",
-                    self.core.block_name(rank)
-                );
-                continue;
-            }
-            if let Err(e) = self.extract_waiting_for_space(rank, &on_demand.input) {
-                result = Err(e);
-                break;
-            }
+    let path = core.staged_path(rank);
+    // An encoded block (a shard) is its whole file, trailer included.
+    let (data, at) = match core.encoder() {
+        Some(encoder) => {
+            let encoded = encoder.encode(&path, &file_shape, data)?;
+            held = held.max((file_bytes + encoded.len()) as u64);
+            (encoded, 0)
         }
-        self.on_demand = Some(on_demand);
-        result
-    }
-
-    fn wants(&mut self, rank: u64) -> bool {
-        !self.core.is_done(rank)
-    }
-
-    fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
-        if !self.files.is_open(rank) {
-            let path = self.core.staged_path(rank);
-            let template = self.core.template(rank);
-            let file = if self.files.was_created(rank) {
-                Staging::open_block(&path, true)?
-            } else {
-                // Whatever an interrupted run left here is not recorded
-                // done, so it is rewritten from scratch.
-                Staging::create_block(&template, &path)?
-            };
-            let output = OpenOutput {
-                file,
-                path,
-                data_offset: template.data_offset,
-                file_shape: self.core.files().file_shape(rank),
-            };
-            self.files.insert(rank, output);
-        }
-        self.files.target(rank)
-    }
-
-    fn complete(&mut self, rank: u64) -> Result<()> {
-        self.finish_block(rank)?;
-        self.build_parents(rank)
-    }
-
-    fn no_space(&mut self, error: Error) -> Result<()> {
-        self.space.pause(&self.core, &error)
-    }
-}
-
-impl StagingSink {
-    /// Block `rank` is written: served at once, made durable in a batch.
-    fn finish_block(&mut self, rank: u64) -> Result<()> {
-        // Closed now: the batch's syncfs needs no open file.
-        if let Some(open) = self.files.close(rank) {
-            pagecache::start_writeback(&open.file);
-        }
-        self.unsynced_bytes += self.core.template(rank).file_len();
-        self.unsynced.push(rank);
-        self.core.mark_done(&[rank]);
-        self.space.recovered(&self.core);
-        if self.unsynced_bytes >= SYNC_BATCH_BYTES
-            || self.unsynced.len() >= SYNC_BATCH_BLOCKS
-            || self.last_flush.elapsed() >= self.batch_age
-        {
-            loop {
-                match self.flush() {
-                    Err(error) if error.is_no_space() => self.no_space(error)?,
-                    result => break result?,
-                }
-            }
-            self.space.recovered(&self.core);
-        }
-        Ok(())
-    }
+        None => (data, template.data_offset),
+    };
+    let file = Staging::create_block(&template, &path)?;
+    seekio::write_all_at(&file, &path, &mut [IoSlice::new(&data)], at)?;
+    counter.write(FileKey::Output(rank), at, data.len() as u64);
+    pagecache::start_writeback(&file);
+    Ok(OnDemandCount {
+        seeks: counter.seeks(),
+        bytes_read: counter.bytes_read,
+        seconds: started.elapsed().as_secs_f64(),
+        held_bytes: held,
+    })
 }
 
 /// Removes the staged files of blocks not recorded done, which an earlier
@@ -405,68 +588,59 @@ fn sources_done(core: &ViewCore, k: usize, index: &[usize]) -> bool {
     IndexBox::new(below.overlapping(&source)).all(|i| core.is_done(first + below.linear(&i)))
 }
 
-/// Pending pyramid blocks a reader waits for fetch no more level-0 blocks
-/// ahead of the plan than this: a coarse level's block needs much of the
-/// array, which the plan reads in order anyway.
-const MOST_SOURCES_ON_DEMAND: usize = 64;
-
-/// The level-0 blocks to extract for the waited-for blocks `ranks`: a
-/// level-0 block itself, or the pending level-0 blocks a pyramid block
-/// is computed from (when there are few enough).
-fn level0_sources(core: &ViewCore, ranks: &[u64]) -> Vec<u64> {
+/// The pending level-0 blocks to extract for waited-for block `rank`: the
+/// block itself, or those a pyramid block is computed from, which is built
+/// as they complete (with the blocks of the levels between): a coarse
+/// tile costs the reads of its own region.
+fn level0_sources(core: &ViewCore, rank: u64) -> Vec<u64> {
     let files = core.files();
-    let mut out = Vec::new();
-    for &rank in ranks {
-        let (k, _) = files.level_of(rank);
-        let Some(view) = core.pyramid().filter(|_| k > 0) else {
-            out.push(rank);
-            continue;
-        };
-        let region = files.block_region(rank);
-        let scale = view.pyramid.scale(k);
-        let level0 = files.level_grid(0);
-        let full = level0.array_shape();
-        let origin: Vec<u64> = (0..region.ndim())
-            .map(|d| region.origin[d] * scale[d])
-            .collect();
-        let shape = (0..region.ndim())
-            .map(|d| (region.end(d) * scale[d]).min(full[d]) - origin[d])
-            .collect();
-        let pending: Vec<u64> =
-            IndexBox::new(level0.overlapping(&crate::array::geometry::Region::new(origin, shape)))
-                .map(|i| level0.linear(&i))
-                .filter(|&r| !core.is_done(r))
-                .collect();
-        if pending.len() <= MOST_SOURCES_ON_DEMAND {
-            out.extend(pending);
-        }
-    }
-    let mut seen = std::collections::HashSet::new();
-    out.retain(|&rank| !core.is_done(rank) && seen.insert(rank));
-    out
+    let (k, _) = files.level_of(rank);
+    let Some(view) = core.pyramid().filter(|_| k > 0) else {
+        return [rank].into_iter().filter(|&r| !core.is_done(r)).collect();
+    };
+    let region = files.block_region(rank);
+    let scale = view.pyramid.scale(k);
+    let level0 = files.level_grid(0);
+    let full = level0.array_shape();
+    let origin: Vec<u64> = (0..region.ndim())
+        .map(|d| region.origin[d] * scale[d])
+        .collect();
+    let shape = (0..region.ndim())
+        .map(|d| (region.end(d) * scale[d]).min(full[d]) - origin[d])
+        .collect();
+    IndexBox::new(level0.overlapping(&crate::array::geometry::Region::new(origin, shape)))
+        .map(|i| level0.linear(&i))
+        .filter(|&r| !core.is_done(r))
+        .collect()
 }
 
 /// A pyramid level's blocks as a [`BlockSink`] of their own ranks
 /// (within the level), written into the staging area.
 struct LevelSink<'a> {
-    sink: &'a mut StagingSink,
+    publisher: &'a mut Publisher,
     /// The view's rank of the level's first block.
     first: u64,
 }
 
 impl BlockSink for LevelSink<'_> {
     fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
-        self.sink.target(self.first + rank)
+        let publisher = &mut *self.publisher;
+        open_target(&publisher.core, &mut publisher.levels, self.first + rank)
     }
 
     fn complete(&mut self, rank: u64) -> Result<()> {
+        let rank = self.first + rank;
+        if let Some(open) = self.publisher.levels.close(rank) {
+            pagecache::start_writeback(&open.file);
+        }
         // The next level's block is built once this level's builder has
         // let go of its buffers (see `build_pyramid_block`).
-        self.sink.finish_block(self.first + rank)
+        self.publisher.finish_block(rank)
     }
 
     fn no_space(&mut self, error: Error) -> Result<()> {
-        self.sink.no_space(error)
+        let publisher = &mut *self.publisher;
+        publisher.space.pause(&publisher.core, &error)
     }
 }
 
@@ -612,24 +786,36 @@ fn staged_rank(core: &ViewCore, name: &str) -> Option<u64> {
     (staged.file_name()?.to_str()? == name).then_some(rank)
 }
 
-/// The C-order bytes of a `shape` array placed at the origin of a zero
-/// `padded` array (a Zarr edge chunk): rows copied into place.
-fn pad(data: &[u8], shape: &[u64], padded: &[u64], elem: usize) -> Vec<u8> {
-    let mut out = vec![0u8; padded.iter().product::<u64>() as usize * elem];
+/// Turns `data`, the C-order bytes of a `shape` array, into those of a
+/// zero `padded` array holding it at its origin (a Zarr edge chunk), in
+/// place: rows move up, last first (none lands on a row not yet moved),
+/// then the gaps between them are zeroed. No second copy is held.
+fn pad_in_place(data: &mut Vec<u8>, shape: &[u64], padded: &[u64], elem: usize) {
     let last = shape.len() - 1;
     let row = shape[last] as usize * elem;
-    let out_strides = crate::array::geometry::strides(padded);
+    let strides = crate::array::geometry::strides(padded);
     let rows: Vec<usize> = shape[..last].iter().map(|&n| n as usize).collect();
-    for (k, index) in crate::array::geometry::IndexBox::grid(&rows).enumerate() {
-        let at: u64 = index
-            .iter()
-            .zip(&out_strides)
-            .map(|(&i, &s)| i as u64 * s)
-            .sum();
-        let at = at as usize * elem;
-        out[at..at + row].copy_from_slice(&data[k * row..(k + 1) * row]);
+    let starts: Vec<usize> = IndexBox::grid(&rows)
+        .map(|index| {
+            let at: u64 = index
+                .iter()
+                .zip(&strides)
+                .map(|(&i, &s)| i as u64 * s)
+                .sum();
+            at as usize * elem
+        })
+        .collect();
+    data.resize(volume(padded) as usize * elem, 0);
+    for (k, &at) in starts.iter().enumerate().rev() {
+        data.copy_within(k * row..(k + 1) * row, at);
     }
-    out
+    let mut end = 0;
+    for &at in &starts {
+        data[end..at].fill(0);
+        end = at + row;
+    }
+    let len = data.len();
+    data[end..len].fill(0);
 }
 
 /// How the materialiser paces itself. The defaults are for use; demos
@@ -666,13 +852,14 @@ fn pause_unless_stopped(delay: Duration, stop: &AtomicBool) {
     }
 }
 
-/// Runs `plan` into `sink` until it ends or `stop` is set, then makes
-/// whatever completed durable (also when stopping).
+/// Runs `plan` into `sink` (with `extractor` beside it) until it ends or
+/// `stop` is set, then makes whatever completed durable (also when
+/// stopping).
 fn run(
     core: &Arc<ViewCore>,
     input: &InputArray,
     plan: &Plan,
-    sink: &mut StagingSink,
+    (sink, extractor): (&mut StagingSink, Option<Extractor>),
     stop: &AtomicBool,
     step_delay: Option<Duration>,
 ) -> Result<RunStats> {
@@ -694,6 +881,10 @@ fn run(
             }
         });
     log::debug!("ran the plan in {:.3} s", running.elapsed().as_secs_f64());
+    // Its last block is published before the last flush.
+    if let Some(extractor) = extractor {
+        extractor.stop();
+    }
     let result = result.and_then(|stats| sink.catch_up_levels().map(|()| stats));
     // Whatever completed is made durable, also when stopping.
     let flushing = Instant::now();
@@ -717,16 +908,15 @@ pub const STOP_GRACE: Duration = Duration::from_millis(1500);
 
 impl Materialiser {
     /// Starts running `plan` over `input` into `core`'s staging area; with
-    /// `on_demand`, blocks readers wait for are extracted ahead of the plan
-    /// within `mem`.
+    /// `on_demand`, blocks readers wait for are extracted beside the plan
+    /// (which must leave [`on_demand_bytes`] of `--mem` free for it).
     pub fn start(
         core: Arc<ViewCore>,
         input: InputArray,
         plan: Plan,
-        mem: Option<u64>,
         on_demand: bool,
     ) -> Result<Materialiser> {
-        Materialiser::start_paced(core, input, plan, mem, on_demand, Pacing::default())
+        Materialiser::start_paced(core, input, plan, on_demand, Pacing::default())
     }
 
     /// [`Materialiser::start`], paced by `pacing`.
@@ -734,7 +924,6 @@ impl Materialiser {
         core: Arc<ViewCore>,
         input: InputArray,
         plan: Plan,
-        mem: Option<u64>,
         on_demand: bool,
         pacing: Pacing,
     ) -> Result<Materialiser> {
@@ -748,11 +937,25 @@ impl Materialiser {
                 core.clone().fail_on_panic("materialiser", || {
                     reclaim_partials(&core);
                     let mut sink = StagingSink::new(core.clone()).with_cancel(stop.clone());
-                    sink.batch_age = pacing.sync_batch_age;
-                    if on_demand {
-                        sink = sink.with_on_demand(input.clone(), plan.clone(), mem);
-                    }
-                    let result = run(&core, &input, &plan, &mut sink, &stop, pacing.step_delay);
+                    sink.set_batch_age(pacing.sync_batch_age);
+                    let extractor = match on_demand {
+                        true => match sink.start_extractor(input.clone(), stop.clone()) {
+                            Ok(extractor) => Some(extractor),
+                            Err(e) => {
+                                log::warn!("{e}: blocks readers wait for wait for the plan");
+                                None
+                            }
+                        },
+                        false => None,
+                    };
+                    let result = run(
+                        &core,
+                        &input,
+                        &plan,
+                        (&mut sink, extractor),
+                        &stop,
+                        pacing.step_delay,
+                    );
                     report(&core, &plan, result);
                 });
             })
@@ -822,5 +1025,31 @@ fn report(core: &ViewCore, plan: &Plan, result: Result<RunStats>) {
 impl Drop for Materialiser {
     fn drop(&mut self) {
         self.stop_within(STOP_GRACE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padding_in_place_places_each_row_and_zeros_the_rest() {
+        // A 2×3×2 edge chunk of 2-byte elements in a 3×4×5 chunk.
+        let (shape, padded, elem) = ([2u64, 3, 2], [3u64, 4, 5], 2usize);
+        let data: Vec<u8> = (1..=(2 * 3 * 2 * 2) as u8).collect();
+        let mut want = vec![0u8; 3 * 4 * 5 * 2];
+        for i in 0..2 {
+            for j in 0..3 {
+                let from = (i * 3 + j) * 2 * elem;
+                let to = (i * 4 + j) * 5 * elem;
+                want[to..to + 2 * elem].copy_from_slice(&data[from..from + 2 * elem]);
+            }
+        }
+        let mut got = Vec::with_capacity(want.len());
+        got.extend_from_slice(&data);
+        let capacity = got.capacity();
+        pad_in_place(&mut got, &shape, &padded, elem);
+        assert_eq!(got, want);
+        assert_eq!(got.capacity(), capacity, "no second buffer");
     }
 }

@@ -48,7 +48,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use lru::LruCache;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::array::dtype::DType;
 use crate::array::geometry::Partition;
@@ -179,6 +179,16 @@ enum Phase {
     Stopping,
 }
 
+/// What extracting one block on demand cost.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OnDemandCount {
+    pub seeks: u64,
+    pub bytes_read: u64,
+    pub seconds: f64,
+    /// The most bytes held at once.
+    pub held_bytes: u64,
+}
+
 struct ViewState {
     done: Vec<bool>,
     done_count: u64,
@@ -194,6 +204,12 @@ struct ViewState {
     on_demand_blocks: u64,
     on_demand_seeks: u64,
     on_demand_seconds: f64,
+    /// Input bytes read for blocks extracted on demand.
+    on_demand_bytes_read: u64,
+    /// The most bytes one extraction held, and the bytes set aside for
+    /// it beside the plan's within `--mem` (0: no extraction).
+    on_demand_peak_bytes: u64,
+    on_demand_reserved_bytes: u64,
     /// The filesystem the materialiser waits for space on, if it does.
     waiting_for_space: Option<std::path::PathBuf>,
 }
@@ -215,6 +231,9 @@ impl ViewState {
             on_demand_blocks: 0,
             on_demand_seeks: 0,
             on_demand_seconds: 0.0,
+            on_demand_bytes_read: 0,
+            on_demand_peak_bytes: 0,
+            on_demand_reserved_bytes: 0,
             waiting_for_space: None,
         }
     }
@@ -232,6 +251,8 @@ pub struct ViewCore {
     staging: Arc<Staging>,
     planned_seeks: u64,
     state: Mutex<ViewState>,
+    /// Notified when a block becomes urgent ([`ViewCore::wait_urgent`]).
+    urgent_added: Condvar,
     staged_files: Mutex<LruCache<u64, Arc<File>>>,
     /// Per open handle of a file whose contents change (the status files,
     /// a pyramid's windowed metadata): its bytes when opened, so that
@@ -308,6 +329,7 @@ impl ViewCore {
             pyramid,
             planned_seeks: plan.prediction.seeks(),
             state: Mutex::new(ViewState::new(blocks)),
+            urgent_added: Condvar::new(),
             staged_files: Mutex::new(LruCache::new(
                 NonZeroUsize::new(OPEN_STAGED_FILES).unwrap_or(NonZeroUsize::MIN),
             )),
@@ -769,6 +791,7 @@ impl ViewCore {
                     // Someone waits for it: the materialiser may
                     // extract it ahead of the plan.
                     state.urgent.push(rank);
+                    self.urgent_added.notify_all();
                 }
             }
             Phase::Failed | Phase::Stopping | Phase::Complete => {
@@ -892,13 +915,36 @@ impl ViewCore {
             .collect()
     }
 
-    /// Counts a block extracted ahead of the plan, the seeks and the time
-    /// it took.
-    pub fn record_on_demand(&self, seeks: u64, seconds: f64) {
+    /// As [`ViewCore::take_urgent`], waiting up to `timeout` for one.
+    pub fn wait_urgent(&self, timeout: std::time::Duration) -> Vec<u64> {
+        {
+            let mut state = self.state.lock();
+            if state.urgent.is_empty() {
+                self.urgent_added.wait_for(&mut state, timeout);
+            }
+        }
+        self.take_urgent()
+    }
+
+    /// Whether a read is parked on block `rank`.
+    pub fn is_waited_for(&self, rank: u64) -> bool {
+        self.state.lock().waiters.contains_key(&rank)
+    }
+
+    /// Counts a block extracted ahead of the plan: the seeks, input bytes
+    /// and time it took, and the most bytes it held.
+    pub fn record_on_demand(&self, extracted: OnDemandCount) {
         let mut state = self.state.lock();
         state.on_demand_blocks += 1;
-        state.on_demand_seeks += seeks;
-        state.on_demand_seconds += seconds;
+        state.on_demand_seeks += extracted.seeks;
+        state.on_demand_seconds += extracted.seconds;
+        state.on_demand_bytes_read += extracted.bytes_read;
+        state.on_demand_peak_bytes = state.on_demand_peak_bytes.max(extracted.held_bytes);
+    }
+
+    /// The bytes set aside within `--mem` for extracting a block on demand.
+    pub fn reserve_on_demand(&self, bytes: u64) {
+        self.state.lock().on_demand_reserved_bytes = bytes;
     }
 
     /// The materialiser waits for space on the filesystem at `filesystem`

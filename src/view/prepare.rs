@@ -14,6 +14,7 @@ use crate::output::pyramid::{files_of, pyramid_axes};
 use crate::output::request::Request;
 use crate::plan::pyramid::{pyramid_cost, rows_per_pass};
 use crate::plan::{Plan, Problem};
+use crate::view::materialise::on_demand_bytes;
 use crate::view::staging::{make_private_dir, Manifest, Staging};
 use crate::view::{Access, BlockTemplates, ViewCore, ViewLayout, ViewPyramid};
 
@@ -38,9 +39,8 @@ pub struct PreparedView {
     pub plan: Plan,
     pub view: PathBuf,
     pub allow_other: bool,
-    /// The memory limit, also for blocks extracted ahead of the plan.
-    pub mem: Option<u64>,
-    /// Whether blocks readers wait for may be extracted ahead of the plan.
+    /// Whether blocks readers wait for may be extracted ahead of the plan
+    /// (the plan leaves their memory free: `status` shows how much).
     pub on_demand: bool,
 }
 
@@ -64,7 +64,30 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         ));
     }
     let reserved = pyramid.as_ref().map_or(0, |p| p.peak_bytes);
-    let (plan, mem) = plan_view(asked, problem, reserved)?;
+    let on_demand = match request.in_order {
+        true => None,
+        false => Some(on_demand_bytes(
+            input,
+            &problem.output_block,
+            shard_chunks.as_deref(),
+        )?),
+    };
+    // Extracting a block beside the plan holds `on_demand` bytes, which
+    // the plan leaves free; a --mem too small for both is the plan's.
+    let (plan, on_demand) =
+        match on_demand.map(|bytes| (plan_view(asked, problem, reserved + bytes), bytes)) {
+            Some((Ok(plan), bytes)) => (plan, Some(bytes)),
+            Some((Err(error), bytes)) => {
+                let plan = plan_view(asked, problem, reserved)?;
+                log::warn!(
+                "--mem holds the plan but not also the {bytes} bytes of extracting a block beside \
+                 it ({error}): blocks readers wait for wait for the plan; a larger --mem serves \
+                 them at once"
+            );
+                (plan, None)
+            }
+            None => (plan_view(asked, problem, reserved)?, None),
+        };
     laps.mark("plan");
     let format = format.for_output_blocks(&problem.output_block);
     let staging_dir = match &request.staging {
@@ -128,6 +151,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         ViewCore::with_levels(layout, &plan, templates, Arc::new(staging), &done, pyramid)
             .with_access(access),
     );
+    core.reserve_on_demand(on_demand.unwrap_or(0));
     laps.mark("view");
     log::debug!(
         "prepared the view of {} input blocks: {laps}",
@@ -139,8 +163,7 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         plan,
         view: request.view.clone(),
         allow_other: request.allow_other,
-        mem,
-        on_demand: !request.in_order,
+        on_demand: on_demand.is_some(),
     })
 }
 
@@ -248,13 +271,15 @@ fn pyramid_of(
     }))
 }
 
-/// The plan of `problem`, and the memory limit it was made within:
-/// `--mem` less the `reserved` bytes building pyramid blocks holds.
-fn plan_view(request: &Request, problem: &Problem, reserved: u64) -> Result<(Plan, Option<u64>)> {
+/// The plan of `problem` within `request`'s memory less `reserved` bytes,
+/// which building pyramid blocks and extracting blocks on demand hold
+/// beside it.
+fn plan_view(request: &Request, problem: &Problem, reserved: u64) -> Result<Plan> {
     let (plan, budget) = request.plan(problem, reserved)?;
     if reserved > 0 {
         log::debug!(
-            "planning level 0 within {:?} bytes: {reserved} are for pyramid blocks",
+            "planning within {:?} bytes: {reserved} are for pyramid blocks and blocks \
+             extracted on demand",
             budget.requested
         );
     } else if budget.used != request.mem {
@@ -265,7 +290,7 @@ fn plan_view(request: &Request, problem: &Problem, reserved: u64) -> Result<(Pla
             request.mem
         );
     }
-    Ok((plan, budget.used))
+    Ok(plan)
 }
 
 /// Where the time of a few steps went, for a debug log line.

@@ -42,7 +42,6 @@ impl PreparedView {
             self.core.clone(),
             self.input,
             self.plan,
-            self.mem,
             self.on_demand,
             pacing,
         )?;

@@ -31,6 +31,15 @@ pub struct Status {
     /// Time spent extracting them (reading their input, writing them).
     #[serde(default)]
     pub on_demand_seconds: f64,
+    /// Input bytes read for them.
+    #[serde(default)]
+    pub on_demand_bytes_read: u64,
+    /// The most bytes one extraction held, and the bytes `--mem` sets
+    /// aside for one beside the plan's (0: blocks wait for the plan).
+    #[serde(default)]
+    pub on_demand_peak_bytes: u64,
+    #[serde(default)]
+    pub on_demand_reserved_bytes: u64,
     /// Done blocks read ahead for readers sweeping the view in order.
     #[serde(default)]
     pub read_ahead_blocks: u64,
@@ -93,6 +102,9 @@ impl ViewCore {
             on_demand_blocks: state.on_demand_blocks,
             on_demand_seeks: state.on_demand_seeks,
             on_demand_seconds: state.on_demand_seconds,
+            on_demand_bytes_read: state.on_demand_bytes_read,
+            on_demand_peak_bytes: state.on_demand_peak_bytes,
+            on_demand_reserved_bytes: state.on_demand_reserved_bytes,
             read_ahead_blocks: self.read_ahead_blocks.load(Ordering::Relaxed),
             rate_bytes_per_second: rate,
             eta_seconds: (state.phase == Phase::Materialising && rate > 0.0)
