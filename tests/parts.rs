@@ -819,11 +819,7 @@ fn the_job_record_names_input_files_from_in_and_still_reads_whole_paths() {
     assert!(first.status.success(), "{}", common::stderr(&first));
     let path = out.join(".rechunkfs-job.json");
     let bytes = std::fs::read(&path).unwrap();
-    assert_eq!(
-        bytes.iter().filter(|&&b| b == b'\n').count(),
-        1,
-        "one line"
-    );
+    assert_eq!(bytes.iter().filter(|&&b| b == b'\n').count(), 1, "one line");
     let mut record: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     let names: Vec<String> = record["inputs"]
         .as_array()
@@ -844,7 +840,11 @@ fn the_job_record_names_input_files_from_in_and_still_reads_whole_paths() {
     std::fs::write(&path, serde_json::to_vec_pretty(&record).unwrap()).unwrap();
     for k in ["1/3", "2/3"] {
         let output = part(k);
-        assert!(output.status.success(), "part {k}: {}", common::stderr(&output));
+        assert!(
+            output.status.success(),
+            "part {k}: {}",
+            common::stderr(&output)
+        );
     }
     let finished = rechunkfs(&["finish", text(&out)]);
     assert!(finished.status.success(), "{}", common::stderr(&finished));

@@ -335,11 +335,17 @@ mod tests {
     fn seek_floor(problem: &Problem, count: u64) -> u64 {
         let reads = factorizations(count, problem.ndim())
             .into_iter()
-            .filter(|counts| (0..problem.ndim()).all(|d| counts[d] <= problem.output().axis(d).count() as u64))
+            .filter(|counts| {
+                (0..problem.ndim()).all(|d| counts[d] <= problem.output().axis(d).count() as u64)
+            })
             .map(|counts| {
                 (0..problem.ndim())
                     .map(|d| {
-                        let (len, i, o) = (problem.array[d], problem.input_block[d], problem.output_block[d]);
+                        let (len, i, o) = (
+                            problem.array[d],
+                            problem.input_block[d],
+                            problem.output_block[d],
+                        );
                         let shared = (len - 1) / (i / gcd(i, o) * o);
                         let cuts = counts[d] - 1;
                         len.div_ceil(i) + cuts - cuts.min(shared)
@@ -378,9 +384,18 @@ mod tests {
         let bigbrain =
             Problem::new(vec![3850, 3025, 3500], vec![770, 605, 700], vec![256; 3], 2).unwrap();
         let config4 = config4();
-        for (problem, count) in [(&bigbrain, 64), (&bigbrain, 256), (&config4, 64), (&config4, 256)] {
+        for (problem, count) in [
+            (&bigbrain, 64),
+            (&bigbrain, 256),
+            (&config4, 64),
+            (&config4, 256),
+        ] {
             let parts = cut(problem, count).unwrap();
-            assert_eq!(job_in_parts(problem, count).0, grid_floor(&parts), "{count} parts");
+            assert_eq!(
+                job_in_parts(problem, count).0,
+                grid_floor(&parts),
+                "{count} parts"
+            );
         }
         // The least any grid allows. BigBrain (5 input blocks along each
         // dimension, no lcm multiple inside): 4×4×4 parts meet 8³ input
@@ -453,4 +468,3 @@ mod tests {
         assert!(cut(&problem, 7 * 5 * 4 + 1).is_err());
     }
 }
-
