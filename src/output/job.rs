@@ -141,7 +141,7 @@ impl JobRecord {
 
     /// The record read from its file ([`JobRecord::as_written`]): every
     /// input file's path whole again (a path the file holds whole stays).
-    fn as_read(mut self) -> JobRecord {
+    fn into_read(mut self) -> JobRecord {
         for input in &mut self.inputs {
             if input.path.is_relative() {
                 input.path = self.spec.input.join(&input.path);
@@ -287,7 +287,7 @@ pub fn read_job(out: &Path) -> Result<Option<JobRecord>> {
         Err(e) => return Err(Error::io(&path, "reading the job record", e)),
     };
     serde_json::from_slice(&bytes)
-        .map(|record: JobRecord| Some(record.as_read()))
+        .map(|record: JobRecord| Some(record.into_read()))
         .map_err(|e| Error::BadOutput {
             path: path.clone(),
             problem: format!(
