@@ -52,7 +52,15 @@ impl InputFiles {
             .filter_map(|&rank| input.blocks.get(rank))
             .map(|block| block.path.as_path());
         let mut files = InputFiles::of_paths(std::iter::once(input.source.as_path()).chain(read));
+        // Blocks in C order share their directory with their neighbours:
+        // one entry per run of them, not a hash of every block's path.
+        let mut last: Option<&Path> = None;
         for block in &input.blocks {
+            let dir = block.path.parent();
+            if dir.is_some() && dir == last {
+                continue;
+            }
+            last = dir;
             files
                 .dirs
                 .entry(parent_dir(&block.path))
@@ -67,7 +75,9 @@ impl InputFiles {
         for path in paths {
             let own = fs::symlink_metadata(path);
             let is_link = own.as_ref().is_ok_and(|meta| meta.file_type().is_symlink());
-            for meta in [own, fs::metadata(path)].into_iter().flatten() {
+            // Only a symlink names a file other than its own entry.
+            let named = is_link.then(|| fs::metadata(path));
+            for meta in std::iter::once(own).chain(named).flatten() {
                 files
                     .identities
                     .entry(identity(&meta))

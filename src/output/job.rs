@@ -124,6 +124,32 @@ pub struct JobRecord {
 }
 
 impl JobRecord {
+    /// The record as its file holds it: compact, each input file under
+    /// the input named by its path from there, since every part reads
+    /// the whole file before it starts.
+    fn as_written(&self) -> JobRecord {
+        let mut record = self.clone();
+        for input in &mut record.inputs {
+            if let Ok(name) = input.path.strip_prefix(&self.spec.input) {
+                if !name.as_os_str().is_empty() {
+                    input.path = name.to_path_buf();
+                }
+            }
+        }
+        record
+    }
+
+    /// The record read from its file ([`JobRecord::as_written`]): every
+    /// input file's path whole again (a path the file holds whole stays).
+    fn into_read(mut self) -> JobRecord {
+        for input in &mut self.inputs {
+            if input.path.is_relative() {
+                input.path = self.spec.input.join(&input.path);
+            }
+        }
+        self
+    }
+
     /// The input this record holds, if it holds one, and its place in the
     /// world. Nothing here says the files are as recorded: the run checks
     /// those it reads with [`JobRecord::check_inputs_read`] before it
@@ -261,7 +287,7 @@ pub fn read_job(out: &Path) -> Result<Option<JobRecord>> {
         Err(e) => return Err(Error::io(&path, "reading the job record", e)),
     };
     serde_json::from_slice(&bytes)
-        .map(Some)
+        .map(|record: JobRecord| Some(record.into_read()))
         .map_err(|e| Error::BadOutput {
             path: path.clone(),
             problem: format!(
@@ -287,7 +313,7 @@ pub fn record_job(
     let path = out.join(JOB_NAME);
     if !path.exists() {
         let temporary = out.join(format!("{JOB_NAME}.{tag}.partial"));
-        let mut bytes = serde_json::to_vec_pretty(record)
+        let mut bytes = serde_json::to_vec(&record.as_written())
             .map_err(|e| Error::Internal(format!("encoding the job record: {e}")))?;
         bytes.push(b'\n');
         let mut file = crate::sys::files::create_fresh(&temporary)

@@ -326,6 +326,111 @@ mod tests {
         assert_eq!(job_in_parts(&config4, 256), (17_616, 122_411_816_800));
     }
 
+    /// The fewest seeks `count` parts of `problem` can make: each part
+    /// reads each input block it meets at least once, and writes each of
+    /// its output blocks. Along dimension `d`, `c` parts meet the `n`
+    /// input intervals `n + c - 1` times, less one for each cut at a
+    /// multiple of lcm(input, output block), the only input boundaries a
+    /// part's box can end at. The least over every grid of `count`.
+    fn seek_floor(problem: &Problem, count: u64) -> u64 {
+        let reads = factorizations(count, problem.ndim())
+            .into_iter()
+            .filter(|counts| {
+                (0..problem.ndim()).all(|d| counts[d] <= problem.output().axis(d).count() as u64)
+            })
+            .map(|counts| {
+                (0..problem.ndim())
+                    .map(|d| {
+                        let (len, i, o) = (
+                            problem.array[d],
+                            problem.input_block[d],
+                            problem.output_block[d],
+                        );
+                        let shared = (len - 1) / (i / gcd(i, o) * o);
+                        let cuts = counts[d] - 1;
+                        len.div_ceil(i) + cuts - cuts.min(shared)
+                    })
+                    .product::<u64>()
+            })
+            .min()
+            .unwrap();
+        reads + problem.output().count()
+    }
+
+    /// What the chosen cuts cost as planned, against [`seek_floor`] and
+    /// against one grid's own floor (the input blocks its parts meet,
+    /// each once, plus the output blocks).
+    fn grid_floor(parts: &Parts) -> u64 {
+        let problem = &parts.problem;
+        let reads: u64 = (0..problem.ndim())
+            .map(|d| {
+                let axis = parts.grid.axis(d);
+                (0..axis.count())
+                    .map(|j| {
+                        let step = problem.input_block[d];
+                        axis.end(j).div_ceil(step) - axis.start(j) / step
+                    })
+                    .sum::<u64>()
+            })
+            .product();
+        reads + problem.output().count()
+    }
+
+    #[test]
+    fn the_cuts_reach_the_seek_floor_of_their_grid_and_config_4_the_floor_of_any() {
+        // Every part reads each input block it meets in one call (bridged
+        // where clipped in an inner dimension): no chosen grid costs a
+        // seek more than its own floor.
+        let bigbrain =
+            Problem::new(vec![3850, 3025, 3500], vec![770, 605, 700], vec![256; 3], 2).unwrap();
+        let config4 = config4();
+        for (problem, count) in [
+            (&bigbrain, 64),
+            (&bigbrain, 256),
+            (&config4, 64),
+            (&config4, 256),
+        ] {
+            let parts = cut(problem, count).unwrap();
+            assert_eq!(
+                job_in_parts(problem, count).0,
+                grid_floor(&parts),
+                "{count} parts"
+            );
+        }
+        // The least any grid allows. BigBrain (5 input blocks along each
+        // dimension, no lcm multiple inside): 4×4×4 parts meet 8³ input
+        // blocks, 4×8×8 parts 8 × 12 × 12. Configuration 4 (20 input and
+        // 14 output blocks, and one lcm multiple, 1750, per dimension):
+        // 4×4×4 parts meet 22³, 8×8×4 parts 26 × 26 × 22.
+        assert_eq!(seek_floor(&bigbrain, 64), 8 * 8 * 8 + 2_688);
+        assert_eq!(seek_floor(&bigbrain, 256), 8 * 12 * 12 + 2_688);
+        assert_eq!(seek_floor(&config4, 64), 22 * 22 * 22 + 2_744);
+        assert_eq!(seek_floor(&config4, 256), 26 * 26 * 22 + 2_744);
+        // At 256 parts configuration 4's cuts are at that floor. At 64
+        // they are not: the floor's grid, 4×4×4, cuts both inner
+        // dimensions through input blocks, and bridged reads them again
+        // (+20.9% bytes); 8×4×2 cuts one (+9.9%) for 792 seeks more.
+        assert_eq!(job_in_parts(&config4, 256).0, seek_floor(&config4, 256));
+        let floor_grid = Parts {
+            problem: config4.clone(),
+            grid: Partition::new(
+                (0..3)
+                    .map(|_| Axis::from_bounds(vec![0, 1000, 1750, 2750, 3500]))
+                    .collect(),
+            ),
+            bridged: vec![false, true, true],
+        };
+        let (seeks, bytes) = (0..64)
+            .map(|k| {
+                let chosen = plan(&floor_grid.problem(k), Strategy::Keep, Some(4 << 30)).unwrap();
+                (chosen.prediction.seeks(), chosen.prediction.bytes_read)
+            })
+            .fold((0, 0), |(s, b), (ps, pb)| (s + ps, b + pb));
+        assert_eq!(seeks, seek_floor(&config4, 64));
+        assert_eq!(bytes, 103_697_871_200);
+        assert_eq!(job_in_parts(&config4, 64), (14_184, 94_261_300_000));
+    }
+
     #[test]
     fn a_part_clips_the_input_blocks_it_straddles() {
         // 12 along each axis in 4-blocks -> 3-blocks; a part from 3 to 9.
