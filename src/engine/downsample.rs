@@ -305,6 +305,10 @@ trait Element: Copy + PartialEq + PartialOrd {
     fn zero() -> Self::Sum;
     fn add(sum: Self::Sum, x: Self) -> Self::Sum;
     fn mean(sum: Self::Sum, count: u64) -> Self;
+    /// [`mean`](Element::mean) of `2^shift` values.
+    fn mean_pow2(sum: Self::Sum, shift: u32) -> Self {
+        Self::mean(sum, 1 << shift)
+    }
 }
 
 /// Integer division rounding to nearest, ties to even, as TensorStore's
@@ -347,6 +351,14 @@ macro_rules! integer_element {
             fn mean(sum: $sum, count: u64) -> $t {
                 // The mean of values of a type lies within its range.
                 $round(sum, count) as $t
+            }
+            fn mean_pow2(sum: $sum, shift: u32) -> $t {
+                if sum < 0 {
+                    return Self::mean(sum, 1 << shift);
+                }
+                // `$round` by shifts: the same quotient and remainder.
+                let (q, r) = (sum >> shift, sum & ((1 << shift) - 1));
+                (q + <$sum>::from(r * 2 + (q & 1) > (1 << shift))) as $t
             }
         }
     )*};
@@ -446,7 +458,6 @@ impl Job<'_> {
         let out_strides = strides(self.out_shape);
         let row_bytes = out_strides[0] as usize * T::SIZE;
         let line_bytes = self.src_shape[last] as usize * T::SIZE;
-        let run_bytes = self.factors[last] as usize * T::SIZE;
         let row_cells = cells[last] as usize;
         let mut sums = vec![T::zero(); volume(&cells[1..]) as usize];
         for (r, out_row) in out.chunks_mut(row_bytes).enumerate() {
@@ -467,10 +478,10 @@ impl Job<'_> {
                     let line = &self.src[from..from + line_bytes];
                     let cell_line = cell_line as usize * row_cells;
                     let sums = &mut sums[cell_line..cell_line + row_cells];
-                    for (sum, run) in sums.iter_mut().zip(line.chunks(run_bytes)) {
-                        for bytes in run.chunks_exact(T::SIZE) {
-                            *sum = T::add(*sum, T::load(bytes, self.big));
-                        }
+                    if self.big {
+                        add_line::<T, true>(sums, line, self.factors[last] as usize);
+                    } else {
+                        add_line::<T, false>(sums, line, self.factors[last] as usize);
                     }
                     for d in (1..last).rev() {
                         at[d] += 1;
@@ -486,17 +497,32 @@ impl Job<'_> {
                 let lo = c * self.factors[d];
                 (lo + self.factors[d]).min(self.src_shape[d]) - lo
             };
+            // A line of cells along the last axis shares its count but for
+            // a last cell cut short.
             let mut cell = [0u64; MAX_DIMS];
-            for &sum in sums.iter() {
+            for line_sums in sums.chunks_exact(row_cells) {
                 let mut count = hi0 - lo0;
                 let mut at = 0u64;
-                for d in 1..ndim {
+                for d in 1..last {
                     count *= extent(d, cell[d]);
                     at += cell[d] * out_strides[d];
                 }
-                let at = at as usize * T::SIZE;
-                T::mean(sum, count).store(&mut out_row[at..at + T::SIZE], self.big);
-                for d in (1..ndim).rev() {
+                let whole = count * self.factors[last];
+                let line = &mut out_row[at as usize * T::SIZE..][..row_cells * T::SIZE];
+                for (c, (&sum, bytes)) in line_sums
+                    .iter()
+                    .zip(line.chunks_exact_mut(T::SIZE))
+                    .enumerate()
+                {
+                    let n = extent(last, c as u64);
+                    let value = if n == self.factors[last] && whole.is_power_of_two() {
+                        T::mean_pow2(sum, whole.trailing_zeros())
+                    } else {
+                        T::mean(sum, count * n)
+                    };
+                    value.store(bytes, self.big);
+                }
+                for d in (1..last).rev() {
                     cell[d] += 1;
                     if cell[d] < cells[d] {
                         break;
@@ -590,6 +616,41 @@ impl Job<'_> {
     }
 }
 
+/// Adds `line`, a source line along the last axis, into `sums`, one per
+/// run of `factor` values (the last run cut short by the line's end),
+/// each value in order; `BIG` says the values' byte order.
+fn add_line<T: Element, const BIG: bool>(sums: &mut [T::Sum], line: &[u8], factor: usize) {
+    let runs = line.chunks_exact(factor * T::SIZE);
+    let tail = runs.remainder();
+    let full = runs.len();
+    match factor {
+        1 => {
+            for (sum, bytes) in sums.iter_mut().zip(line.chunks_exact(T::SIZE)) {
+                *sum = T::add(*sum, T::load(bytes, BIG));
+            }
+        }
+        2 => {
+            for (sum, pair) in sums.iter_mut().zip(runs) {
+                let (a, b) = pair.split_at(T::SIZE);
+                *sum = T::add(T::add(*sum, T::load(a, BIG)), T::load(b, BIG));
+            }
+        }
+        _ => {
+            for (sum, run) in sums.iter_mut().zip(runs) {
+                for bytes in run.chunks_exact(T::SIZE) {
+                    *sum = T::add(*sum, T::load(bytes, BIG));
+                }
+            }
+        }
+    }
+    if factor > 1 && !tail.is_empty() {
+        let sum = &mut sums[full];
+        for bytes in tail.chunks_exact(T::SIZE) {
+            *sum = T::add(*sum, T::load(bytes, BIG));
+        }
+    }
+}
+
 /// One cell's voxel by `method` from its values in C order.
 fn reduce<T: Element>(method: Downsample, values: &mut [T]) -> T {
     match method {
@@ -671,6 +732,24 @@ mod tests {
                 expected as i64,
                 "{sum}/{count}"
             );
+        }
+    }
+
+    #[test]
+    fn means_of_powers_of_two_by_shifts_equal_divided_ones() {
+        for sum in -300i64..300 {
+            for shift in 0..5 {
+                assert_eq!(
+                    i16::mean_pow2(sum, shift),
+                    i16::mean(sum, 1 << shift),
+                    "{sum} >> {shift}"
+                );
+                assert_eq!(
+                    i32::mean_pow2(sum as i128, shift),
+                    i32::mean(sum as i128, 1 << shift),
+                    "{sum} >> {shift}"
+                );
+            }
         }
     }
 
