@@ -336,6 +336,12 @@ impl LevelValues {
             .collect();
         let line = (block.shape[ndim - 1] * self.elem) as usize;
         let rows_in_block = block.shape[0].saturating_sub(offset / row_len) as usize;
+        if file[1..] == block.shape[1..] {
+            // No padding across a row: the rows are the block's voxels, whole.
+            let len = (rows_in_block * row_len as usize).min(rows.len());
+            self.range.observe(&rows[..len]);
+            return;
+        }
         for row in rows.chunks_exact(row_len as usize).take(rows_in_block) {
             // Each line along the last axis that lies in the block.
             for index in IndexBox::grid(&middle) {
