@@ -11,6 +11,7 @@
 //! `mode` takes the most frequent value, the smallest among ties;
 //! `nearest` takes the cell's first voxel.
 
+use std::collections::HashMap;
 use std::io::IoSlice;
 
 use half::f16;
@@ -21,7 +22,7 @@ use super::sink::BlockSink;
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::array::geometry::{strides, volume, FileShape, IndexBox, Partition, Region, MAX_DIMS};
 use crate::error::{Error, Result};
-use crate::plan::pyramid::{level_buffers, Downsample, Pyramid};
+use crate::plan::pyramid::{level_buffers, stream_scratch, Downsample, Pyramid, StreamBook};
 
 /// Where a level's blocks are read back from.
 pub trait LevelFiles {
@@ -192,6 +193,207 @@ impl<'a> LevelBuilder<'a> {
             );
         }
         Ok(())
+    }
+}
+
+/// Builds every level below level 0 in memory from level 0's regions as
+/// they are written ([`BlockSink::written`]): each region is downsampled
+/// into the block of level 1 it belongs to, held until its last cells
+/// come, then written whole, in one call, and passed on to level 2 the
+/// same way, and so on. Needs regions that make whole cells, which
+/// [`crate::plan::pyramid::stream_cost`] checks; a cell's voxels are
+/// summed in the same order as from a slab, so the bytes are the same.
+pub struct LevelStream<'a> {
+    pyramid: &'a Pyramid,
+    dtype: DType,
+    level_files: Vec<FileShape>,
+    book: StreamBook,
+    /// Per level, the blocks begun (C order, the block's own shape).
+    begun: Vec<HashMap<u64, Vec<u8>>>,
+    cells: Vec<u8>,
+    file: Vec<u8>,
+    /// Per level from 1: what building it did.
+    pub stats: Vec<PyramidStats>,
+}
+
+impl<'a> LevelStream<'a> {
+    pub fn new(
+        pyramid: &'a Pyramid,
+        files: &dyn Fn(&Partition) -> FileShape,
+        dtype: DType,
+    ) -> LevelStream<'a> {
+        let elem = dtype.size as u64;
+        let level0 = &pyramid.levels[0];
+        let block0 = level0.block(&vec![0; level0.ndim()]);
+        let cells = volume(&crate::plan::pyramid::downsampled_shape(
+            &block0.shape,
+            &pyramid.factors,
+        )) * elem;
+        // The rest of the scratch: one level file, the largest.
+        let file = stream_scratch(pyramid, files, elem) - block0.volume() * elem - cells;
+        LevelStream {
+            pyramid,
+            dtype,
+            level_files: pyramid.levels.iter().map(files).collect(),
+            book: StreamBook::new(pyramid, files, elem),
+            begun: vec![HashMap::new(); pyramid.levels.len()],
+            cells: vec![0; cells as usize],
+            file: vec![0; file as usize],
+            stats: vec![PyramidStats::default(); pyramid.levels.len() - 1],
+        }
+    }
+
+    /// The most bytes held so far (scratch, a level-0 region as gathered,
+    /// and the blocks begun).
+    pub fn peak_bytes(&self) -> u64 {
+        self.book.peak
+    }
+
+    /// Whether every block begun has been written.
+    pub fn finished(&self) -> bool {
+        self.book.finished()
+    }
+
+    /// Takes `data`, `region` of level 0 (C order), into the levels below;
+    /// `sinks[k - 1]` receives level `k`'s blocks as they complete.
+    pub fn take(
+        &mut self,
+        region: &Region,
+        data: &[u8],
+        sinks: &mut [impl BlockSink],
+    ) -> Result<()> {
+        self.feed(0, region, data, sinks)?;
+        let peak = self.book.peak;
+        for stats in &mut self.stats {
+            stats.peak_bytes = peak;
+        }
+        Ok(())
+    }
+
+    fn feed(
+        &mut self,
+        k: usize,
+        region: &Region,
+        data: &[u8],
+        sinks: &mut [impl BlockSink],
+    ) -> Result<()> {
+        let taken = self.book.take(k, region).ok_or_else(|| {
+            Error::BadArgument(format!(
+                "plan error: a region of pyramid level {k} at {:?} does not make whole cells of \
+                 level {}",
+                region.origin,
+                k + 1
+            ))
+        })?;
+        let level = &self.pyramid.levels[k + 1];
+        let block = level.block(&level.unravel(taken.rank));
+        let elem = self.dtype.size as u64;
+        let cells_len = (taken.cells.volume() * elem) as usize;
+        downsample(
+            data,
+            &region.shape,
+            &self.pyramid.factors,
+            self.dtype,
+            self.pyramid.method,
+            &mut self.cells[..cells_len],
+            &taken.cells.shape,
+            0,
+            1,
+        );
+        let begun = self.begun[k + 1]
+            .entry(taken.rank)
+            .or_insert_with(|| vec![0; (block.volume() * elem) as usize]);
+        copy_into(
+            &self.cells[..cells_len],
+            &taken.cells,
+            begun,
+            &block,
+            &block.shape,
+            elem,
+        );
+        if !taken.complete {
+            return Ok(());
+        }
+        let done = self.begun[k + 1].remove(&taken.rank).unwrap_or_default();
+        self.write(k + 1, taken.rank, &block, &done, &mut sinks[k])?;
+        if k + 2 < self.pyramid.levels.len() {
+            self.feed(k + 1, &block, &done, sinks)?;
+        }
+        drop(done);
+        self.book.release(k + 1, taken.rank);
+        Ok(())
+    }
+
+    /// Writes block `rank` of level `k` (`block`, its voxels `data`) into
+    /// its file whole, padding and all, in one call.
+    fn write(
+        &mut self,
+        k: usize,
+        rank: u64,
+        block: &Region,
+        data: &[u8],
+        sink: &mut dyn BlockSink,
+    ) -> Result<()> {
+        let elem = self.dtype.size as u64;
+        let file_shape = self.level_files[k].file_box(block).shape;
+        let len = (volume(&file_shape) * elem) as usize;
+        let bytes: &[u8] = if file_shape == block.shape {
+            data
+        } else {
+            let file = self
+                .file
+                .get_mut(..len)
+                .ok_or_else(|| Error::BadArgument("pyramid block larger than planned".into()))?;
+            file.fill(0);
+            copy_into(data, block, file, block, &file_shape, elem);
+            &self.file[..len]
+        };
+        let target = sink.target(rank)?;
+        write_all_at(
+            target.file,
+            target.path,
+            &mut [IoSlice::new(bytes)],
+            target.data_offset,
+        )?;
+        sink.complete(rank)?;
+        let stats = &mut self.stats[k - 1];
+        stats.blocks += 1;
+        stats.writes += 1;
+        stats.bytes_written += len as u64;
+        Ok(())
+    }
+}
+
+/// Copies `from` (the C-order voxels of `part`) into `to`, a C-order
+/// array of `to_shape` whose first voxel is at `origin`'s, a last-axis
+/// line at a time.
+fn copy_into(
+    from: &[u8],
+    part: &Region,
+    to: &mut [u8],
+    origin: &Region,
+    to_shape: &[u64],
+    elem: u64,
+) {
+    let ndim = part.ndim();
+    let to_strides = strides(to_shape);
+    let line = (part.shape[ndim - 1] * elem) as usize;
+    let lines = &part.shape[..ndim - 1];
+    let mut at = [0u64; MAX_DIMS];
+    for from_line in from.chunks_exact(line.max(1)).take(volume(lines) as usize) {
+        let mut to_at = part.origin[ndim - 1] - origin.origin[ndim - 1];
+        for d in 0..ndim - 1 {
+            to_at += (part.origin[d] + at[d] - origin.origin[d]) * to_strides[d];
+        }
+        let to_at = (to_at * elem) as usize;
+        to[to_at..to_at + line].copy_from_slice(from_line);
+        for d in (0..ndim - 1).rev() {
+            at[d] += 1;
+            if at[d] < lines[d] {
+                break;
+            }
+            at[d] = 0;
+        }
     }
 }
 
