@@ -1,6 +1,7 @@
-//! `rechunk --levels`: level 0 written as a plain rechunk, then each
-//! coarser level built from the one above it (`output::pyramid`), and the
-//! pyramid's metadata last. A pyramid's levels stand or fall together: a
+//! `rechunk --levels`: level 0 written as a plain rechunk, each coarser
+//! level built from the one above it (`output::pyramid`: as level 0 is
+//! written when the plan streams it, else after), and the pyramid's
+//! metadata last. A pyramid's levels stand or fall together: a
 //! run that fails or is interrupted removes every file it wrote.
 
 use std::path::{Path, PathBuf};

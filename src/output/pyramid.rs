@@ -1,7 +1,10 @@
 //! `rechunk`'s pyramid levels: each level below level 0 built from the one
-//! before, read back from the files just written (never from the input),
-//! into a directory of its own, then the files that describe the whole
-//! pyramid: an OME-Zarr group's metadata, or a precomputed volume's `info`.
+//! before (never from the input), into a directory of its own, then the
+//! files that describe the whole pyramid: an OME-Zarr group's metadata,
+//! or a precomputed volume's `info`. The levels are built in memory from
+//! level 0's regions as they are written when the plan allows
+//! ([`rechunk_streaming_levels`]), else read back from level 0's files
+//! after it ([`build_levels`]).
 //!
 //! Layout (relative to OUT): block-file formats keep level 0 where a run
 //! without levels puts it, and level `k` in `k/`; Zarr pyramids are an
@@ -9,8 +12,8 @@
 //! `k/` (their `key`). A level's blocks are written like level 0's: under
 //! a hidden name, renamed once on disk; the pyramid's metadata comes last.
 //!
-//! Level 1 reads every voxel of level 0 back: the range of its values (the
-//! OME-Zarr `omero` window) is gathered from those reads, at no read more.
+//! Level 1 sees every voxel of level 0: the range of its values (the
+//! OME-Zarr `omero` window) is gathered as it does, at no read more.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;

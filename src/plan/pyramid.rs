@@ -15,6 +15,13 @@
 //! one slab and downsamples the slab. The memory held is three buffers,
 //! sized for the first (largest) block and reused: the output block's
 //! file, the slab, and one file's rows as read.
+//!
+//! `rechunk` can instead build the levels in memory as level 0 is written
+//! ([`stream_cost`]): each region of level 0 the writer hands on makes
+//! whole cells of one level-1 block, which is held until complete, then
+//! written and passed on. A [`StreamBook`] run over the plan's regions in
+//! the writer's order gives the bytes held exactly; the engine keeps the
+//! same book.
 
 use serde::Serialize;
 
