@@ -840,3 +840,53 @@ fn levels_whose_cells_level_0s_blocks_cut_are_read_back_and_plan_says_why() {
     let summary = check(&out, "zarr", &input, "mean", "2,2,2");
     assert_eq!(summary["levels"], 3, "{summary}");
 }
+
+/// Whether any file under `dir` is a temporary (`*.partial`).
+fn holds_a_temporary(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let path = entry.path();
+        path.to_string_lossy().ends_with(".partial") || (path.is_dir() && holds_a_temporary(&path))
+    })
+}
+
+#[test]
+fn a_run_killed_while_its_levels_stream_is_run_again_with_overwrite() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "37,29,23", "10,8,7", "<u2", false);
+    let out = dir.path().join("out");
+    let args = ["--shape", "8,8,8", "--format", "zarr3", "--levels", "auto"];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+        .args([
+            "rechunk",
+            input.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "-q",
+        ])
+        .args(args)
+        .env("RECHUNKFS_STEP_DELAY_MS", "200")
+        .spawn()
+        .unwrap();
+    // Killed once level 1 has a block begun on disk, level 0 unfinished.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !holds_a_temporary(&out.join("1")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no level-1 temporary in 60 s"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the run ended first");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut again = args.to_vec();
+    again.push("--overwrite");
+    let report = rechunk(&input, &out, &again);
+    assert_eq!(report["pyramid"]["planned"]["streamed"], true);
+    assert!(!holds_a_temporary(&out.join("1")));
+    let summary = check(&out, "zarr3", &input, "mean", "2,2,2");
+    assert_eq!(summary["levels"], 4, "{summary}");
+}

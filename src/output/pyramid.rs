@@ -189,22 +189,49 @@ fn open_level(
 ) -> Result<DirectorySink> {
     let PyramidOutput { pyramid, spec, .. } = output;
     let dir = out.join(level_dir(spec.format, pyramid.levels.len(), k).unwrap_or_default());
-    std::fs::create_dir(&dir).map_err(|e| match e.kind() {
-        std::io::ErrorKind::AlreadyExists => Error::BadOutput {
-            path: dir.clone(),
-            problem: "is there already (--overwrite replaces level 0's blocks, not other \
-                      levels' directories): remove it, or choose another OUT"
-                .into(),
-        },
-        _ => Error::io(&dir, "creating a level's directory", e),
-    })?;
-    built.dirs.push(dir.clone());
     let level_spec = OutputSpec {
         space: level_space(&spec.space, &pyramid.scale(k)),
         ..(*spec).clone()
     };
     let level = PartOutput::whole(&pyramid.levels[k]);
-    DirectorySink::new(&dir, pyramid.levels[k].clone(), level_spec, level)
+    let there = match std::fs::create_dir(&dir) {
+        Ok(()) => false,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => true,
+        Err(e) => return Err(Error::io(&dir, "creating a level's directory", e)),
+    };
+    let sink = DirectorySink::new(&dir, pyramid.levels[k].clone(), level_spec, level)?;
+    if there {
+        // A run killed while building its levels with level 0 leaves their
+        // directories holding its temporaries only: taken back once those
+        // are gone. Anything else is another pyramid's.
+        let is_dir = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir());
+        if is_dir {
+            sink.remove_stale_temporaries(None)?;
+        }
+        if !is_dir || !holds_only_directories(&dir) {
+            return Err(Error::BadOutput {
+                path: dir,
+                problem: "is there already (--overwrite replaces level 0's blocks, not other \
+                          levels' directories): remove it, or choose another OUT"
+                    .into(),
+            });
+        }
+    }
+    built.dirs.push(dir);
+    Ok(sink)
+}
+
+/// Whether `dir` holds nothing but directories that hold nothing else
+/// (links are not followed: one is something else).
+fn holds_only_directories(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.into_iter().all(|entry| {
+        entry.is_ok_and(|entry| {
+            entry.file_type().is_ok_and(|t| t.is_dir()) && holds_only_directories(&entry.path())
+        })
+    })
 }
 
 /// Rechunks `input` by `plan` into `level0` (level 0's directory under
