@@ -1,6 +1,7 @@
-//! Building a pyramid level's blocks from the level before it, read back
-//! from its files: the passes and buffers [`crate::plan::pyramid`] plans,
-//! and the downsampling of one slab.
+//! Building a pyramid level's blocks from the level before it: read back
+//! from its files ([`LevelBuilder`], the passes and buffers
+//! [`crate::plan::pyramid`] plans), or in memory from level 0's regions as
+//! they are written ([`LevelStream`]); and the downsampling of one slab.
 //!
 //! The rules are TensorStore's `downsample` methods, voxel for voxel: a
 //! cell is `f` voxels along each axis from a multiple of `f`, the last one
