@@ -576,10 +576,9 @@ impl StreamBook {
         let shape = self.levels[k].array_shape();
         let mut origin = Vec::with_capacity(region.ndim());
         let mut end = Vec::with_capacity(region.ndim());
-        for d in 0..region.ndim() {
-            let f = self.factors[d];
+        for (d, (&f, &len)) in self.factors.iter().zip(&shape).enumerate() {
             let (lo, hi) = (region.origin[d], region.end(d));
-            if lo % f != 0 || (hi % f != 0 && hi != shape[d]) {
+            if lo % f != 0 || (hi % f != 0 && hi != len) {
                 return None;
             }
             origin.push(lo / f);
@@ -598,12 +597,15 @@ impl StreamBook {
             origin.clone(),
             origin.iter().zip(&end).map(|(o, e)| e - o).collect(),
         );
-        if !self.open[k + 1].contains_key(&rank) {
-            self.open[k + 1].insert(rank, block.volume());
-            self.held += self.block_bytes(k + 1, rank);
-            self.peak = self.peak.max(self.held);
-        }
-        let left = self.open[k + 1].get_mut(&rank)?;
+        let bytes = self.block_bytes(k + 1, rank);
+        let left = match self.open[k + 1].entry(rank) {
+            std::collections::hash_map::Entry::Occupied(begun) => begun.into_mut(),
+            std::collections::hash_map::Entry::Vacant(new) => {
+                self.held += bytes;
+                self.peak = self.peak.max(self.held);
+                new.insert(block.volume())
+            }
+        };
         *left = left.checked_sub(cells.volume())?;
         let complete = *left == 0;
         if complete {
@@ -720,5 +722,44 @@ pub fn rechunk_pyramid_cost(
             read_back_because: Some(because),
             ..pyramid_cost(pyramid, files, elem, mem)?
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_book_takes_whole_cells_and_holds_each_block_until_done() {
+        // 8×6 in blocks of 4×4, by 2: level 1 is 4×3, one 4×3 block.
+        let pyramid = Pyramid::new(
+            &[8, 6],
+            &[4, 4],
+            vec![2, 2],
+            LevelCount::Exactly(2),
+            Downsample::Mean,
+        )
+        .unwrap();
+        let files = |_: &Partition| FileShape::Exact;
+        let mut book = StreamBook::new(&pyramid, &files, 2);
+        let scratch = stream_scratch(&pyramid, &files, 2);
+        assert_eq!(scratch, (16 + 4 + 12) * 2);
+        // A region that cuts a cell along the first axis.
+        assert_eq!(book.take(0, &Region::new(vec![0, 0], vec![3, 4])), None);
+        let mut book = StreamBook::new(&pyramid, &files, 2);
+        let first = book.take(0, &Region::new(vec![0, 0], vec![4, 4])).unwrap();
+        assert_eq!(first.cells, Region::new(vec![0, 0], vec![2, 2]));
+        assert!(!first.complete);
+        assert_eq!(book.peak, scratch + 12 * 2);
+        for (origin, shape) in [([4, 0], [4, 4]), ([0, 4], [4, 2])] {
+            let taken = book.take(0, &Region::new(origin.to_vec(), shape.to_vec()));
+            assert!(!taken.unwrap().complete);
+        }
+        // The edge cells along the second axis are whole: the array ends there.
+        let last = book.take(0, &Region::new(vec![4, 4], vec![4, 2])).unwrap();
+        assert_eq!(last.cells, Region::new(vec![2, 2], vec![2, 1]));
+        assert!(last.complete && book.finished());
+        book.release(1, last.rank);
+        assert_eq!(book.peak, scratch + 12 * 2);
     }
 }
