@@ -789,3 +789,159 @@ fn a_zarr_pyramid_of_one_level_is_the_array_in_a_view_as_in_rechunk() {
         view.unmount();
     }
 }
+
+/// Every file under `dir`, by its path relative to `dir`, with its bytes.
+fn tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(at) = pending.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                files.insert(path.strip_prefix(dir).unwrap().to_path_buf(), bytes);
+            }
+        }
+    }
+    files
+}
+
+#[test]
+fn levels_built_as_level_0_is_written_read_nothing_back_and_equal_levels_read_back() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "37,29,23", "10,8,7", "<u2", false);
+    for (format, method, shape) in [
+        ("zarr", "mean", "8,8,8"),
+        ("zarr3", "mode", "8,6,4"),
+        ("npy", "mean", "6,10,8"),
+    ] {
+        let args = [
+            "--shape",
+            shape,
+            "--format",
+            format,
+            "--levels",
+            "auto",
+            "--downsample",
+            method,
+        ];
+        let streamed_out = dir.path().join(format!("{format}-streamed"));
+        let streamed = rechunk(&input, &streamed_out, &args);
+        let planned = &streamed["pyramid"]["planned"];
+        assert_eq!(planned["streamed"], true, "{format}: {planned}");
+        assert_as_planned(&streamed);
+        for level in streamed["pyramid"]["levels"].as_array().unwrap() {
+            assert_eq!(json_u64(level, "reads"), 0, "{format}: {level}");
+            assert_eq!(json_u64(level, "bytes_read"), 0, "{format}: {level}");
+        }
+        let summary = check(&streamed_out, format, &input, method, "2,2,2");
+        assert_eq!(summary["levels"], 4, "{format}: {summary}");
+        // A --mem that holds level 0's plan but not the levels beside it.
+        let mem = ["2K", "4K", "8K", "16K", "32K", "64K"]
+            .into_iter()
+            .find(|mem| {
+                let mut plan_args = vec!["plan", input.to_str().unwrap(), "--json", "--mem", mem];
+                plan_args.extend(args);
+                let output = rechunkfs(&plan_args);
+                let Ok(plan) = serde_json::from_slice::<serde_json::Value>(&output.stdout) else {
+                    return false;
+                };
+                let because = plan["pyramid"]["read_back_because"].as_str().unwrap_or("");
+                output.status.success() && because.contains("beside level 0")
+            })
+            .unwrap_or_else(|| panic!("{format}: no --mem reads the levels back"));
+        let read_back_out = dir.path().join(format!("{format}-read-back"));
+        let mut read_back_args = args.to_vec();
+        read_back_args.extend(["--mem", mem]);
+        let read_back = rechunk(&input, &read_back_out, &read_back_args);
+        assert_eq!(read_back["pyramid"]["planned"]["streamed"], false);
+        assert_as_planned(&read_back);
+        assert!(json_u64(&read_back["pyramid"]["levels"][0], "reads") > 0);
+        let (streamed_files, read_back_files) = (tree(&streamed_out), tree(&read_back_out));
+        assert_eq!(
+            streamed_files.keys().collect::<Vec<_>>(),
+            read_back_files.keys().collect::<Vec<_>>(),
+            "{format}"
+        );
+        for (path, bytes) in &streamed_files {
+            assert!(
+                read_back_files[path] == *bytes,
+                "{format}: {} differs",
+                path.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn levels_whose_cells_level_0s_blocks_cut_are_read_back_and_plan_says_why() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "37,29,23", "10,8,7", "<u2", false);
+    let out = dir.path().join("out");
+    let report = rechunk(
+        &input,
+        &out,
+        &["--shape", "7,7,7", "--format", "zarr", "--levels", "3"],
+    );
+    let planned = &report["pyramid"]["planned"];
+    assert_eq!(planned["streamed"], false, "{planned}");
+    let because = planned["read_back_because"].as_str().unwrap_or("");
+    assert!(because.contains("cut the cells"), "{planned}");
+    assert_as_planned(&report);
+    let summary = check(&out, "zarr", &input, "mean", "2,2,2");
+    assert_eq!(summary["levels"], 3, "{summary}");
+}
+
+/// Whether any file under `dir` is a temporary (`*.partial`).
+fn holds_a_temporary(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let path = entry.path();
+        path.to_string_lossy().ends_with(".partial") || (path.is_dir() && holds_a_temporary(&path))
+    })
+}
+
+#[test]
+fn a_run_killed_while_its_levels_stream_is_run_again_with_overwrite() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "37,29,23", "10,8,7", "<u2", false);
+    let out = dir.path().join("out");
+    let args = ["--shape", "8,8,8", "--format", "zarr3", "--levels", "auto"];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+        .args([
+            "rechunk",
+            input.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "-q",
+        ])
+        .args(args)
+        .env("RECHUNKFS_STEP_DELAY_MS", "200")
+        .spawn()
+        .unwrap();
+    // Killed once level 1 has a block begun on disk, level 0 unfinished.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !holds_a_temporary(&out.join("1")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no level-1 temporary in 60 s"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the run ended first");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut again = args.to_vec();
+    again.push("--overwrite");
+    let report = rechunk(&input, &out, &again);
+    assert_eq!(report["pyramid"]["planned"]["streamed"], true);
+    assert!(!holds_a_temporary(&out.join("1")));
+    let summary = check(&out, "zarr3", &input, "mean", "2,2,2");
+    assert_eq!(summary["levels"], 4, "{summary}");
+}

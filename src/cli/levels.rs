@@ -1,6 +1,7 @@
-//! `rechunk --levels`: level 0 written as a plain rechunk, then each
-//! coarser level built from the one above it (`output::pyramid`), and the
-//! pyramid's metadata last. A pyramid's levels stand or fall together: a
+//! `rechunk --levels`: level 0 written as a plain rechunk, each coarser
+//! level built from the one above it (`output::pyramid`: as level 0 is
+//! written when the plan streams it, else after), and the pyramid's
+//! metadata last. A pyramid's levels stand or fall together: a
 //! run that fails or is interrupted removes every file it wrote.
 
 use std::path::{Path, PathBuf};
@@ -19,7 +20,9 @@ use crate::input::InputArray;
 use crate::output::directory::{self, DirectorySink, OutputSpec};
 use crate::output::inputs::InputFiles;
 use crate::output::job;
-use crate::output::pyramid::{build_levels, level_dir, pyramid_axes, BuiltLevels, PyramidOutput};
+use crate::output::pyramid::{
+    build_levels, level_dir, pyramid_axes, rechunk_streaming_levels, BuiltLevels, PyramidOutput,
+};
 use crate::plan::pyramid::{Pyramid, PyramidCost};
 use crate::plan::Plan;
 use crate::sys::{disk, signals};
@@ -37,6 +40,7 @@ impl<'a> LevelsRequest<'a> {
     pub(super) fn new(
         pyramid: &'a Pyramid,
         input: &InputArray,
+        plan: &Plan,
         spec: &OutputSpec,
         mem: Option<u64>,
     ) -> anyhow::Result<LevelsRequest<'a>> {
@@ -60,13 +64,25 @@ impl<'a> LevelsRequest<'a> {
                 format.name()
             );
         }
-        let cost = pyramid::cost_of(pyramid, format, spec.dtype.size as u64, mem)?;
+        let cost = pyramid::cost_of(plan, pyramid, format, spec.dtype.size as u64, mem)?;
         Ok(LevelsRequest {
             pyramid,
             axes,
             mem,
             cost,
         })
+    }
+
+    /// What the pyramid's metadata needs.
+    fn output<'b>(&'b self, input: &'b InputArray, spec: &'b OutputSpec) -> PyramidOutput<'b> {
+        PyramidOutput {
+            pyramid: self.pyramid,
+            spec,
+            axes: &self.axes,
+            mem: self.mem,
+            input_block: &input.block_shape,
+            source: &input.source,
+        }
     }
 
     /// Builds the levels below level 0 (in `sink`) and the pyramid's metadata.
@@ -78,15 +94,7 @@ impl<'a> LevelsRequest<'a> {
         sink: &mut DirectorySink,
         stop: &std::sync::atomic::AtomicBool,
     ) -> crate::error::Result<Option<BuiltLevels>> {
-        let output = PyramidOutput {
-            pyramid: self.pyramid,
-            spec,
-            axes: &self.axes,
-            mem: self.mem,
-            input_block: &input.block_shape,
-            source: &input.source,
-        };
-        build_levels(out, sink, &output, Some(stop)).map(Some)
+        build_levels(out, sink, &self.output(input, spec), Some(stop)).map(Some)
     }
 
     /// The report's pyramid part; printed at once unless the report is JSON.
@@ -154,25 +162,29 @@ pub(super) fn write_levels(
         Some(levels) => levels.build(&args.output, input, &pyramid_spec, sink, stop),
         None => Ok(None),
     };
-    let run = directory::rechunk_then(
-        input,
-        plan,
-        &level0,
-        spec,
-        Some(stop),
-        |stats| {
-            bar.set_position(stats.bytes_written);
-            bar.set_message(format!(
-                "blocks {}/{}",
-                stats.output_blocks_done, stats.output_blocks_total
-            ));
-            if let Some(delay) = delay.filter(|_| stats.read_blocks_done > read_blocks_done) {
-                std::thread::sleep(delay);
-            }
-            read_blocks_done = stats.read_blocks_done;
-        },
-        then,
-    );
+    let progress = |stats: &RunStats| {
+        bar.set_position(stats.bytes_written);
+        bar.set_message(format!(
+            "blocks {}/{}",
+            stats.output_blocks_done, stats.output_blocks_total
+        ));
+        if let Some(delay) = delay.filter(|_| stats.read_blocks_done > read_blocks_done) {
+            std::thread::sleep(delay);
+        }
+        read_blocks_done = stats.read_blocks_done;
+    };
+    let run = match levels.filter(|levels| levels.cost.streamed) {
+        Some(levels) => rechunk_streaming_levels(
+            input,
+            plan,
+            (&args.output, &level0),
+            &levels.output(input, &pyramid_spec),
+            Some(stop),
+            progress,
+        )
+        .map(|(stats, built)| (stats, Some(built))),
+        None => directory::rechunk_then(input, plan, &level0, spec, Some(stop), progress, then),
+    };
     bar.finish_and_clear();
     let Err(error) = run else {
         if let Some(signal) = signals::caught() {

@@ -52,7 +52,15 @@ pub(super) fn plan_command(args: PlanArgs) -> anyhow::Result<()> {
     )?;
     let cost = pyramid
         .as_ref()
-        .map(|p| pyramid::cost_of(p, format, dtype.size as u64, plans.budget.used))
+        .map(|p| {
+            pyramid::cost_of(
+                &plans.chosen,
+                p,
+                format,
+                dtype.size as u64,
+                plans.budget.used,
+            )
+        })
         .transpose()?;
     let job = match args.parts {
         Some(count) => Some(plan_job(&problem, count, &plans)?),

@@ -9,7 +9,8 @@ use crate::array::units::show_bytes;
 use crate::cli::PyramidArgs;
 use crate::format::BlockFormat;
 use crate::output::pyramid::files_of;
-use crate::plan::pyramid::{pyramid_cost, Pyramid, PyramidCost, PyramidFlags};
+use crate::plan::pyramid::{rechunk_pyramid_cost, Pyramid, PyramidCost, PyramidFlags};
+use crate::plan::Plan;
 
 /// The pyramid `args` ask for over an array of `shape` (internal order) in
 /// blocks of `block`, written as `format` (see [`PyramidFlags::pyramid`]).
@@ -59,32 +60,51 @@ pub(super) fn cost_json(pyramid: &Pyramid, cost: &PyramidCost, order: AxisOrder)
         "downsample": pyramid.method,
         "peak_memory_bytes": cost.peak_bytes,
         "total": cost.total(),
+        "streamed": cost.streamed,
+        "read_back_because": cost.read_back_because,
     })
 }
 
-/// The pyramid's cost for `format`'s files.
+/// The pyramid's cost for `format`'s files after level 0's `plan`.
 pub(super) fn cost_of(
+    plan: &Plan,
     pyramid: &Pyramid,
     format: BlockFormat,
     elem: u64,
     mem: Option<u64>,
 ) -> anyhow::Result<PyramidCost> {
-    Ok(pyramid_cost(pyramid, &files_of(format), elem, mem)?)
+    Ok(rechunk_pyramid_cost(
+        plan,
+        pyramid,
+        &files_of(format),
+        elem,
+        mem,
+    )?)
 }
 
 /// Lines for `plan`'s report.
 pub(super) fn print_cost(pyramid: &Pyramid, cost: &PyramidCost, order: AxisOrder) {
     let total = cost.total();
+    let built = if cost.streamed {
+        "built in memory as level 0 is written, nothing read back".to_string()
+    } else {
+        format!(
+            "{} read back from level k to make k+1 ({} reads)",
+            show_bytes(total.bytes_read),
+            total.reads
+        )
+    };
     println!(
-        "pyramid       {} levels by {}, factors {:?}: {} more blocks, {} written, {} read back \
-         from level k to make k+1 ({} reads), {} held at most",
+        "pyramid       {} levels by {}, factors {:?}: {} more blocks, {} written, {built}, {} \
+         held at most",
         pyramid.levels.len(),
         pyramid.method.name(),
         order.to_user(&pyramid.factors),
         total.blocks,
         show_bytes(total.bytes_written),
-        show_bytes(total.bytes_read),
-        total.reads,
         show_bytes(cost.peak_bytes)
     );
+    if let Some(because) = &cost.read_back_because {
+        println!("              read back, not built as level 0 is written: {because}");
+    }
 }

@@ -109,7 +109,7 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
                  level above it; run the parts without --levels"
             );
         }
-        let levels = LevelsRequest::new(pyramid, input, &spec, mem)?;
+        let levels = LevelsRequest::new(pyramid, input, &plan, &spec, mem)?;
         let (stats, built) = write_levels(&args, input, &plan, spec, Some(&levels))?;
         let extra = built.map(|built| levels.report(&built, order, args.json));
         return report_run(&plan, &stats, order, started.elapsed(), args.json, extra);

@@ -1,6 +1,7 @@
-//! Building a pyramid level's blocks from the level before it, read back
-//! from its files: the passes and buffers [`crate::plan::pyramid`] plans,
-//! and the downsampling of one slab.
+//! Building a pyramid level's blocks from the level before it: read back
+//! from its files ([`LevelBuilder`], the passes and buffers
+//! [`crate::plan::pyramid`] plans), or in memory from level 0's regions as
+//! they are written ([`LevelStream`]); and the downsampling of one slab.
 //!
 //! The rules are TensorStore's `downsample` methods, voxel for voxel: a
 //! cell is `f` voxels along each axis from a multiple of `f`, the last one
@@ -11,6 +12,7 @@
 //! `mode` takes the most frequent value, the smallest among ties;
 //! `nearest` takes the cell's first voxel.
 
+use std::collections::HashMap;
 use std::io::IoSlice;
 
 use half::f16;
@@ -21,7 +23,7 @@ use super::sink::BlockSink;
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::array::geometry::{strides, volume, FileShape, IndexBox, Partition, Region, MAX_DIMS};
 use crate::error::{Error, Result};
-use crate::plan::pyramid::{level_buffers, Downsample, Pyramid};
+use crate::plan::pyramid::{level_buffers, stream_scratch, Downsample, Pyramid, StreamBook};
 
 /// Where a level's blocks are read back from.
 pub trait LevelFiles {
@@ -196,6 +198,207 @@ impl<'a> LevelBuilder<'a> {
     }
 }
 
+/// Builds every level below level 0 in memory from level 0's regions as
+/// they are written ([`BlockSink::written`]): each region is downsampled
+/// into the block of level 1 it belongs to, held until its last cells
+/// come, then written whole, in one call, and passed on to level 2 the
+/// same way, and so on. Needs regions that make whole cells, which
+/// [`crate::plan::pyramid::stream_cost`] checks; a cell's voxels are
+/// summed in the same order as from a slab, so the bytes are the same.
+pub struct LevelStream<'a> {
+    pyramid: &'a Pyramid,
+    dtype: DType,
+    level_files: Vec<FileShape>,
+    book: StreamBook,
+    /// Per level, the blocks begun (C order, the block's own shape).
+    begun: Vec<HashMap<u64, Vec<u8>>>,
+    cells: Vec<u8>,
+    file: Vec<u8>,
+    /// Per level from 1: what building it did.
+    pub stats: Vec<PyramidStats>,
+}
+
+impl<'a> LevelStream<'a> {
+    pub fn new(
+        pyramid: &'a Pyramid,
+        files: &dyn Fn(&Partition) -> FileShape,
+        dtype: DType,
+    ) -> LevelStream<'a> {
+        let elem = dtype.size as u64;
+        let level0 = &pyramid.levels[0];
+        let block0 = level0.block(&vec![0; level0.ndim()]);
+        let cells = volume(&crate::plan::pyramid::downsampled_shape(
+            &block0.shape,
+            &pyramid.factors,
+        )) * elem;
+        // The rest of the scratch: one level file, the largest.
+        let file = stream_scratch(pyramid, files, elem) - block0.volume() * elem - cells;
+        LevelStream {
+            pyramid,
+            dtype,
+            level_files: pyramid.levels.iter().map(files).collect(),
+            book: StreamBook::new(pyramid, files, elem),
+            begun: vec![HashMap::new(); pyramid.levels.len()],
+            cells: vec![0; cells as usize],
+            file: vec![0; file as usize],
+            stats: vec![PyramidStats::default(); pyramid.levels.len() - 1],
+        }
+    }
+
+    /// The most bytes held so far (scratch, a level-0 region as gathered,
+    /// and the blocks begun).
+    pub fn peak_bytes(&self) -> u64 {
+        self.book.peak
+    }
+
+    /// Whether every block begun has been written.
+    pub fn finished(&self) -> bool {
+        self.book.finished()
+    }
+
+    /// Takes `data`, `region` of level 0 (C order), into the levels below;
+    /// `sinks[k - 1]` receives level `k`'s blocks as they complete.
+    pub fn take(
+        &mut self,
+        region: &Region,
+        data: &[u8],
+        sinks: &mut [impl BlockSink],
+    ) -> Result<()> {
+        self.feed(0, region, data, sinks)?;
+        let peak = self.book.peak;
+        for stats in &mut self.stats {
+            stats.peak_bytes = peak;
+        }
+        Ok(())
+    }
+
+    fn feed(
+        &mut self,
+        k: usize,
+        region: &Region,
+        data: &[u8],
+        sinks: &mut [impl BlockSink],
+    ) -> Result<()> {
+        let taken = self.book.take(k, region).ok_or_else(|| {
+            Error::BadArgument(format!(
+                "plan error: a region of pyramid level {k} at {:?} does not make whole cells of \
+                 level {}",
+                region.origin,
+                k + 1
+            ))
+        })?;
+        let level = &self.pyramid.levels[k + 1];
+        let block = level.block(&level.unravel(taken.rank));
+        let elem = self.dtype.size as u64;
+        let cells_len = (taken.cells.volume() * elem) as usize;
+        downsample(
+            data,
+            &region.shape,
+            &self.pyramid.factors,
+            self.dtype,
+            self.pyramid.method,
+            &mut self.cells[..cells_len],
+            &taken.cells.shape,
+            0,
+            1,
+        );
+        let begun = self.begun[k + 1]
+            .entry(taken.rank)
+            .or_insert_with(|| vec![0; (block.volume() * elem) as usize]);
+        copy_into(
+            &self.cells[..cells_len],
+            &taken.cells,
+            begun,
+            &block,
+            &block.shape,
+            elem,
+        );
+        if !taken.complete {
+            return Ok(());
+        }
+        let done = self.begun[k + 1].remove(&taken.rank).unwrap_or_default();
+        self.write(k + 1, taken.rank, &block, &done, &mut sinks[k])?;
+        if k + 2 < self.pyramid.levels.len() {
+            self.feed(k + 1, &block, &done, sinks)?;
+        }
+        drop(done);
+        self.book.release(k + 1, taken.rank);
+        Ok(())
+    }
+
+    /// Writes block `rank` of level `k` (`block`, its voxels `data`) into
+    /// its file whole, padding and all, in one call.
+    fn write(
+        &mut self,
+        k: usize,
+        rank: u64,
+        block: &Region,
+        data: &[u8],
+        sink: &mut dyn BlockSink,
+    ) -> Result<()> {
+        let elem = self.dtype.size as u64;
+        let file_shape = self.level_files[k].file_box(block).shape;
+        let len = (volume(&file_shape) * elem) as usize;
+        let bytes: &[u8] = if file_shape == block.shape {
+            data
+        } else {
+            let file = self
+                .file
+                .get_mut(..len)
+                .ok_or_else(|| Error::BadArgument("pyramid block larger than planned".into()))?;
+            file.fill(0);
+            copy_into(data, block, file, block, &file_shape, elem);
+            &self.file[..len]
+        };
+        let target = sink.target(rank)?;
+        write_all_at(
+            target.file,
+            target.path,
+            &mut [IoSlice::new(bytes)],
+            target.data_offset,
+        )?;
+        sink.complete(rank)?;
+        let stats = &mut self.stats[k - 1];
+        stats.blocks += 1;
+        stats.writes += 1;
+        stats.bytes_written += len as u64;
+        Ok(())
+    }
+}
+
+/// Copies `from` (the C-order voxels of `part`) into `to`, a C-order
+/// array of `to_shape` whose first voxel is at `origin`'s, a last-axis
+/// line at a time.
+fn copy_into(
+    from: &[u8],
+    part: &Region,
+    to: &mut [u8],
+    origin: &Region,
+    to_shape: &[u64],
+    elem: u64,
+) {
+    let ndim = part.ndim();
+    let to_strides = strides(to_shape);
+    let line = (part.shape[ndim - 1] * elem) as usize;
+    let lines = &part.shape[..ndim - 1];
+    let mut at = [0u64; MAX_DIMS];
+    for from_line in from.chunks_exact(line.max(1)).take(volume(lines) as usize) {
+        let mut to_at = part.origin[ndim - 1] - origin.origin[ndim - 1];
+        for d in 0..ndim - 1 {
+            to_at += (part.origin[d] + at[d] - origin.origin[d]) * to_strides[d];
+        }
+        let to_at = (to_at * elem) as usize;
+        to[to_at..to_at + line].copy_from_slice(from_line);
+        for d in (0..ndim - 1).rev() {
+            at[d] += 1;
+            if at[d] < lines[d] {
+                break;
+            }
+            at[d] = 0;
+        }
+    }
+}
+
 /// Copies `part` (whole along every axis but the first, whose rows `rows`
 /// holds as its file lays them out, `file` being the file's shape) into
 /// `slab` (which holds `region`, C order, `slab_strides` in elements), one
@@ -306,6 +509,10 @@ trait Element: Copy + PartialEq + PartialOrd {
     fn zero() -> Self::Sum;
     fn add(sum: Self::Sum, x: Self) -> Self::Sum;
     fn mean(sum: Self::Sum, count: u64) -> Self;
+    /// [`mean`](Element::mean) of `2^shift` values.
+    fn mean_pow2(sum: Self::Sum, shift: u32) -> Self {
+        Self::mean(sum, 1 << shift)
+    }
 }
 
 /// Integer division rounding to nearest, ties to even, as TensorStore's
@@ -348,6 +555,14 @@ macro_rules! integer_element {
             fn mean(sum: $sum, count: u64) -> $t {
                 // The mean of values of a type lies within its range.
                 $round(sum, count) as $t
+            }
+            fn mean_pow2(sum: $sum, shift: u32) -> $t {
+                if sum < 0 {
+                    return Self::mean(sum, 1 << shift);
+                }
+                // `$round` by shifts: the same quotient and remainder.
+                let (q, r) = (sum >> shift, sum & ((1 << shift) - 1));
+                (q + <$sum>::from(r * 2 + (q & 1) > (1 << shift))) as $t
             }
         }
     )*};
@@ -447,7 +662,6 @@ impl Job<'_> {
         let out_strides = strides(self.out_shape);
         let row_bytes = out_strides[0] as usize * T::SIZE;
         let line_bytes = self.src_shape[last] as usize * T::SIZE;
-        let run_bytes = self.factors[last] as usize * T::SIZE;
         let row_cells = cells[last] as usize;
         let mut sums = vec![T::zero(); volume(&cells[1..]) as usize];
         for (r, out_row) in out.chunks_mut(row_bytes).enumerate() {
@@ -468,10 +682,10 @@ impl Job<'_> {
                     let line = &self.src[from..from + line_bytes];
                     let cell_line = cell_line as usize * row_cells;
                     let sums = &mut sums[cell_line..cell_line + row_cells];
-                    for (sum, run) in sums.iter_mut().zip(line.chunks(run_bytes)) {
-                        for bytes in run.chunks_exact(T::SIZE) {
-                            *sum = T::add(*sum, T::load(bytes, self.big));
-                        }
+                    if self.big {
+                        add_line::<T, true>(sums, line, self.factors[last] as usize);
+                    } else {
+                        add_line::<T, false>(sums, line, self.factors[last] as usize);
                     }
                     for d in (1..last).rev() {
                         at[d] += 1;
@@ -487,17 +701,32 @@ impl Job<'_> {
                 let lo = c * self.factors[d];
                 (lo + self.factors[d]).min(self.src_shape[d]) - lo
             };
+            // A line of cells along the last axis shares its count but for
+            // a last cell cut short.
             let mut cell = [0u64; MAX_DIMS];
-            for &sum in sums.iter() {
+            for line_sums in sums.chunks_exact(row_cells) {
                 let mut count = hi0 - lo0;
                 let mut at = 0u64;
-                for d in 1..ndim {
+                for d in 1..last {
                     count *= extent(d, cell[d]);
                     at += cell[d] * out_strides[d];
                 }
-                let at = at as usize * T::SIZE;
-                T::mean(sum, count).store(&mut out_row[at..at + T::SIZE], self.big);
-                for d in (1..ndim).rev() {
+                let whole = count * self.factors[last];
+                let line = &mut out_row[at as usize * T::SIZE..][..row_cells * T::SIZE];
+                for (c, (&sum, bytes)) in line_sums
+                    .iter()
+                    .zip(line.chunks_exact_mut(T::SIZE))
+                    .enumerate()
+                {
+                    let n = extent(last, c as u64);
+                    let value = if n == self.factors[last] && whole.is_power_of_two() {
+                        T::mean_pow2(sum, whole.trailing_zeros())
+                    } else {
+                        T::mean(sum, count * n)
+                    };
+                    value.store(bytes, self.big);
+                }
+                for d in (1..last).rev() {
                     cell[d] += 1;
                     if cell[d] < cells[d] {
                         break;
@@ -591,6 +820,41 @@ impl Job<'_> {
     }
 }
 
+/// Adds `line`, a source line along the last axis, into `sums`, one per
+/// run of `factor` values (the last run cut short by the line's end),
+/// each value in order; `BIG` says the values' byte order.
+fn add_line<T: Element, const BIG: bool>(sums: &mut [T::Sum], line: &[u8], factor: usize) {
+    let runs = line.chunks_exact(factor * T::SIZE);
+    let tail = runs.remainder();
+    let full = runs.len();
+    match factor {
+        1 => {
+            for (sum, bytes) in sums.iter_mut().zip(line.chunks_exact(T::SIZE)) {
+                *sum = T::add(*sum, T::load(bytes, BIG));
+            }
+        }
+        2 => {
+            for (sum, pair) in sums.iter_mut().zip(runs) {
+                let (a, b) = pair.split_at(T::SIZE);
+                *sum = T::add(T::add(*sum, T::load(a, BIG)), T::load(b, BIG));
+            }
+        }
+        _ => {
+            for (sum, run) in sums.iter_mut().zip(runs) {
+                for bytes in run.chunks_exact(T::SIZE) {
+                    *sum = T::add(*sum, T::load(bytes, BIG));
+                }
+            }
+        }
+    }
+    if factor > 1 && !tail.is_empty() {
+        let sum = &mut sums[full];
+        for bytes in tail.chunks_exact(T::SIZE) {
+            *sum = T::add(*sum, T::load(bytes, BIG));
+        }
+    }
+}
+
 /// One cell's voxel by `method` from its values in C order.
 fn reduce<T: Element>(method: Downsample, values: &mut [T]) -> T {
     match method {
@@ -672,6 +936,24 @@ mod tests {
                 expected as i64,
                 "{sum}/{count}"
             );
+        }
+    }
+
+    #[test]
+    fn means_of_powers_of_two_by_shifts_equal_divided_ones() {
+        for sum in -300i64..300 {
+            for shift in 0..5 {
+                assert_eq!(
+                    i16::mean_pow2(sum, shift),
+                    i16::mean(sum, 1 << shift),
+                    "{sum} >> {shift}"
+                );
+                assert_eq!(
+                    i32::mean_pow2(sum as i128, shift),
+                    i32::mean(sum as i128, 1 << shift),
+                    "{sum} >> {shift}"
+                );
+            }
         }
     }
 

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use lru::LruCache;
 
 use super::RunStats;
+use crate::array::geometry::Region;
 use crate::error::{Error, Result};
 use crate::format::encode::BlockEncode;
 
@@ -47,6 +48,16 @@ pub trait BlockSink {
     /// already has some): unwanted blocks are skipped, not counted.
     fn wants(&mut self, _rank: u64) -> bool {
         true
+    }
+    /// Whether the sink takes each region of a block as it is written
+    /// ([`written`](Self::written)).
+    fn takes_written(&self) -> bool {
+        false
+    }
+    /// `region` of output block `rank` has just been written: `data` are
+    /// its voxels, C order (a pyramid builds its next level from them).
+    fn written(&mut self, _rank: u64, _region: &Region, _data: &[u8]) -> Result<()> {
+        Ok(())
     }
     /// Called between read blocks, with `stats.held_bytes` the array bytes
     /// the executor holds at that moment (the view extracts blocks out of

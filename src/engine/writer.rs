@@ -238,6 +238,10 @@ impl<'a> Writer<'a> {
                 }
             };
             writes.extend(region_writes);
+            if sink.takes_written() {
+                let data = gather(&region, &region, self.elem, &grid, &job.pieces)?;
+                sink.written(rank, &region, &data)?;
+            }
             if self.completes(rank, &block, &region) {
                 sink.complete(rank)?;
                 blocks_completed += 1;

@@ -187,21 +187,27 @@ impl WindowOf {
 
 /// A value of an element type whose range a window gathers.
 trait Ranged: Copy + PartialOrd {
+    /// Whether the least and greatest are the same values in any order
+    /// of scanning (not so for floats: 0.0 and -0.0 compare equal).
+    const ANY_ORDER: bool;
     fn to_f64(self) -> f64;
 }
 
 macro_rules! ranged {
-    ($($t:ty),*) => {$(
+    ($any_order:expr; $($t:ty),*) => {$(
         impl Ranged for $t {
+            const ANY_ORDER: bool = $any_order;
             fn to_f64(self) -> f64 {
                 self as f64
             }
         }
     )*};
 }
-ranged!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f64);
+ranged!(true; u8, u16, u32, u64, i8, i16, i32, i64);
+ranged!(false; f32, f64);
 
 impl Ranged for f16 {
+    const ANY_ORDER: bool = false;
     fn to_f64(self) -> f64 {
         f16::to_f64(self)
     }
@@ -212,18 +218,58 @@ impl Ranged for f16 {
 fn range_of<T: Ranged, const N: usize>(
     bytes: &[u8],
     big: bool,
-    from_le: fn([u8; N]) -> T,
-    from_be: fn([u8; N]) -> T,
+    from_le: impl Fn([u8; N]) -> T,
+    from_be: impl Fn([u8; N]) -> T,
 ) -> Option<(f64, f64)> {
-    let load = if big { from_be } else { from_le };
-    let mut values = bytes.chunks_exact(N).map(|element| {
+    // Each byte order its own loop, the conversion inlined in it.
+    if big {
+        range_in(bytes, from_be)
+    } else {
+        range_in(bytes, from_le)
+    }
+}
+
+fn range_in<T: Ranged, const N: usize>(
+    bytes: &[u8],
+    load: impl Fn([u8; N]) -> T,
+) -> Option<(f64, f64)> {
+    let value_of = |element: &[u8]| {
         let mut raw = [0u8; N];
         raw.copy_from_slice(element);
         load(raw)
-    });
+    };
+    let mut values = bytes.chunks_exact(N).map(&value_of);
     // The first value that is not NaN starts the range.
     let first = values.by_ref().find(|v| v.partial_cmp(v).is_some())?;
     let (mut lo, mut hi) = (first, first);
+    if T::ANY_ORDER {
+        // In lanes the compiler can keep in vector registers.
+        const LANES: usize = 32;
+        let rest = &bytes[bytes.len() - values.len() * N..];
+        let groups = rest.chunks_exact(LANES * N);
+        let tail = groups.remainder();
+        let (mut los, mut his) = ([first; LANES], [first; LANES]);
+        for group in groups {
+            for (i, element) in group.chunks_exact(N).enumerate() {
+                let value = value_of(element);
+                if value < los[i] {
+                    los[i] = value;
+                }
+                if value > his[i] {
+                    his[i] = value;
+                }
+            }
+        }
+        values = tail.chunks_exact(N).map(&value_of);
+        for (&l, &h) in los.iter().zip(&his) {
+            if l < lo {
+                lo = l;
+            }
+            if h > hi {
+                hi = h;
+            }
+        }
+    }
     for value in values {
         if value < lo {
             lo = value;
@@ -451,6 +497,25 @@ mod tests {
             .flat_map(|x| x.to_le_bytes())
             .collect();
         assert_eq!(range("<f2", &f2), Some((-0.5, 8.0)));
+    }
+
+    #[test]
+    fn a_window_over_many_values_is_their_least_and_greatest() {
+        let mut state = 7u64;
+        for len in [1usize, 2, 31, 32, 33, 65, 1000] {
+            let values: Vec<i16> = (0..len)
+                .map(|_| {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    (state >> 48) as i16
+                })
+                .collect();
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_be_bytes()).collect();
+            let mut window = WindowOf::new(">i2".parse().unwrap());
+            window.observe(&bytes);
+            let seen = window.window().unwrap();
+            assert_eq!(seen.min, *values.iter().min().unwrap() as f64, "{len}");
+            assert_eq!(seen.max, *values.iter().max().unwrap() as f64, "{len}");
+        }
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! `rechunk`'s pyramid levels: each level below level 0 built from the one
-//! before, read back from the files just written (never from the input),
-//! into a directory of its own, then the files that describe the whole
-//! pyramid: an OME-Zarr group's metadata, or a precomputed volume's `info`.
+//! before (never from the input), into a directory of its own, then the
+//! files that describe the whole pyramid: an OME-Zarr group's metadata,
+//! or a precomputed volume's `info`. The levels are built in memory from
+//! level 0's regions as they are written when the plan allows
+//! ([`rechunk_streaming_levels`]), else read back from level 0's files
+//! after it ([`build_levels`]).
 //!
 //! Layout (relative to OUT): block-file formats keep level 0 where a run
 //! without levels puts it, and level `k` in `k/`; Zarr pyramids are an
@@ -9,26 +12,34 @@
 //! `k/` (their `key`). A level's blocks are written like level 0's: under
 //! a hidden name, renamed once on disk; the pyramid's metadata comes last.
 //!
-//! Level 1 reads every voxel of level 0 back: the range of its values (the
-//! OME-Zarr `omero` window) is gathered from those reads, at no read more.
+//! Level 1 sees every voxel of level 0: the range of its values (the
+//! OME-Zarr `omero` window) is gathered as it does, at no read more.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-use crate::array::geometry::{linear_offset, strides, volume, FileShape, IndexBox, Partition};
+use crate::array::geometry::{
+    linear_offset, strides, volume, FileShape, IndexBox, Partition, Region,
+};
 use crate::array::space::Space;
-use crate::engine::downsample::{LevelBuilder, LevelFiles, PyramidStats};
+use crate::engine::downsample::{LevelBuilder, LevelFiles, LevelStream, PyramidStats};
+use crate::engine::{BlockSink, OutputTarget};
+use crate::engine::{Executor, RunStats};
 use crate::error::{Error, Result};
+use crate::format::encode::BlockEncode;
 use crate::format::ome::{self, ScaleLevel, Window, WindowOf, WorldAxis};
 use crate::format::{precomputed, BlockFormat, PyramidKind};
+use crate::input::InputArray;
 use crate::output::directory::{
     finish_array, write_atomically, DirectorySink, OutputSpec, PartOutput,
 };
 use crate::output::filetree::output_file_shape;
 use crate::output::job;
 use crate::plan::pyramid::{rows_per_pass, Downsample, Pyramid};
+use crate::plan::Plan;
 
 /// Where level `k` of a pyramid of `levels` levels goes, relative to OUT
 /// (`None`: OUT itself).
@@ -128,20 +139,7 @@ pub fn build_levels(
     };
     let n = pyramid.levels.len();
     for k in 1..n {
-        let dir = out.join(level_dir(format, n, k).unwrap_or_default());
-        std::fs::create_dir(&dir).map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => Error::BadOutput {
-                path: dir.clone(),
-                problem: "is there already (--overwrite replaces level 0's blocks, not other \
-                          levels' directories): remove it, or choose another OUT"
-                    .into(),
-            },
-            _ => Error::io(&dir, "creating a level's directory", e),
-        })?;
-        built.dirs.push(dir.clone());
-        let level_spec = level_spec(spec, pyramid, k);
-        let level = PartOutput::whole(&pyramid.levels[k]);
-        let mut sink = DirectorySink::new(&dir, pyramid.levels[k].clone(), level_spec, level)?;
+        let mut sink = open_level(out, output, k, &mut built)?;
         let rows = rows_per_pass(pyramid, &files, k, spec.dtype.size as u64, output.mem)?;
         let mut builder = LevelBuilder::new(pyramid, &files, k, rows, spec.dtype);
         let below = built.sinks.last_mut().unwrap_or(&mut *level0);
@@ -171,6 +169,165 @@ pub fn build_levels(
     }
     write_metadata(out, output, &mut built)?;
     Ok(built.keep())
+}
+
+/// Makes level `k`'s directory under `out` (recorded in `built`, which
+/// removes it on failure) and the sink its blocks are written through.
+fn open_level(
+    out: &Path,
+    output: &PyramidOutput,
+    k: usize,
+    built: &mut BuiltLevels,
+) -> Result<DirectorySink> {
+    let PyramidOutput { pyramid, spec, .. } = output;
+    let dir = out.join(level_dir(spec.format, pyramid.levels.len(), k).unwrap_or_default());
+    let level_spec = level_spec(spec, pyramid, k);
+    let level = PartOutput::whole(&pyramid.levels[k]);
+    let there = match std::fs::create_dir(&dir) {
+        Ok(()) => false,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => true,
+        Err(e) => return Err(Error::io(&dir, "creating a level's directory", e)),
+    };
+    let sink = DirectorySink::new(&dir, pyramid.levels[k].clone(), level_spec, level)?;
+    if there {
+        // A run killed while building its levels with level 0 leaves their
+        // directories holding its temporaries only: taken back once those
+        // are gone. Anything else is another pyramid's.
+        let is_dir = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir());
+        if is_dir {
+            sink.remove_stale_temporaries(None)?;
+        }
+        if !is_dir || !holds_only_directories(&dir) {
+            return Err(Error::BadOutput {
+                path: dir,
+                problem: "is there already (--overwrite replaces level 0's blocks, not other \
+                          levels' directories): remove it, or choose another OUT"
+                    .into(),
+            });
+        }
+    }
+    built.dirs.push(dir);
+    Ok(sink)
+}
+
+/// Whether `dir` holds nothing but directories that hold nothing else
+/// (links are not followed: one is something else).
+fn holds_only_directories(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.into_iter().all(|entry| {
+        entry.is_ok_and(|entry| {
+            entry.file_type().is_ok_and(|t| t.is_dir()) && holds_only_directories(&entry.path())
+        })
+    })
+}
+
+/// Rechunks `input` by `plan` into `level0` (level 0's directory under
+/// `out`) with levels 1.. of `output.pyramid` built in memory from level
+/// 0's blocks as they are written ([`LevelStream`]), then the pyramid's
+/// metadata. For a plan whose pyramid cost is streamed
+/// ([`crate::plan::pyramid::stream_cost`]). A failure (or `cancel`)
+/// removes every level it wrote, level 0 included.
+pub fn rechunk_streaming_levels(
+    input: &InputArray,
+    plan: &Plan,
+    (out, level0): (&Path, &Path),
+    output: &PyramidOutput,
+    cancel: Option<&AtomicBool>,
+    progress: impl FnMut(&RunStats),
+) -> Result<(RunStats, BuiltLevels)> {
+    let PyramidOutput { pyramid, spec, .. } = output;
+    let mut built = BuiltLevels {
+        sinks: Vec::new(),
+        dirs: Vec::new(),
+        metadata: Vec::new(),
+        kept: false,
+        stats: Vec::new(),
+        window: None,
+    };
+    let mut sink0 = DirectorySink::new(
+        level0,
+        plan.output.clone(),
+        (*spec).clone(),
+        PartOutput::of_plan(plan, 0),
+    )?;
+    let run = (|| {
+        for k in 1..pyramid.levels.len() {
+            let sink = open_level(out, output, k, &mut built)?;
+            built.sinks.push(sink);
+        }
+        let files = files_of(spec.format);
+        let mut streaming = Streaming {
+            level0: &mut sink0,
+            levels: &mut built.sinks,
+            stream: LevelStream::new(pyramid, &files, spec.dtype),
+            window: WindowOf::new(spec.dtype),
+        };
+        let mut executor = Executor::new(plan, input);
+        if let Some(cancel) = cancel {
+            executor = executor.with_cancel(cancel);
+        }
+        let stats = executor.run(&mut streaming, progress)?;
+        if !streaming.stream.finished() {
+            return Err(Error::BadArgument(
+                "plan error: level 0 was written but a pyramid block is not complete".into(),
+            ));
+        }
+        let (stream_stats, window) = (streaming.stream.stats, streaming.window.window());
+        finish_array(&mut sink0, output.input_block, output.source)?;
+        for sink in &mut built.sinks {
+            finish_array(sink, output.input_block, output.source)?;
+        }
+        built.stats = stream_stats;
+        built.window = window;
+        write_metadata(out, output, &mut built)?;
+        Ok(stats)
+    })();
+    match run {
+        Ok(stats) => Ok((stats, built.keep())),
+        Err(error) => {
+            sink0.discard();
+            Err(error)
+        }
+    }
+}
+
+/// Level 0's sink, passing what is written on to the levels below.
+struct Streaming<'a, 'p> {
+    level0: &'a mut DirectorySink,
+    levels: &'a mut [DirectorySink],
+    stream: LevelStream<'p>,
+    /// Level 0's range of values, from every region written.
+    window: WindowOf,
+}
+
+impl BlockSink for Streaming<'_, '_> {
+    fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
+        self.level0.target(rank)
+    }
+    fn encoder(&self) -> Option<Arc<dyn BlockEncode>> {
+        self.level0.encoder()
+    }
+    fn complete(&mut self, rank: u64) -> Result<()> {
+        self.level0.complete(rank)
+    }
+    fn wants(&mut self, rank: u64) -> bool {
+        self.level0.wants(rank)
+    }
+    fn between_steps(&mut self, stats: &RunStats) -> Result<()> {
+        self.level0.between_steps(stats)
+    }
+    fn no_space(&mut self, error: Error) -> Result<()> {
+        self.level0.no_space(error)
+    }
+    fn takes_written(&self) -> bool {
+        true
+    }
+    fn written(&mut self, _rank: u64, region: &Region, data: &[u8]) -> Result<()> {
+        self.window.observe(data);
+        self.stream.take(region, data, self.levels)
+    }
 }
 
 /// The pyramid's metadata ([`pyramid_metadata`]), and each Zarr v3
@@ -368,6 +525,12 @@ impl LevelValues {
             .collect();
         let line = (block.shape[ndim - 1] * self.elem) as usize;
         let rows_in_block = block.shape[0].saturating_sub(offset / row_len) as usize;
+        if file[1..] == block.shape[1..] {
+            // No padding across a row: the rows are the block's voxels, whole.
+            let len = (rows_in_block * row_len as usize).min(rows.len());
+            self.range.observe(&rows[..len]);
+            return;
+        }
         for row in rows.chunks_exact(row_len as usize).take(rows_in_block) {
             // Each line along the last axis that lies in the block.
             for index in IndexBox::grid(&middle) {

@@ -15,14 +15,24 @@
 //! one slab and downsamples the slab. The memory held is three buffers,
 //! sized for the first (largest) block and reused: the output block's
 //! file, the slab, and one file's rows as read.
+//!
+//! `rechunk` can instead build the levels in memory as level 0 is written
+//! ([`stream_cost`]): each region of level 0 the writer hands on makes
+//! whole cells of one level-1 block, which is held until complete, then
+//! written and passed on. A [`StreamBook`] run over the plan's regions in
+//! the writer's order gives the bytes held exactly; the engine keeps the
+//! same book.
 
 use serde::Serialize;
 
 use crate::array::axes::AxisOrder;
-use crate::array::geometry::{volume, FileShape, Partition};
+use std::collections::HashMap;
+
+use crate::array::geometry::{volume, FileShape, IndexBox, Partition, Region};
 use crate::array::units::parse_shape;
 use crate::error::{Error, Result};
 use crate::format::BlockFormat;
+use crate::plan::Plan;
 
 /// How a cell of `f0 × f1 × …` voxels becomes one voxel, following
 /// TensorStore's `downsample` methods of the same names.
@@ -278,6 +288,11 @@ pub struct PyramidCost {
     pub levels: Vec<LevelCost>,
     /// The most bytes held at once building any level.
     pub peak_bytes: u64,
+    /// Whether the levels are built in memory as level 0 is written
+    /// ([`stream_cost`]), not read back after it.
+    pub streamed: bool,
+    /// Why they are read back, when the plan could not stream them.
+    pub read_back_because: Option<String>,
 }
 
 impl PyramidCost {
@@ -446,4 +461,305 @@ fn axis_file_extents(grid: &Partition, files: &FileShape, d: usize) -> u64 {
     (0..axis.count())
         .map(|i| files.file_extent(d, axis.extent(i)))
         .sum()
+}
+
+/// Level 0's regions in the order the writer hands them on as they are
+/// written: per read block in the plan's order, the slabs of the write
+/// block it completes, one per step (the first also taking what earlier
+/// read blocks hold), each cut by the output blocks it meets, C order.
+pub fn written_regions(plan: &Plan) -> impl Iterator<Item = Region> + '_ {
+    let step_axis = plan.steps.axis(0);
+    plan.read_blocks_in_order().flat_map(move |read_index| {
+        let read_box = plan.read.block(&read_index);
+        let write_box = plan
+            .completed_write_block(&read_index)
+            .map(|index| plan.write.block(&index));
+        let steps = step_axis.overlapping(read_box.origin[0], read_box.end(0));
+        let first = steps.start;
+        steps
+            .filter_map(move |step| {
+                let write_box = write_box.as_ref()?;
+                let from = if step == first {
+                    0
+                } else {
+                    step_axis.start(step)
+                };
+                let start = write_box.origin[0].max(from);
+                let end = write_box.end(0).min(step_axis.end(step));
+                (start < end).then(|| {
+                    let mut slab = write_box.clone();
+                    slab.origin[0] = start;
+                    slab.shape[0] = end - start;
+                    slab
+                })
+            })
+            .flat_map(move |slab| {
+                IndexBox::new(plan.output.overlapping(&slab))
+                    .filter_map(move |index| plan.output.block(&index).intersect(&slab))
+            })
+    })
+}
+
+/// The cells of level `k + 1` that a region of level `k` makes, and the
+/// block of level `k + 1` they lie in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Taken {
+    pub rank: u64,
+    pub cells: Region,
+    /// Its last voxel came with these cells: the block is done.
+    pub complete: bool,
+}
+
+/// The bookkeeping of levels built in memory from the regions of the
+/// level above them as these are written: per level, the blocks begun
+/// and the voxels each still waits for, and the bytes held (each block
+/// begun held whole until written and passed on, and the fixed scratch
+/// of [`stream_scratch`]). The planner and the engine run the same book
+/// over the same regions, so what the run holds is what the plan says.
+#[derive(Clone, Debug)]
+pub struct StreamBook {
+    factors: Vec<u64>,
+    levels: Vec<Partition>,
+    elem: u64,
+    open: Vec<HashMap<u64, u64>>,
+    held: u64,
+    pub peak: u64,
+}
+
+/// The buffers streaming holds besides the blocks begun: one level-0
+/// block as the writer gathers it, its cells, and one level file as
+/// written (in bytes, together).
+pub fn stream_scratch(
+    pyramid: &Pyramid,
+    files: &dyn Fn(&Partition) -> FileShape,
+    elem: u64,
+) -> u64 {
+    let first = |grid: &Partition| grid.block(&vec![0; grid.ndim()]);
+    let block0 = first(&pyramid.levels[0]);
+    let cells = downsampled_shape(&block0.shape, &pyramid.factors);
+    let largest_file = pyramid.levels[1..]
+        .iter()
+        .map(|grid| volume(&files(grid).file_box(&first(grid)).shape))
+        .max()
+        .unwrap_or(0);
+    (block0.volume() + volume(&cells) + largest_file) * elem
+}
+
+impl StreamBook {
+    pub fn new(
+        pyramid: &Pyramid,
+        files: &dyn Fn(&Partition) -> FileShape,
+        elem: u64,
+    ) -> StreamBook {
+        let held = stream_scratch(pyramid, files, elem);
+        StreamBook {
+            factors: pyramid.factors.clone(),
+            levels: pyramid.levels.clone(),
+            elem,
+            open: vec![HashMap::new(); pyramid.levels.len()],
+            held,
+            peak: held,
+        }
+    }
+
+    /// Bytes held for one block of level `k` begun: its voxels.
+    pub fn block_bytes(&self, k: usize, rank: u64) -> u64 {
+        let grid = &self.levels[k];
+        grid.block(&grid.unravel(rank)).volume() * self.elem
+    }
+
+    /// Takes `region` of level `k` (below the last level): the cells of
+    /// level `k + 1` it makes. None when it does not make whole cells (it
+    /// cuts one), lies across two blocks of level `k + 1`, or repeats
+    /// voxels already taken.
+    pub fn take(&mut self, k: usize, region: &Region) -> Option<Taken> {
+        let shape = self.levels[k].array_shape();
+        let mut origin = Vec::with_capacity(region.ndim());
+        let mut end = Vec::with_capacity(region.ndim());
+        for (d, (&f, &len)) in self.factors.iter().zip(&shape).enumerate() {
+            let (lo, hi) = (region.origin[d], region.end(d));
+            if lo % f != 0 || (hi % f != 0 && hi != len) {
+                return None;
+            }
+            origin.push(lo / f);
+            end.push(hi.div_ceil(f));
+        }
+        let level = self.levels.get(k + 1)?;
+        let index: Vec<usize> = (0..origin.len())
+            .map(|d| level.axis(d).locate(origin[d]))
+            .collect();
+        let block = level.block(&index);
+        if (0..origin.len()).any(|d| end[d] > block.end(d)) {
+            return None;
+        }
+        let rank = level.linear(&index);
+        let cells = Region::new(
+            origin.clone(),
+            origin.iter().zip(&end).map(|(o, e)| e - o).collect(),
+        );
+        let bytes = self.block_bytes(k + 1, rank);
+        let left = match self.open[k + 1].entry(rank) {
+            std::collections::hash_map::Entry::Occupied(begun) => begun.into_mut(),
+            std::collections::hash_map::Entry::Vacant(new) => {
+                self.held += bytes;
+                self.peak = self.peak.max(self.held);
+                new.insert(block.volume())
+            }
+        };
+        *left = left.checked_sub(cells.volume())?;
+        let complete = *left == 0;
+        if complete {
+            self.open[k + 1].remove(&rank);
+        }
+        Some(Taken {
+            rank,
+            cells,
+            complete,
+        })
+    }
+
+    /// Block `rank` of level `k`, complete, is written and passed on.
+    pub fn release(&mut self, k: usize, rank: u64) {
+        self.held -= self.block_bytes(k, rank);
+    }
+
+    /// Whether every block begun is done.
+    pub fn finished(&self) -> bool {
+        self.open.iter().all(HashMap::is_empty)
+    }
+}
+
+/// Runs `book` over `region` of level `k` and, for each block of level
+/// `k + 1` it completes, over that block in turn (down to the last level).
+fn feed(book: &mut StreamBook, k: usize, region: &Region) -> Option<()> {
+    let taken = book.take(k, region)?;
+    if taken.complete {
+        if k + 2 < book.levels.len() {
+            let grid = &book.levels[k + 1];
+            let block = grid.block(&grid.unravel(taken.rank));
+            feed(book, k + 1, &block)?;
+        }
+        book.release(k + 1, taken.rank);
+    }
+    Some(())
+}
+
+/// The cost of building the levels below level 0 in memory as `plan`
+/// writes level 0, each level from the blocks of the one above as they
+/// complete: nothing read back, every level's blocks written once, whole.
+/// Err says why they cannot be (a region of level 0 or a block that cuts
+/// a cell, or more memory than `mem` leaves beside level 0's plan).
+pub fn stream_cost(
+    plan: &Plan,
+    pyramid: &Pyramid,
+    files: &dyn Fn(&Partition) -> FileShape,
+    elem: u64,
+    mem: Option<u64>,
+) -> std::result::Result<PyramidCost, String> {
+    let mut book = StreamBook::new(pyramid, files, elem);
+    for region in written_regions(plan) {
+        if feed(&mut book, 0, &region).is_none() {
+            return Err(
+                "level 0's blocks, or the slabs they are written in, cut the cells of level 1 \
+                 (their shapes are not multiples of --factors)"
+                    .into(),
+            );
+        }
+    }
+    if !book.finished() {
+        return Err("level 0's regions do not cover level 1".into());
+    }
+    let level0 = plan.prediction.peak_bytes;
+    if let Some(mem) = mem.filter(|&mem| level0.saturating_add(book.peak) > mem) {
+        return Err(format!(
+            "building them as level 0 is written holds {} beside level 0's {}, more than the {} \
+             allowed",
+            crate::array::units::show_bytes(book.peak),
+            crate::array::units::show_bytes(level0),
+            crate::array::units::show_bytes(mem)
+        ));
+    }
+    let mut cost = PyramidCost {
+        peak_bytes: book.peak,
+        streamed: true,
+        ..PyramidCost::default()
+    };
+    for k in 1..pyramid.levels.len() {
+        let level = &pyramid.levels[k];
+        let level_files = files(level);
+        let bytes_written = (0..level.ndim())
+            .map(|d| axis_file_extents(level, &level_files, d))
+            .product::<u64>()
+            * elem;
+        cost.levels.push(LevelCost {
+            blocks: level.count(),
+            rows_per_pass: level.axis(0).extent(0),
+            reads: 0,
+            bytes_read: 0,
+            writes: level.count(),
+            bytes_written,
+            peak_bytes: book.peak,
+        });
+    }
+    Ok(cost)
+}
+
+/// The cost of `rechunk`'s pyramid after `plan`: built as level 0 is
+/// written when it can be ([`stream_cost`]), else read back ([`pyramid_cost`]).
+pub fn rechunk_pyramid_cost(
+    plan: &Plan,
+    pyramid: &Pyramid,
+    files: &dyn Fn(&Partition) -> FileShape,
+    elem: u64,
+    mem: Option<u64>,
+) -> Result<PyramidCost> {
+    if pyramid.levels.len() < 2 {
+        return pyramid_cost(pyramid, files, elem, mem);
+    }
+    match stream_cost(plan, pyramid, files, elem, mem) {
+        Ok(cost) => Ok(cost),
+        Err(because) => Ok(PyramidCost {
+            read_back_because: Some(because),
+            ..pyramid_cost(pyramid, files, elem, mem)?
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_book_takes_whole_cells_and_holds_each_block_until_done() {
+        // 8×6 in blocks of 4×4, by 2: level 1 is 4×3, one 4×3 block.
+        let pyramid = Pyramid::new(
+            &[8, 6],
+            &[4, 4],
+            vec![2, 2],
+            LevelCount::Exactly(2),
+            Downsample::Mean,
+        )
+        .unwrap();
+        let files = |_: &Partition| FileShape::Exact;
+        let mut book = StreamBook::new(&pyramid, &files, 2);
+        let scratch = stream_scratch(&pyramid, &files, 2);
+        assert_eq!(scratch, (16 + 4 + 12) * 2);
+        // A region that cuts a cell along the first axis.
+        assert_eq!(book.take(0, &Region::new(vec![0, 0], vec![3, 4])), None);
+        let mut book = StreamBook::new(&pyramid, &files, 2);
+        let first = book.take(0, &Region::new(vec![0, 0], vec![4, 4])).unwrap();
+        assert_eq!(first.cells, Region::new(vec![0, 0], vec![2, 2]));
+        assert!(!first.complete);
+        assert_eq!(book.peak, scratch + 12 * 2);
+        for (origin, shape) in [([4, 0], [4, 4]), ([0, 4], [4, 2])] {
+            let taken = book.take(0, &Region::new(origin.to_vec(), shape.to_vec()));
+            assert!(!taken.unwrap().complete);
+        }
+        // The edge cells along the second axis are whole: the array ends there.
+        let last = book.take(0, &Region::new(vec![4, 4], vec![4, 2])).unwrap();
+        assert_eq!(last.cells, Region::new(vec![2, 2], vec![2, 1]));
+        assert!(last.complete && book.finished());
+        book.release(1, last.rank);
+        assert_eq!(book.peak, scratch + 12 * 2);
+    }
 }
