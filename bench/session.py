@@ -221,8 +221,12 @@ class Session:
         if self.a.budget:
             self.mems[w.name] = self.a.budget
             return
-        p, _ = plan(input_arg(self.workdir, w), w, "keep", None)
-        self.mems[w.name] = max((p or {}).get("peak_memory_bytes") or 1 << 30, w.largest_block_bytes)
+        # A pyramid workload plans the pyramid: level 0 alone then gets
+        # the memory the levels run holds, which its own plan leaves unused.
+        p, _ = plan(input_arg(self.workdir, w), w, "levels" if w.levels else "keep", None)
+        held = (p or {}).get("peak_memory_bytes") or 1 << 30
+        held += ((p or {}).get("pyramid") or {}).get("peak_memory_bytes") or 0
+        self.mems[w.name] = max(held, w.largest_block_bytes)
 
     # -- the runs
 
