@@ -300,10 +300,11 @@ impl<'a> Executor<'a> {
         self.refresh_stats();
         // The sink's own work between read blocks (blocks extracted on
         // demand) takes its lock, so it never runs inside a write job;
-        // the held bytes it is told include the slab in flight and the
-        // buffers kept for reuse, the memory its work must fit beside.
+        // the held bytes it is told include the slab in flight, the
+        // buffers kept for reuse and the encoders' reserve, the memory its
+        // work must fit beside.
         let mut told = self.stats;
-        told.held_bytes += self.pool.kept_bytes();
+        told.held_bytes += self.pool.kept_bytes() + self.writing;
         sink.lock().between_steps(&told)
     }
 

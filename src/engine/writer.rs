@@ -293,10 +293,12 @@ impl<'a> Writer<'a> {
         encoder: &dyn BlockEncode,
     ) {
         let width = self.plan.problem.workers.max(1);
-        let (tasks, task_queue) = crossbeam_channel::unbounded::<EncodeTask>();
-        let (done, results) = crossbeam_channel::unbounded::<Encoded>();
         let elem = self.elem;
         std::thread::scope(|scope| {
+            // Made here, so that whatever way this returns the task queue
+            // closes before the encoders are waited for.
+            let (tasks, task_queue) = crossbeam_channel::unbounded::<EncodeTask>();
+            let (done, results) = crossbeam_channel::unbounded::<Encoded>();
             for _ in 0..width {
                 let (task_queue, done) = (task_queue.clone(), done.clone());
                 let spawned = std::thread::Builder::new()
@@ -641,8 +643,8 @@ fn encode_tasks(
             slab,
             gathered,
         } = task;
-        let file_box = Region::new(block.origin.clone(), file_shape.clone());
         let raw = unpanicked(&path, || {
+            let file_box = Region::new(block.origin.clone(), file_shape.clone());
             gather(&block, &file_box, elem, &slab.grid, &slab.pieces)
         });
         drop(slab);
