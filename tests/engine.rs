@@ -796,7 +796,10 @@ struct EncodingSink {
 }
 
 impl rechunkfs::engine::BlockSink for EncodingSink {
-    fn target(&mut self, rank: u64) -> rechunkfs::error::Result<rechunkfs::engine::OutputTarget<'_>> {
+    fn target(
+        &mut self,
+        rank: u64,
+    ) -> rechunkfs::error::Result<rechunkfs::engine::OutputTarget<'_>> {
         let dir = &self.dir;
         let (file, path) = self.files.entry(rank).or_insert_with(|| {
             let path = dir.join(rank.to_string());
@@ -828,7 +831,14 @@ impl rechunkfs::engine::BlockSink for EncodingSink {
 fn encoders_work_on_across_slabs() {
     let root = tempfile::tempdir().unwrap();
     let (array, block) = ([40u64, 6], [10u64, 6]);
-    let dir = make_blocks(root.path(), "in", &array, &block, dtype("<u2"), BlockFormat::Npy);
+    let dir = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &block,
+        dtype("<u2"),
+        BlockFormat::Npy,
+    );
     let input = InputArray::scan(&dir, None).expect("scan");
     let problem = Problem::new(array.to_vec(), block.to_vec(), block.to_vec(), 2)
         .unwrap()

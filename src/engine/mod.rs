@@ -249,7 +249,8 @@ impl<'a> Executor<'a> {
         let plan = self.plan;
         let step_axis = plan.steps.axis(0);
         self.current_read = plan.read_rank(read_index);
-        self.uncounted.push_back(ReadBlockIo::new(self.current_read));
+        self.uncounted
+            .push_back(ReadBlockIo::new(self.current_read));
         let read_box = plan.read.block(read_index);
         let completed = plan.completed_write_block(read_index);
         let steps = step_axis.overlapping(read_box.origin[0], read_box.end(0));

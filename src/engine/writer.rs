@@ -303,7 +303,9 @@ impl<'a> Writer<'a> {
                 let (task_queue, done) = (task_queue.clone(), done.clone());
                 let spawned = std::thread::Builder::new()
                     .name("encoder".into())
-                    .spawn_scoped(scope, move || encode_tasks(&task_queue, &done, encoder, elem));
+                    .spawn_scoped(scope, move || {
+                        encode_tasks(&task_queue, &done, encoder, elem)
+                    });
                 if let Err(e) = spawned {
                     let _ = reports.send(Err(Error::os("thread spawn", "starting an encoder", e)));
                     return;
@@ -494,7 +496,8 @@ impl<'a> Writer<'a> {
             let Some(job) = pipeline.jobs.iter_mut().find(|job| job.remaining > 0) else {
                 return Err(encoders_stopped());
             };
-            job.writes.write(FileKey::Output(rank), 0, encoded.len() as u64);
+            job.writes
+                .write(FileKey::Output(rank), 0, encoded.len() as u64);
             job.remaining -= 1;
             job.blocks_completed += 1;
             job.encoded_from += raw_len;
