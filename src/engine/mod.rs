@@ -114,7 +114,7 @@ pub struct Executor<'a> {
     uncounted: VecDeque<ReadBlockIo>,
     /// Rank of the read block being read.
     current_read: u64,
-    /// Bytes of the slab handed to the writer and not yet reported written.
+    /// Bytes of the slab handed to the writer whose pieces are not back yet.
     in_flight: Option<u64>,
     held: u64,
     /// Bytes the writer holds while it encodes an output block (the
