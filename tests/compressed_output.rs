@@ -365,6 +365,74 @@ fn every_thread_count_writes_the_same_bytes_holding_what_it_plans() {
     assert!(text.contains("threads       3 "), "{text}");
 }
 
+/// Uncompressed outputs too, from a compressed input (its chunks decoded
+/// on the workers) and from an uncompressed one (nothing for workers to
+/// hold): every thread count writes the bytes one thread writes, with the
+/// plan's seeks and peak; workers hold more only where they decode.
+#[test]
+fn every_thread_count_writes_the_same_uncompressed_bytes_holding_what_it_plans() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    let array = [30u64, 26, 21];
+    let zstd = zarr_python_input(root.path(), &array, &[6, 5, 7], "<u2");
+    let npy = common::make_blocks(
+        root.path(),
+        "npy-in",
+        &array,
+        &[6, 5, 7],
+        common::dtype("<u2"),
+        BlockFormat::Npy,
+    );
+    let shape = shape_text(&[10, 13, 7]);
+    for (input, decoded) in [(&zstd, true), (&npy, false)] {
+        for format in ["npy", "h5", "zarr", "zarr3", "raw"] {
+            let mut first: Option<(Tree, u64)> = None;
+            for threads in ["1", "2", "3", "8"] {
+                let name = format!("{}-{format}-{threads}", decoded as u8);
+                let out = root.path().join(&name);
+                let output = rechunkfs(&[
+                    "rechunk",
+                    input.to_str().unwrap(),
+                    out.to_str().unwrap(),
+                    "--shape",
+                    &shape,
+                    "--format",
+                    format,
+                    "--threads",
+                    threads,
+                    "--json",
+                ]);
+                assert!(output.status.success(), "{name}: {}", stderr(&output));
+                let report: serde_json::Value =
+                    serde_json::from_slice(&output.stdout).expect("JSON report");
+                assert_eq!(
+                    json_u64(&report, "seeks.made"),
+                    json_u64(&report, "seeks.planned"),
+                    "{name}: seeks"
+                );
+                let peak = json_u64(&report, "peak_memory_bytes");
+                assert_eq!(
+                    peak,
+                    json_u64(&report, "planned_peak_memory_bytes"),
+                    "{name}: peak memory"
+                );
+                let files = files_under(&out);
+                match &first {
+                    None => first = Some((files, peak)),
+                    Some((alone, peak_alone)) => {
+                        assert!(files == *alone, "{name}: other bytes than one thread's");
+                        if decoded {
+                            assert!(peak > *peak_alone, "{name}: {peak} held, one {peak_alone}");
+                        } else {
+                            assert_eq!(peak, *peak_alone, "{name}: workers held nothing");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn big_endian_and_float_data_keep_their_bytes_compressed() {
     require!(Readers);

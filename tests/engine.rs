@@ -752,3 +752,129 @@ fn extracting_a_block_reads_one_span_per_input_block() {
     let part = |rows: [u64; 3]| ((rows[0] - 1) * 120 + (rows[1] - 1) * 10 + rows[2]) * 2;
     assert_eq!(counter.bytes_read, 8 * part([5, 6, 5]));
 }
+
+/// An identity encoding that counts the blocks being encoded at once; the
+/// first block waits (10 s at most) for a second to start beside it.
+#[derive(Debug, Default)]
+struct PairingEncoder {
+    active: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+    waited: std::sync::atomic::AtomicBool,
+}
+
+impl rechunkfs::format::encode::BlockEncode for PairingEncoder {
+    fn encode(
+        &self,
+        _path: &Path,
+        _shape: &[u64],
+        raw: Vec<u8>,
+    ) -> rechunkfs::error::Result<Vec<u8>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.active.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+        if !self.waited.swap(true, SeqCst) {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while self.most.load(SeqCst) < 2 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        self.active.fetch_sub(1, SeqCst);
+        Ok(raw)
+    }
+
+    fn describe(&self) -> String {
+        "identity".into()
+    }
+}
+
+/// Output blocks as files named by rank under `dir`, encoded by `encoder`.
+struct EncodingSink {
+    dir: std::path::PathBuf,
+    file_shape: Vec<u64>,
+    files: std::collections::HashMap<u64, (std::fs::File, std::path::PathBuf)>,
+    encoder: std::sync::Arc<PairingEncoder>,
+    completed: Vec<u64>,
+}
+
+impl rechunkfs::engine::BlockSink for EncodingSink {
+    fn target(
+        &mut self,
+        rank: u64,
+    ) -> rechunkfs::error::Result<rechunkfs::engine::OutputTarget<'_>> {
+        let dir = &self.dir;
+        let (file, path) = self.files.entry(rank).or_insert_with(|| {
+            let path = dir.join(rank.to_string());
+            (std::fs::File::create(&path).unwrap(), path)
+        });
+        Ok(rechunkfs::engine::OutputTarget {
+            file,
+            path,
+            data_offset: 0,
+            file_shape: &self.file_shape,
+        })
+    }
+
+    fn encoder(&self) -> Option<std::sync::Arc<dyn rechunkfs::format::encode::BlockEncode>> {
+        Some(self.encoder.clone())
+    }
+
+    fn complete(&mut self, rank: u64) -> rechunkfs::error::Result<()> {
+        self.completed.push(rank);
+        Ok(())
+    }
+}
+
+/// Encoded output blocks are encoded as many at once as there are
+/// workers, across slabs: here every slab holds one block, and two are
+/// encoded at once all the same; the run holds and seeks what it plans,
+/// and writes every block in the plan's order.
+#[test]
+fn encoders_work_on_across_slabs() {
+    let root = tempfile::tempdir().unwrap();
+    let (array, block) = ([40u64, 6], [10u64, 6]);
+    let dir = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &block,
+        dtype("<u2"),
+        BlockFormat::Npy,
+    );
+    let input = InputArray::scan(&dir, None).expect("scan");
+    let problem = Problem::new(array.to_vec(), block.to_vec(), block.to_vec(), 2)
+        .unwrap()
+        .with_encoded_outputs()
+        .with_workers(2);
+    let plan = plan::plan(&problem, PlanStrategy::Keep, None).unwrap();
+    assert_eq!(plan.problem.workers, 2);
+    // One output block per write block: no slab holds two.
+    assert_eq!(plan.write.count(), 4);
+    assert_eq!(plan.output.count(), 4);
+    let out = root.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let encoder = std::sync::Arc::new(PairingEncoder::default());
+    let mut sink = EncodingSink {
+        dir: out.clone(),
+        file_shape: block.to_vec(),
+        files: Default::default(),
+        encoder: encoder.clone(),
+        completed: Vec::new(),
+    };
+    let stats = rechunkfs::engine::Executor::new(&plan, &input)
+        .run(&mut sink, |_| {})
+        .expect("run");
+    assert_eq!(
+        encoder.most.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the first block was encoded alone: the encoders waited for its slab"
+    );
+    assert_eq!(stats.seeks(), plan.prediction.seeks());
+    assert_eq!(stats.peak_held_bytes, plan.prediction.peak_bytes);
+    assert_eq!(stats.output_blocks_done, 4);
+    assert_eq!(sink.completed, [0, 1, 2, 3]);
+    for rank in 0..4u64 {
+        let written = std::fs::read(out.join(rank.to_string())).unwrap();
+        let expected = common::oracle::sample_bytes(&array, &[rank * 10, 0], &block, 2);
+        assert_eq!(written, expected, "block {rank}");
+    }
+}

@@ -20,6 +20,7 @@ use common::{dtype, make_blocks, stderr};
 fn run_within(limit: Duration, args: &[&str]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
         .args(args)
+        .args(common::fault_threads(args))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -350,7 +351,15 @@ fn a_view_whose_input_is_rewritten_in_place_fails_and_says_why() {
     let replacement = root.path().join("new.npy");
     std::fs::write(&replacement, &new).unwrap();
     // One file read in 8 slabs (--mem 1M), 300 ms after each.
-    let args = ["--shape", "40,40,40", "--mem", "1M", "--in-order"];
+    let args = [
+        "--shape",
+        "40,40,40",
+        "--mem",
+        "1M",
+        "--in-order",
+        "--threads",
+        "4",
+    ];
     let mounted = common::mounted::MountedView::new(&input, root.path(), &args, 300);
     let deadline = Instant::now() + Duration::from_secs(30);
     while common::json_u64(&mounted.status(), "blocks_done") == 0 {

@@ -56,6 +56,7 @@ fn run_measured(args: &[&str], deadline: Duration) -> Run {
         .arg(&log)
         .arg(env!("CARGO_BIN_EXE_rechunkfs"))
         .args(args)
+        .args(common::fault_threads(args))
         .output()
         .expect("run the launcher");
     let stderr = fs::read_to_string(&log).unwrap_or_default();

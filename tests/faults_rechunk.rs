@@ -57,6 +57,7 @@ fn start_rechunk(
         .args(["rechunk", text(input), text(out), "--shape", SHAPE, "-q"])
         .args(["--format", format.extension()])
         .args(extra)
+        .args(["--threads", "4"])
         .env(
             "RECHUNKFS_STEP_DELAY_MS",
             if slow { STEP_DELAY_MS } else { "0" },
@@ -616,7 +617,7 @@ fn sigint_stops_a_run_of_a_million_blocks_within_its_first_step() {
     let out = root.path().join("out");
     let child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
         .args(["rechunk", text(&input), text(&out), "--shape", "1,1,1"])
-        .args(["--format", "raw", "-q"])
+        .args(["--format", "raw", "-q", "--threads", "4"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -42,6 +42,7 @@ fn run_with(args: &[&str], step_delay_ms: u64, env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(BIN);
     command
         .args(args)
+        .args(common::fault_threads(args))
         .env("RECHUNKFS_STEP_DELAY_MS", step_delay_ms.to_string());
     for (name, value) in env {
         command.env(name, value);

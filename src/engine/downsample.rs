@@ -280,7 +280,7 @@ impl<'a> LevelStream<'a> {
         sinks: &mut [impl BlockSink],
     ) -> Result<()> {
         let taken = self.book.take(k, region).ok_or_else(|| {
-            Error::BadArgument(format!(
+            Error::Internal(format!(
                 "plan error: a region of pyramid level {k} at {:?} does not make whole cells of \
                  level {}",
                 region.origin,

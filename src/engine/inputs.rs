@@ -19,7 +19,7 @@ use std::path::Path;
 
 use lru::LruCache;
 
-use super::pieces::{InFile, PackingBuffer, PieceGrid, RowLayout};
+use super::pieces::{scatter_decoded, Decoded, InFile, PackingBuffer, PieceGrid, RowLayout};
 use super::seekio::{FileKey, SeekCounter, SeekLog};
 use super::workers::on_workers;
 use crate::array::geometry::{IndexBox, Partition, Region};
@@ -356,7 +356,8 @@ impl<'a> InputReader<'a> {
     /// [`read_step`](Self::read_step) for encoded inputs: the step's
     /// input blocks in C order, a batch of one per worker at a time, each
     /// batch's encoded bytes read in order, decoded on the workers at once
-    /// ([`on_workers`]), then copied into the pieces. A batch's decoded
+    /// ([`on_workers`]), then copied into the pieces on the workers too
+    /// ([`scatter_decoded`]). A batch's decoded
     /// blocks are held together: counted in [`decoded_peak`](Self::decoded_peak)
     /// as the planner allows for them, each at the largest the step decodes
     /// (exact edge blocks are smaller), as many as the widest batch.
@@ -398,13 +399,18 @@ impl<'a> InputReader<'a> {
                 .iter()
                 .map(|block| block.len() as u64)
                 .fold(largest, u64::max);
-            for (((input_index, region), (rank, place, _)), decoded) in
-                batch.iter().zip(&fetched).zip(decoded)
-            {
-                let layout = RowLayout::in_file(region, place, self.elem, grid);
-                layout.for_each_segment(|segment| {
-                    layout.copy_segment_from(&decoded, 0, segment, buffers)
-                })?;
+            let sources: Vec<Decoded> = batch
+                .iter()
+                .zip(&fetched)
+                .zip(&decoded)
+                .map(|(((_, region), (_, place, _)), bytes)| Decoded {
+                    region,
+                    place,
+                    bytes,
+                })
+                .collect();
+            scatter_decoded(grid, buffers, &sources, self.elem, plan.problem.workers)?;
+            for ((input_index, region), (rank, _, _)) in batch.iter().zip(&fetched) {
                 self.done_with(input_index, *rank, region, step_box);
             }
         }

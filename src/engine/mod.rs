@@ -10,18 +10,21 @@
 //! bytes between files and pieces, one I/O call per contiguous run of a
 //! file. The calling thread reads while a writer thread writes the slab of the
 //! completed write block that the previous step finished, so the disk and
-//! both cores work at once, even when the whole array is one read block (a
+//! the cores work at once, even when the whole array is one read block (a
 //! split or a merge); the bytes held are exactly what the planner
 //! simulates: the step being read, the slab in flight, and the waiting
 //! pieces. Encoded output blocks (compressed, sharded) are gathered whole
-//! by the writer and written in one call each; the planner hands them over
-//! whole, and counts the block and its encoding while a slab is in flight.
+//! and encoded by the writer's encoder threads, one block per worker, and
+//! written in one call each; the planner hands them over whole, and
+//! reserves a block and its encoding per encoder from the first slab on:
+//! a slab's pieces come back once its blocks are gathered, and the
+//! encoders go on across slabs.
 //!
 //! Every data I/O goes through [`seekio`], whose counts must equal the
 //! plan's predictions; both threads log their calls and the reader counts
 //! them in the plan's order (a read block's reads, then its write block's
-//! writes), so tests can hold the executor to that. Steps are cut only
-//! where that count cannot change.
+//! writes, once all are written), so tests can hold the executor to that.
+//! Steps are cut only where that count cannot change.
 
 pub mod downsample;
 mod extract;
@@ -33,8 +36,11 @@ mod sink;
 pub mod workers;
 mod writer;
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::mpsc::Receiver;
+
+use crossbeam_channel::Sender;
 
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -104,21 +110,18 @@ pub struct Executor<'a> {
     reader: InputReader<'a>,
     pending: PendingWrites,
     counter: SeekCounter,
-    /// Writes of the previous read block's write block, and of this one's,
-    /// as the writer reports them (slabs of one write block can finish
-    /// during the next read block's first step).
-    writes_before: SeekLog,
-    writes_now: SeekLog,
+    /// The I/O of the read blocks not yet counted, in the plan's order.
+    uncounted: VecDeque<ReadBlockIo>,
     /// Rank of the read block being read.
     current_read: u64,
-    /// Bytes of the slab handed to the writer and not yet reported written.
+    /// Bytes of the slab handed to the writer whose pieces are not back yet.
     in_flight: Option<u64>,
     held: u64,
     /// Bytes the writer holds while it encodes an output block (the
     /// planner's allowance; 0 when blocks are written in place).
     encoding: u64,
-    /// Bytes the writer holds encoding the slab in flight: the allowance
-    /// for each block of its batch ([`Executor::writing_allowance`]).
+    /// Bytes the encoders may hold: 0 until the first slab is handed
+    /// over, then their reserve ([`Executor::encoders_reserve`]).
     writing: u64,
     stats: RunStats,
     cancel: Option<&'a AtomicBool>,
@@ -135,8 +138,7 @@ impl<'a> Executor<'a> {
             reader: InputReader::new(plan, input),
             pending: PendingWrites::default(),
             counter: SeekCounter::default(),
-            writes_before: SeekLog::default(),
-            writes_now: SeekLog::default(),
+            uncounted: VecDeque::new(),
             current_read: 0,
             in_flight: None,
             held: 0,
@@ -177,7 +179,7 @@ impl<'a> Executor<'a> {
 
     /// Runs the whole plan. Steps of read blocks are read on this thread
     /// while the slab of a write block that the previous step completed is
-    /// written on another, so the disk and the two cores work at once; at
+    /// written on another, so the disk and the cores work at once; at
     /// most one slab is in flight, its pieces still held (the planner counts
     /// them).
     pub fn run(
@@ -188,7 +190,7 @@ impl<'a> Executor<'a> {
         let writer = Writer::new(self.plan, self.elem, self.cancel);
         let sink = Mutex::new(sink);
         std::thread::scope(|scope| {
-            let (jobs, job_queue) = std::sync::mpsc::sync_channel::<WriteJob>(1);
+            let (jobs, job_queue) = crossbeam_channel::bounded::<WriteJob>(1);
             let (reports_tx, reports) = std::sync::mpsc::channel::<Result<WriteReport>>();
             let sink = &sink;
             let writer = std::thread::Builder::new()
@@ -209,7 +211,7 @@ impl<'a> Executor<'a> {
     /// plan's order after it.
     fn read_and_hand_over(
         &mut self,
-        jobs: &SyncSender<WriteJob>,
+        jobs: &Sender<WriteJob>,
         reports: &Receiver<Result<WriteReport>>,
         sink: &Mutex<&mut (dyn BlockSink + Send)>,
         progress: &mut impl FnMut(&RunStats),
@@ -220,9 +222,11 @@ impl<'a> Executor<'a> {
             self.end_read_block(sink)?;
             progress(&self.stats);
         }
-        self.current_read = u64::MAX;
         self.finish_write(reports)?;
-        self.writes_before.replay_into(&mut self.counter);
+        // Encoded blocks handed over are still being written.
+        while !self.uncounted.is_empty() {
+            self.receive(reports)?;
+        }
         self.refresh_stats();
         debug_assert!(self.pending.is_empty() && self.held == 0);
         Ok(self.stats)
@@ -235,13 +239,15 @@ impl<'a> Executor<'a> {
     fn read_block(
         &mut self,
         read_index: &[usize],
-        jobs: &SyncSender<WriteJob>,
+        jobs: &Sender<WriteJob>,
         reports: &Receiver<Result<WriteReport>>,
         progress: &mut impl FnMut(&RunStats),
     ) -> Result<()> {
         let plan = self.plan;
         let step_axis = plan.steps.axis(0);
         self.current_read = plan.read_rank(read_index);
+        self.uncounted
+            .push_back(ReadBlockIo::new(self.current_read));
         let read_box = plan.read.block(read_index);
         let completed = plan.completed_write_block(read_index);
         let steps = step_axis.overlapping(read_box.origin[0], read_box.end(0));
@@ -284,20 +290,19 @@ impl<'a> Executor<'a> {
     /// After a read block: its I/O counted in the plan's order, and the
     /// sink's own work between read blocks done.
     fn end_read_block(&mut self, sink: &Mutex<&mut (dyn BlockSink + Send)>) -> Result<()> {
-        // The plan's order: the previous write block's writes (all done
-        // by now: its last slab was waited for after the first step),
-        // then this read block's reads.
-        self.writes_before.replay_into(&mut self.counter);
-        self.reader.reads.replay_into(&mut self.counter);
-        self.writes_before = std::mem::take(&mut self.writes_now);
+        if let Some(io) = self.uncounted.back_mut() {
+            io.reads = Some(std::mem::take(&mut self.reader.reads));
+        }
+        self.count_in_order();
         self.stats.read_blocks_done += 1;
         self.refresh_stats();
         // The sink's own work between read blocks (blocks extracted on
         // demand) takes its lock, so it never runs inside a write job;
-        // the held bytes it is told include the slab in flight and the
-        // buffers kept for reuse, the memory its work must fit beside.
+        // the held bytes it is told include the slab in flight, the
+        // buffers kept for reuse and the encoders' reserve, the memory its
+        // work must fit beside.
         let mut told = self.stats;
-        told.held_bytes += self.pool.kept_bytes();
+        told.held_bytes += self.pool.kept_bytes() + self.writing;
         sink.lock().between_steps(&told)
     }
 
@@ -308,8 +313,8 @@ impl<'a> Executor<'a> {
         if !self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             return Ok(());
         }
-        if self.in_flight.take().is_some() {
-            let _ = reports.recv();
+        if self.in_flight.is_some() {
+            while matches!(self.receive(reports), Ok(false)) {}
         }
         Err(Error::Cancelled)
     }
@@ -318,11 +323,14 @@ impl<'a> Executor<'a> {
     fn hand_over(
         &mut self,
         job: WriteJob,
-        jobs: &SyncSender<WriteJob>,
+        jobs: &Sender<WriteJob>,
         reports: &Receiver<Result<WriteReport>>,
     ) -> Result<()> {
         self.in_flight = Some(job.bytes);
-        self.writing = self.writing_allowance(&job.write_box);
+        if let Some(io) = self.uncounted.back_mut() {
+            io.slabs_handed += 1;
+        }
+        self.writing = self.encoders_reserve();
         self.note_peak(self.held + self.writing);
         if jobs.send(job).is_err() {
             // The writer stopped: its report says why.
@@ -332,29 +340,69 @@ impl<'a> Executor<'a> {
         Ok(())
     }
 
-    /// Waits for the slab in flight, if any, files its writes under its
-    /// read block (to be counted in the plan's order) and frees it.
+    /// Waits for the pieces of the slab in flight, if any, and frees
+    /// them; the writes reported meanwhile are filed.
     fn finish_write(&mut self, reports: &Receiver<Result<WriteReport>>) -> Result<()> {
-        let Some(bytes) = self.in_flight.take() else {
+        if self.in_flight.is_none() {
             return Ok(());
-        };
+        }
+        while !self.receive(reports)? {}
+        Ok(())
+    }
+
+    /// Takes one report from the writer: the pieces of the slab in flight
+    /// back (true), or the writes of a slab, filed under its read block
+    /// to be counted in the plan's order (false).
+    fn receive(&mut self, reports: &Receiver<Result<WriteReport>>) -> Result<bool> {
         let report = reports
             .recv()
             .map_err(|_| Error::Internal("the writer thread stopped without reporting".into()))??;
-        let log = if report.read_block == self.current_read {
-            &mut self.writes_now
-        } else {
-            &mut self.writes_before
-        };
-        log.extend(report.writes);
-        self.stats.output_blocks_done += report.blocks_completed;
-        self.stats.encoded_from_bytes += report.encoded_from;
-        self.held -= bytes;
-        let peak = self.plan.prediction.peak_bytes;
-        for piece in report.pieces {
-            self.pool.give(piece, self.held, peak);
+        match report {
+            WriteReport::Released(pieces) => {
+                self.held -= self.in_flight.take().unwrap_or(0);
+                let peak = self.plan.prediction.peak_bytes;
+                for piece in pieces {
+                    self.pool.give(piece, self.held, peak);
+                }
+                Ok(true)
+            }
+            WriteReport::Written {
+                read_block,
+                writes,
+                blocks_completed,
+                encoded_from,
+            } => {
+                self.stats.output_blocks_done += blocks_completed;
+                self.stats.encoded_from_bytes += encoded_from;
+                if let Some(io) = self
+                    .uncounted
+                    .iter_mut()
+                    .find(|io| io.read_block == read_block)
+                {
+                    io.writes.extend(writes);
+                    io.slabs_written += 1;
+                }
+                self.count_in_order();
+                Ok(false)
+            }
         }
-        Ok(())
+    }
+
+    /// Counts the I/O of the read blocks in the plan's order as far as it
+    /// is known: each one's reads once it is read, then its write block's
+    /// writes once every slab of it is written.
+    fn count_in_order(&mut self) {
+        while let Some(io) = self.uncounted.front_mut() {
+            let Some(reads) = &mut io.reads else {
+                return;
+            };
+            reads.replay_into(&mut self.counter);
+            if io.slabs_written < io.slabs_handed {
+                return;
+            }
+            io.writes.replay_into(&mut self.counter);
+            self.uncounted.pop_front();
+        }
     }
 
     fn refresh_stats(&mut self) {
@@ -367,25 +415,20 @@ impl<'a> Executor<'a> {
         // Writes wait to be counted in the plan's order, but progress need
         // not: a stepped read block's slabs show as they are written.
         self.stats.bytes_written = self.counter.bytes_written
-            + self.writes_before.written_bytes()
-            + self.writes_now.written_bytes();
+            + self
+                .uncounted
+                .iter()
+                .map(|io| io.writes.written_bytes())
+                .sum::<u64>();
     }
 
-    /// Bytes the writer holds encoding `slab`: the planner's allowance for
-    /// a block times the blocks its workers encode at once (the slab's
-    /// output blocks, at most one per worker).
-    fn writing_allowance(&self, slab: &Region) -> u64 {
-        if self.encoding == 0 {
-            return 0;
-        }
-        let blocks: u64 = self
-            .plan
-            .output
-            .overlapping(slab)
-            .iter()
-            .map(|range| range.len() as u64)
-            .product();
-        self.encoding * blocks.min(self.plan.problem.workers.max(1) as u64)
+    /// Bytes the encoders may hold once a slab is handed over: the
+    /// planner's allowance for a block (gathered, and its encoding) for
+    /// each encoder, which holds one at a time, and no more than there are
+    /// output blocks. 0 when blocks are written in place.
+    fn encoders_reserve(&self) -> u64 {
+        let encoders = (self.plan.problem.workers.max(1) as u64).min(self.plan.output.count());
+        self.encoding * encoders
     }
 
     fn hold(&mut self, bytes: u64) {
@@ -415,14 +458,9 @@ impl<'a> Executor<'a> {
         self.reader
             .read_step(&step_box, &grid, &mut buffers, &mut self.counter)?;
         // A decoded input block was held beside the step while it was
-        // read, and the writer encodes a block while a slab is in flight.
+        // read, and the encoders may hold their blocks.
         let decoded = std::mem::take(&mut self.reader.decoded_peak);
-        let encoding = if self.in_flight.is_some() {
-            self.writing
-        } else {
-            0
-        };
-        self.note_peak(self.held + decoded + encoding);
+        self.note_peak(self.held + decoded + self.writing);
         self.pending.file_step(plan, &grid, step_index, buffers);
         Ok(())
     }
@@ -438,6 +476,29 @@ impl<'a> Executor<'a> {
             bytes: pieces.iter().map(|piece| piece.len() as u64).sum(),
             pieces,
         })
+    }
+}
+
+/// A read block's I/O, kept until it can be counted in the plan's order.
+struct ReadBlockIo {
+    read_block: u64,
+    /// Its reads, once it is read (counted: emptied).
+    reads: Option<SeekLog>,
+    /// The writes of its write block's slabs written so far.
+    writes: SeekLog,
+    slabs_handed: u64,
+    slabs_written: u64,
+}
+
+impl ReadBlockIo {
+    fn new(read_block: u64) -> ReadBlockIo {
+        ReadBlockIo {
+            read_block,
+            reads: None,
+            writes: SeekLog::default(),
+            slabs_handed: 0,
+            slabs_written: 0,
+        }
     }
 }
 

@@ -88,6 +88,16 @@ impl PieceGrid {
         PieceGrid { ranges, intervals }
     }
 
+    /// The grid of one piece, `region` itself.
+    pub fn whole(region: &Region) -> PieceGrid {
+        PieceGrid {
+            ranges: (0..region.ndim()).map(|_| 0..1).collect(),
+            intervals: (0..region.ndim())
+                .map(|d| vec![(region.origin[d], region.end(d))])
+                .collect(),
+        }
+    }
+
     pub fn count(&self) -> usize {
         self.intervals.iter().map(Vec::len).product()
     }
@@ -728,17 +738,17 @@ impl RowLayout {
 
     /// Copies `segment`'s bytes from `span`, which holds the file's data
     /// from byte `span_offset` on, into the pieces `buffers`.
-    pub fn copy_segment_from(
+    pub fn copy_segment_from<B: AsMut<[u8]>>(
         &self,
         span: &[u8],
         span_offset: u64,
         segment: &Segment,
-        buffers: &mut [Vec<u8>],
+        buffers: &mut [B],
     ) -> Result<()> {
         let base = (segment.offset - span_offset) as usize;
         self.for_each_part_in_file(segment, |part| {
             let from = base + part.at;
-            buffers[part.piece][part.offset..part.offset + part.len]
+            buffers[part.piece].as_mut()[part.offset..part.offset + part.len]
                 .copy_from_slice(&span[from..from + part.len]);
             Ok(())
         })
@@ -762,6 +772,104 @@ impl RowLayout {
             Ok(())
         })
     }
+}
+
+/// A decoded input block to copy into a step's pieces: the `region` of the
+/// step it holds, where that lies in its file's array (`place`), and the
+/// array's bytes.
+pub struct Decoded<'d> {
+    pub region: &'d Region,
+    pub place: &'d InFile,
+    pub bytes: &'d [u8],
+}
+
+/// Copies every `sources` block into the pieces `buffers` (the cells of
+/// `grid`, C order each), on up to `workers` threads at once: the pieces
+/// are cut along their first dimension into slabs, each a run of its
+/// piece's bytes, in as many groups of about equal volume, and each group
+/// is filled by one thread from every block it overlaps. No two threads
+/// write the same bytes, and each copies what a single thread would.
+pub fn scatter_decoded(
+    grid: &PieceGrid,
+    buffers: &mut [Vec<u8>],
+    sources: &[Decoded],
+    elem: u64,
+    workers: usize,
+) -> Result<()> {
+    let groups = piece_slabs(grid, buffers, workers.max(1), elem)?;
+    let fill = |group: SlabGroup| -> Result<()> {
+        for (slab, bytes) in group {
+            let one = PieceGrid::whole(&slab);
+            let mut target = [bytes];
+            for source in sources {
+                let Some(part) = slab.intersect(source.region) else {
+                    continue;
+                };
+                let place = source.place.of_part(source.region, &part);
+                let layout = RowLayout::in_file(&part, &place, elem, &one);
+                layout.for_each_segment(|segment| {
+                    layout.copy_segment_from(source.bytes, 0, segment, &mut target)
+                })?;
+            }
+        }
+        Ok(())
+    };
+    crate::engine::workers::on_workers(groups, fill)
+        .into_iter()
+        .collect()
+}
+
+/// Slabs of pieces one worker fills: each a box and its bytes.
+type SlabGroup<'b> = Vec<(Region, &'b mut [u8])>;
+
+/// The pieces `buffers` of `grid` cut along their first dimension into
+/// slabs (each a box and its bytes, a run of its piece's), gathered into
+/// at most `groups` groups of about equal volume, in order.
+fn piece_slabs<'b>(
+    grid: &PieceGrid,
+    buffers: &'b mut [Vec<u8>],
+    groups: usize,
+    elem: u64,
+) -> Result<Vec<SlabGroup<'b>>> {
+    let total: u64 = grid.volumes().sum();
+    let share = total.div_ceil(groups as u64).max(1);
+    let mut out = Vec::with_capacity(groups);
+    let mut group = Vec::new();
+    let mut filled = 0u64;
+    for (local, buffer) in buffers.iter_mut().enumerate() {
+        let piece = grid.piece_box(local);
+        if buffer.len() as u64 != piece.volume() * elem {
+            return Err(crate::error::Error::Internal(format!(
+                "plan error: a piece of {} bytes for a box of {} elements",
+                buffer.len(),
+                piece.volume()
+            )));
+        }
+        let planes = piece.shape[0];
+        let plane = piece.volume() / planes.max(1);
+        let mut rest: &mut [u8] = buffer.as_mut_slice();
+        let mut start = 0;
+        while start < planes {
+            let take = ((share - filled) / plane.max(1)).clamp(1, planes - start);
+            let (head, tail) =
+                std::mem::take(&mut rest).split_at_mut((take * plane * elem) as usize);
+            rest = tail;
+            let mut slab = piece.clone();
+            slab.origin[0] += start;
+            slab.shape[0] = take;
+            group.push((slab, head));
+            start += take;
+            filled += take * plane;
+            if filled >= share {
+                out.push(std::mem::take(&mut group));
+                filled = 0;
+            }
+        }
+    }
+    if !group.is_empty() {
+        out.push(group);
+    }
+    Ok(out)
 }
 
 /// The element offset of the row at `row`: the sum of its coordinates'
@@ -1002,6 +1110,29 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Spread over any number of workers, a decoded block's copy into
+        /// the pieces puts every byte where one thread's copy puts it.
+        #[test]
+        fn a_scatter_on_workers_copies_what_one_thread_does(
+            dims in dims(),
+            workers in 1usize..=9,
+        ) {
+            let c = case(&dims);
+            let place = InFile::of(&c.region, &c.file_box);
+            let bytes = file_bytes(&c.file_box);
+            let sources = [Decoded { region: &c.region, place: &place, bytes: &bytes }];
+            let mut pieces = empty_pieces(&c);
+            scatter_decoded(&c.grid, &mut pieces, &sources, 4, workers).unwrap();
+            prop_assert_eq!(&pieces, &expected_pieces(&c));
+            let mut buffers = empty_pieces(&c);
+            let groups = piece_slabs(&c.grid, &mut buffers, workers, 4).unwrap();
+            prop_assert!(groups.len() <= workers, "{} groups for {workers} workers", groups.len());
         }
     }
 

@@ -2,25 +2,30 @@
 //! then go, a slab at a time, to a writer thread that gathers them into
 //! the output files while the reader goes on with the next step. A padded
 //! (Zarr) edge chunk is written as if its file held just its block, the
-//! padding between its rows filled in the same calls. Encoded
-//! output blocks (the sink's [`BlockSink::encoder`]) are gathered whole
-//! in memory instead, each in one slab (the planner cuts no slab through
-//! one), encoded, and written in one call.
+//! padding between its rows filled in the same calls.
+//!
+//! Encoded output blocks (the sink's [`BlockSink::encoder`]) are each
+//! gathered whole and encoded by one of the run's encoder threads, one
+//! block per task, then written by the writer in one call each, in the
+//! plan's order (the planner cuts no slab through one). A slab's pieces go
+//! back to the reader as soon as its blocks are gathered, so the encoders
+//! work on across slabs: at most one block per encoder is gathered and not
+//! yet written at any time, which is what the planner reserves for them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::IoSlice;
 use std::ops::Range;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
+use crossbeam_channel::{Receiver, Select};
 use parking_lot::Mutex;
 
 use super::pieces::{InFile, PackingBuffer, PieceGrid, RowLayout, Segment};
 use super::seekio::{self, FileKey, SeekLog};
 use super::sink::{BlockSink, OutputTarget};
-use super::workers::on_workers;
 use crate::array::geometry::{show_shape, volume, IndexBox, Region};
 use crate::error::{Error, Result};
 use crate::format::encode::BlockEncode;
@@ -129,17 +134,77 @@ pub(super) struct WriteJob {
     pub(super) bytes: u64,
 }
 
-/// What the writer thread reports for one job.
-pub(super) struct WriteReport {
-    pub(super) read_block: u64,
-    pub(super) writes: SeekLog,
-    pub(super) blocks_completed: u64,
-    /// Bytes of the encoded blocks the job wrote, before encoding.
-    pub(super) encoded_from: u64,
-    /// The job's pieces, written, back for reuse ([`BufferPool`]).
+/// What the writer thread reports of a job: its pieces back, once
+/// nothing more is gathered from them, and its writes, once every block
+/// of it is written (for an encoded output possibly after later jobs'
+/// pieces are back).
+pub(super) enum WriteReport {
+    /// The job's pieces, back for reuse ([`BufferPool`]).
     ///
     /// [`BufferPool`]: super::pool::BufferPool
-    pub(super) pieces: Vec<Vec<u8>>,
+    Released(Vec<Vec<u8>>),
+    /// Every block of the job written.
+    Written {
+        read_block: u64,
+        writes: SeekLog,
+        blocks_completed: u64,
+        /// Bytes of the encoded blocks the job wrote, before encoding.
+        encoded_from: u64,
+    },
+}
+
+/// A job's pieces, shared by the encoder threads gathering its blocks.
+struct SlabPieces {
+    grid: PieceGrid,
+    pieces: Vec<Vec<u8>>,
+}
+
+/// One output block to gather from a slab's pieces and encode, on an
+/// encoder thread; numbered in the plan's order (`seq`), in which the
+/// writer writes them.
+struct EncodeTask {
+    seq: u64,
+    block: Region,
+    path: PathBuf,
+    file_shape: Vec<u64>,
+    slab: Arc<SlabPieces>,
+    /// Told once the block is gathered and the slab let go of.
+    gathered: crossbeam_channel::Sender<()>,
+}
+
+/// An encoder thread's answer for task `seq`: the encoding and the bytes
+/// it was made from.
+struct Encoded {
+    seq: u64,
+    result: Result<(Vec<u8>, u64)>,
+}
+
+/// The writes of one job of encoded blocks, until all are written.
+struct JobWrites {
+    read_block: u64,
+    /// Blocks handed to the encoders and not yet written.
+    remaining: u64,
+    /// Whether its pieces went back (all its blocks are handed out).
+    released: bool,
+    writes: SeekLog,
+    blocks_completed: u64,
+    encoded_from: u64,
+}
+
+/// The writer's side of the encoders: tasks out, encodings back, written
+/// in order.
+struct EncodePipeline {
+    tasks: crossbeam_channel::Sender<EncodeTask>,
+    results: Receiver<Encoded>,
+    /// Encoder threads: blocks gathered and not yet written, at most.
+    width: u64,
+    next_seq: u64,
+    next_write: u64,
+    /// Task number -> output rank, for the tasks not yet written.
+    ranks: VecDeque<u64>,
+    /// Encodings back before their turn.
+    ready: BTreeMap<u64, Result<(Vec<u8>, u64)>>,
+    jobs: VecDeque<JobWrites>,
 }
 
 /// The writer thread's state: output blocks' remaining volumes, the write
@@ -149,7 +214,6 @@ pub(super) struct Writer<'a> {
     elem: u64,
     remaining: HashMap<u64, u64>,
     packing: PackingBuffer,
-    encoder: Option<Arc<dyn BlockEncode>>,
     /// Set: stop before the next output block ([`Error::Cancelled`]); a
     /// slab can hold millions of small blocks.
     cancel: Option<&'a AtomicBool>,
@@ -162,31 +226,316 @@ impl<'a> Writer<'a> {
             elem,
             remaining: HashMap::new(),
             packing: PackingBuffer::new(),
-            encoder: None,
             cancel,
         }
     }
 
+    fn cancelled(&self) -> bool {
+        self.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
+    }
+
     /// The writer thread: writes each job from `jobs` into `sink` and
-    /// sends its report, until the jobs end or nobody listens.
+    /// sends its reports, until the jobs end (and, for encoded outputs,
+    /// the blocks handed to the encoders are written) or an error is
+    /// reported.
     pub(super) fn serve(
-        mut self,
+        self,
         jobs: Receiver<WriteJob>,
         reports: Sender<Result<WriteReport>>,
         sink: &Mutex<&mut (dyn BlockSink + Send)>,
     ) {
-        self.encoder = sink.lock().encoder();
+        let encoder = sink.lock().encoder();
+        match encoder {
+            Some(encoder) => self.serve_encoded(&jobs, &reports, sink, &*encoder),
+            None => self.serve_in_place(&jobs, &reports, sink),
+        }
+    }
+
+    /// [`serve`](Self::serve) for blocks written in place: each job
+    /// written whole, then reported.
+    fn serve_in_place(
+        mut self,
+        jobs: &Receiver<WriteJob>,
+        reports: &Sender<Result<WriteReport>>,
+        sink: &Mutex<&mut (dyn BlockSink + Send)>,
+    ) {
         for job in jobs {
-            let report = self.write(job, &mut **sink.lock());
-            if reports.send(report).is_err() {
+            let read_block = job.read_block;
+            let result = self.write(&job, &mut **sink.lock());
+            let sent = match result {
+                Ok((writes, blocks_completed)) => reports
+                    .send(Ok(WriteReport::Written {
+                        read_block,
+                        writes,
+                        blocks_completed,
+                        encoded_from: 0,
+                    }))
+                    .and_then(|()| reports.send(Ok(WriteReport::Released(job.pieces)))),
+                Err(error) => reports.send(Err(error)),
+            };
+            if sent.is_err() {
                 return;
             }
         }
     }
 
+    /// [`serve`](Self::serve) for encoded blocks: the run's encoder
+    /// threads (one per worker) gather and encode the blocks of every job,
+    /// while this thread hands them out and writes their encodings in
+    /// order as they come back. Stops at the first error, which it reports;
+    /// once the jobs end it writes what is still being encoded, unless the
+    /// run was cancelled.
+    fn serve_encoded(
+        mut self,
+        jobs: &Receiver<WriteJob>,
+        reports: &Sender<Result<WriteReport>>,
+        sink: &Mutex<&mut (dyn BlockSink + Send)>,
+        encoder: &dyn BlockEncode,
+    ) {
+        let width = self.plan.problem.workers.max(1);
+        let elem = self.elem;
+        std::thread::scope(|scope| {
+            // Made here, so that whatever way this returns the task queue
+            // closes before the encoders are waited for.
+            let (tasks, task_queue) = crossbeam_channel::unbounded::<EncodeTask>();
+            let (done, results) = crossbeam_channel::unbounded::<Encoded>();
+            for _ in 0..width {
+                let (task_queue, done) = (task_queue.clone(), done.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("encoder".into())
+                    .spawn_scoped(scope, move || {
+                        encode_tasks(&task_queue, &done, encoder, elem)
+                    });
+                if let Err(e) = spawned {
+                    let _ = reports.send(Err(Error::os("thread spawn", "starting an encoder", e)));
+                    return;
+                }
+            }
+            drop((task_queue, done));
+            let mut pipeline = EncodePipeline {
+                tasks,
+                results,
+                width: width as u64,
+                next_seq: 0,
+                next_write: 0,
+                ranks: VecDeque::new(),
+                ready: BTreeMap::new(),
+                jobs: VecDeque::new(),
+            };
+            if let Err(error) = self.pipe_jobs(jobs, reports, sink, &mut pipeline) {
+                let _ = reports.send(Err(error));
+            }
+            // Dropping the pipeline closes the task queue: the encoders
+            // end once their current block is done.
+        });
+    }
+
+    /// The encoded writer's loop: hands out each job's blocks as it comes,
+    /// and writes encodings as they come back, whichever is first.
+    fn pipe_jobs(
+        &mut self,
+        jobs: &Receiver<WriteJob>,
+        reports: &Sender<Result<WriteReport>>,
+        sink: &Mutex<&mut (dyn BlockSink + Send)>,
+        pipeline: &mut EncodePipeline,
+    ) -> Result<()> {
+        loop {
+            let mut select = Select::new();
+            let job_ready = select.recv(jobs);
+            select.recv(&pipeline.results);
+            let ready = select.select();
+            if ready.index() == job_ready {
+                match ready.recv(jobs) {
+                    Ok(job) => self.hand_out(job, reports, sink, pipeline)?,
+                    Err(_) => break,
+                }
+            } else {
+                let encoded = ready
+                    .recv(&pipeline.results)
+                    .map_err(|_| encoders_stopped())?;
+                pipeline.ready.insert(encoded.seq, encoded.result);
+                self.write_ready(reports, sink, pipeline)?;
+            }
+        }
+        // The jobs ended: what is being encoded is written, unless the run
+        // was cancelled (its outputs are about to be removed).
+        while !pipeline.ranks.is_empty() && !self.cancelled() {
+            self.write_next(reports, sink, pipeline)?;
+        }
+        Ok(())
+    }
+
+    /// Hands the output blocks of `job` (each whole in it: the plan hands
+    /// encoded blocks over whole) to the encoders in the plan's order,
+    /// writing earlier ones first whenever every encoder holds one; sends
+    /// the job's pieces back once every block is gathered from them.
+    fn hand_out(
+        &mut self,
+        job: WriteJob,
+        reports: &Sender<Result<WriteReport>>,
+        sink: &Mutex<&mut (dyn BlockSink + Send)>,
+        pipeline: &mut EncodePipeline,
+    ) -> Result<()> {
+        let plan = self.plan;
+        let write_box = job.write_box;
+        let slab = Arc::new(SlabPieces {
+            grid: PieceGrid::new(&plan.steps, &write_box),
+            pieces: job.pieces,
+        });
+        pipeline.jobs.push_back(JobWrites {
+            read_block: job.read_block,
+            remaining: 0,
+            released: false,
+            writes: SeekLog::default(),
+            blocks_completed: 0,
+            encoded_from: 0,
+        });
+        let (gathered, gathers) = crossbeam_channel::unbounded();
+        let mut handed = 0;
+        for output_index in IndexBox::new(plan.output.overlapping(&write_box)) {
+            if self.cancelled() {
+                return Err(Error::Cancelled);
+            }
+            let block = plan.output.block(&output_index);
+            let Some(region) = block.intersect(&write_box) else {
+                continue;
+            };
+            let rank = plan.output.linear(&output_index);
+            let (path, file_shape) = {
+                let mut sink = sink.lock();
+                if !sink.wants(rank) {
+                    continue;
+                }
+                let target = sink.target(rank)?;
+                check_file_holds(&target, &block)?;
+                (PathBuf::from(target.path), target.file_shape.to_vec())
+            };
+            if region != block {
+                return Err(Error::Internal(format!(
+                    "plan error: encoded output block {} handed to the writer in parts",
+                    path.display()
+                )));
+            }
+            while pipeline.ranks.len() as u64 >= pipeline.width {
+                self.write_next(reports, sink, pipeline)?;
+            }
+            let task = EncodeTask {
+                seq: pipeline.next_seq,
+                block,
+                path,
+                file_shape,
+                slab: Arc::clone(&slab),
+                gathered: gathered.clone(),
+            };
+            pipeline.tasks.send(task).map_err(|_| encoders_stopped())?;
+            pipeline.next_seq += 1;
+            pipeline.ranks.push_back(rank);
+            if let Some(writes) = pipeline.jobs.back_mut() {
+                writes.remaining += 1;
+            }
+            handed += 1;
+        }
+        drop(gathered);
+        for _ in 0..handed {
+            gathers.recv().map_err(|_| encoders_stopped())?;
+        }
+        // Each encoder lets go of the slab before it says so.
+        let pieces = Arc::try_unwrap(slab)
+            .map_err(|_| encoders_stopped())?
+            .pieces;
+        if let Some(writes) = pipeline.jobs.back_mut() {
+            writes.released = true;
+        }
+        reports
+            .send(Ok(WriteReport::Released(pieces)))
+            .map_err(|_| reader_gone())?;
+        self.report_written(reports, pipeline)
+    }
+
+    /// Writes the next block in order, waiting for its encoding.
+    fn write_next(
+        &mut self,
+        reports: &Sender<Result<WriteReport>>,
+        sink: &Mutex<&mut (dyn BlockSink + Send)>,
+        pipeline: &mut EncodePipeline,
+    ) -> Result<()> {
+        while !pipeline.ready.contains_key(&pipeline.next_write) {
+            let encoded = pipeline.results.recv().map_err(|_| encoders_stopped())?;
+            pipeline.ready.insert(encoded.seq, encoded.result);
+        }
+        self.write_ready(reports, sink, pipeline)
+    }
+
+    /// Writes the encodings back whose turn it is, each in one call,
+    /// completing its block, and reports the jobs thereby written.
+    fn write_ready(
+        &mut self,
+        reports: &Sender<Result<WriteReport>>,
+        sink: &Mutex<&mut (dyn BlockSink + Send)>,
+        pipeline: &mut EncodePipeline,
+    ) -> Result<()> {
+        while let Some(result) = pipeline.ready.remove(&pipeline.next_write) {
+            let rank = pipeline.ranks.pop_front().ok_or_else(encoders_stopped)?;
+            pipeline.next_write += 1;
+            let (encoded, raw_len) = result?;
+            let mut sink = sink.lock();
+            // Writing again after a full disk rewrites the same bytes in place.
+            loop {
+                let written = {
+                    let target = sink.target(rank)?;
+                    seekio::write_all_at(target.file, target.path, &mut [IoSlice::new(&encoded)], 0)
+                };
+                match written {
+                    Err(error) if error.is_no_space() => sink.no_space(error)?,
+                    result => break result?,
+                }
+            }
+            sink.complete(rank)?;
+            // Blocks are written in the order jobs handed them out: this
+            // one is the first job's with any left.
+            let Some(job) = pipeline.jobs.iter_mut().find(|job| job.remaining > 0) else {
+                return Err(encoders_stopped());
+            };
+            job.writes
+                .write(FileKey::Output(rank), 0, encoded.len() as u64);
+            job.remaining -= 1;
+            job.blocks_completed += 1;
+            job.encoded_from += raw_len;
+        }
+        self.report_written(reports, pipeline)
+    }
+
+    /// Reports the jobs, oldest first, whose pieces are back and whose
+    /// blocks are all written.
+    fn report_written(
+        &self,
+        reports: &Sender<Result<WriteReport>>,
+        pipeline: &mut EncodePipeline,
+    ) -> Result<()> {
+        while pipeline
+            .jobs
+            .front()
+            .is_some_and(|job| job.released && job.remaining == 0)
+        {
+            let Some(job) = pipeline.jobs.pop_front() else {
+                break;
+            };
+            reports
+                .send(Ok(WriteReport::Written {
+                    read_block: job.read_block,
+                    writes: job.writes,
+                    blocks_completed: job.blocks_completed,
+                    encoded_from: job.encoded_from,
+                }))
+                .map_err(|_| reader_gone())?;
+        }
+        Ok(())
+    }
+
     /// Writes a slab of a completed write block to its output blocks,
-    /// gathering from its pieces, which go back with the report.
-    fn write(&mut self, job: WriteJob, sink: &mut dyn BlockSink) -> Result<WriteReport> {
+    /// gathering from its pieces; returns the calls made and the blocks
+    /// completed.
+    fn write(&mut self, job: &WriteJob, sink: &mut dyn BlockSink) -> Result<(SeekLog, u64)> {
         let plan = self.plan;
         let write_box = &job.write_box;
         let grid = PieceGrid::new(&plan.steps, write_box);
@@ -196,10 +545,8 @@ impl<'a> Writer<'a> {
         let write_end = firsts.end(firsts.locate(write_box.origin[0]));
         let mut writes = SeekLog::default();
         let mut blocks_completed = 0;
-        let mut encoded_from = 0;
-        let mut batch = Vec::new();
         for output_index in IndexBox::new(plan.output.overlapping(write_box)) {
-            if self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            if self.cancelled() {
                 return Err(Error::Cancelled);
             }
             let block = plan.output.block(&output_index);
@@ -208,18 +555,6 @@ impl<'a> Writer<'a> {
             };
             let rank = plan.output.linear(&output_index);
             if !sink.wants(rank) {
-                continue;
-            }
-            if let Some(encoder) = self.encoder.clone() {
-                batch.push((rank, block, region));
-                if batch.len() == plan.problem.workers.max(1) {
-                    let batch_report =
-                        self.write_encoded(sink, &*encoder, &batch, &grid, &job.pieces)?;
-                    writes.extend(batch_report.0);
-                    encoded_from += batch_report.1;
-                    blocks_completed += batch.len() as u64;
-                    batch.clear();
-                }
                 continue;
             }
             // Writing the region again after a full disk rewrites the
@@ -247,80 +582,7 @@ impl<'a> Writer<'a> {
                 blocks_completed += 1;
             }
         }
-        if let (Some(encoder), false) = (self.encoder.clone(), batch.is_empty()) {
-            let (batch_writes, raw_len) =
-                self.write_encoded(sink, &*encoder, &batch, &grid, &job.pieces)?;
-            writes.extend(batch_writes);
-            encoded_from += raw_len;
-            blocks_completed += batch.len() as u64;
-        }
-        Ok(WriteReport {
-            read_block: job.read_block,
-            writes,
-            blocks_completed,
-            encoded_from,
-            pieces: job.pieces,
-        })
-    }
-
-    /// Gathers the output blocks of `batch` (rank, block, and the region
-    /// of it the slab holds, which must be all of it: the plan hands
-    /// encoded blocks over whole) from `pieces` into their files' arrays
-    /// and encodes them, one per worker thread at once, then writes each
-    /// encoding in one call, in the batch's (the plan's) order, completing
-    /// each; returns the calls and the bytes encoded.
-    fn write_encoded(
-        &mut self,
-        sink: &mut dyn BlockSink,
-        encoder: &dyn BlockEncode,
-        batch: &[(u64, Region, Region)],
-        grid: &PieceGrid,
-        pieces: &[Vec<u8>],
-    ) -> Result<(SeekLog, u64)> {
-        let mut files = Vec::with_capacity(batch.len());
-        for (rank, block, region) in batch {
-            let target = sink.target(*rank)?;
-            check_file_holds(&target, block)?;
-            let path = PathBuf::from(target.path);
-            if region != block {
-                return Err(Error::Internal(format!(
-                    "plan error: encoded output block {} handed to the writer in parts",
-                    path.display()
-                )));
-            }
-            files.push((path, target.file_shape.to_vec()));
-        }
-        let elem = self.elem;
-        let encode = |((_, block, _), (path, file_shape)): (
-            &(u64, Region, Region),
-            &(PathBuf, Vec<u64>),
-        )| {
-            let file_box = Region::new(block.origin.clone(), file_shape.clone());
-            let raw = gather(block, &file_box, elem, grid, pieces)?;
-            let raw_len = raw.len() as u64;
-            Ok((encoder.encode(path, file_shape, raw)?, raw_len))
-        };
-        let encoded: Vec<Result<(Vec<u8>, u64)>> = on_workers(batch.iter().zip(&files), encode);
-        let mut writes = SeekLog::default();
-        let mut raw_total = 0;
-        for ((rank, _, _), result) in batch.iter().zip(encoded) {
-            let (encoded, raw_len) = result?;
-            // Writing again after a full disk rewrites the same bytes in place.
-            loop {
-                let written = {
-                    let target = sink.target(*rank)?;
-                    seekio::write_all_at(target.file, target.path, &mut [IoSlice::new(&encoded)], 0)
-                };
-                match written {
-                    Err(error) if error.is_no_space() => sink.no_space(error)?,
-                    result => break result?,
-                }
-            }
-            writes.write(FileKey::Output(*rank), 0, encoded.len() as u64);
-            raw_total += raw_len;
-            sink.complete(*rank)?;
-        }
-        Ok((writes, raw_total))
+        Ok((writes, blocks_completed))
     }
 
     /// Writes `region` of output block `rank` (`block`, in a write block
@@ -367,6 +629,62 @@ impl<'a> Writer<'a> {
         }
         false
     }
+}
+
+/// An encoder thread: gathers and encodes each task's block, letting go
+/// of its slab as soon as it is gathered, until the task queue closes or
+/// nobody listens. A panic is answered as the block's error, so that the
+/// writer, waiting for that block, is never left waiting.
+fn encode_tasks(
+    tasks: &Receiver<EncodeTask>,
+    done: &crossbeam_channel::Sender<Encoded>,
+    encoder: &dyn BlockEncode,
+    elem: u64,
+) {
+    for task in tasks {
+        let EncodeTask {
+            seq,
+            block,
+            path,
+            file_shape,
+            slab,
+            gathered,
+        } = task;
+        let raw = unpanicked(&path, || {
+            let file_box = Region::new(block.origin.clone(), file_shape.clone());
+            gather(&block, &file_box, elem, &slab.grid, &slab.pieces)
+        });
+        drop(slab);
+        let _ = gathered.send(());
+        let result = raw.and_then(|raw| {
+            let raw_len = raw.len() as u64;
+            let encoded = unpanicked(&path, || encoder.encode(&path, &file_shape, raw))?;
+            Ok((encoded, raw_len))
+        });
+        if done.send(Encoded { seq, result }).is_err() {
+            return;
+        }
+    }
+}
+
+/// `work`'s result, or a panic in it as an error about output `path`.
+fn unpanicked<T>(path: &Path, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|_| {
+        Err(Error::Internal(format!(
+            "gathering or encoding {} panicked",
+            path.display()
+        )))
+    })
+}
+
+/// The error for encoder threads gone while blocks were theirs.
+fn encoders_stopped() -> Error {
+    Error::Internal("the encoder threads stopped".into())
+}
+
+/// The error for a report nobody receives: the reader stopped.
+fn reader_gone() -> Error {
+    Error::Internal("the writer's reader stopped listening".into())
 }
 
 /// The C-order bytes of `file_box`'s array with `region` gathered from

@@ -206,8 +206,8 @@ fn gap_elements(overlaps: &[Overlap], gaps: &[Gaps]) -> u128 {
 }
 
 /// The peak of [`simulate_peak`]: while a step is read, plus the decoded
-/// input blocks held beside it (encoded inputs); or once a slab is handed
-/// to the writer, plus the output blocks being encoded (encoded outputs).
+/// input blocks held beside it (encoded inputs); and from the first slab
+/// handed to the writer on, plus the encoders' reserve (encoded outputs).
 pub(super) fn plan_peak(
     problem: &Problem,
     dims: &[&DimOption],
@@ -218,27 +218,31 @@ pub(super) fn plan_peak(
     let decoded = problem
         .reads_whole_inputs()
         .then(|| DecodedExtents::of(problem, dims, steps));
-    let encoded = problem
-        .writes_whole_outputs()
-        .then(|| EncodedCounts::of(problem, dims));
+    let encoders = if problem.writes_whole_outputs() {
+        let blocks = problem.output().count();
+        problem.encoding_bytes() as u128 * problem.batch(blocks) as u128
+    } else {
+        0
+    };
     let beside = Beside {
         decoded: decoded.as_ref(),
-        encoded: encoded.as_ref(),
-        encoding: problem.encoding_bytes() as u128,
+        encoders,
         problem,
     };
     simulate_peak(dims, steps, order, problem.elem_size, beside, give_up_above)
 }
 
 /// What is held beside the pieces: the decoded input blocks a step reads
-/// (encoded inputs), and the output blocks being encoded while a slab is
-/// in flight (encoded outputs), a batch of up to `problem.workers` at once.
+/// (encoded inputs), and the output blocks the encoders hold (encoded
+/// outputs): one each, up to `problem.workers` at once.
 #[derive(Clone, Copy)]
 struct Beside<'a> {
     decoded: Option<&'a DecodedExtents>,
-    encoded: Option<&'a EncodedCounts>,
-    /// Bytes one output block holds while it is encoded.
-    encoding: u128,
+    /// Bytes the encoders may hold from the first slab handed over on:
+    /// each a block gathered and its encoding, one encoder per worker
+    /// and no more than there are output blocks (they work on across
+    /// slabs, so any slab may find them all busy).
+    encoders: u128,
     problem: &'a Problem,
 }
 
@@ -249,15 +253,6 @@ impl Beside<'_> {
         self.decoded.map_or(0, |d| {
             let (largest, count) = d.step(index, j);
             largest * self.problem.batch(count as u64) as u128
-        })
-    }
-
-    /// Bytes the writer holds encoding the slab `[from, to)` (along the
-    /// first dimension) of the write block read block `index` completes.
-    fn encoding(&self, index: &[usize], from: u64, to: u64) -> u128 {
-        self.encoded.map_or(0, |e| {
-            let count = e.slab_blocks(index, from, to);
-            self.encoding * self.problem.batch(count) as u128
         })
     }
 }
@@ -327,56 +322,6 @@ impl DecodedExtents {
     }
 }
 
-/// How many output blocks the slabs handed to the writer hold: per later
-/// dimension, the output intervals of the write interval each read
-/// interval completes; along the first, those the slab overlaps.
-struct EncodedCounts {
-    output_first: Axis,
-    /// `rest[d - 1][k]`: output intervals along `d` of the write interval
-    /// read interval `k` completes (0: none).
-    rest: Vec<Vec<u64>>,
-}
-
-impl EncodedCounts {
-    fn of(problem: &Problem, dims: &[&DimOption]) -> EncodedCounts {
-        let output = problem.output();
-        let rest = (1..dims.len())
-            .map(|d| {
-                let (dim, outputs) = (dims[d], output.axis(d));
-                dim.completes
-                    .iter()
-                    .map(|w| {
-                        w.map_or(0, |w| {
-                            outputs
-                                .overlapping(dim.write.start(w), dim.write.end(w))
-                                .len() as u64
-                        })
-                    })
-                    .collect()
-            })
-            .collect();
-        EncodedCounts {
-            output_first: output.axis(0).clone(),
-            rest,
-        }
-    }
-
-    /// Output blocks in the slab `[from, to)` of the write block read block
-    /// `index` completes.
-    fn slab_blocks(&self, index: &[usize], from: u64, to: u64) -> u64 {
-        if from >= to {
-            return 0;
-        }
-        let first = self.output_first.overlapping(from, to).len() as u64;
-        self.rest
-            .iter()
-            .zip(&index[1..])
-            .map(|(per, &k)| per[k])
-            .product::<u64>()
-            * first
-    }
-}
-
 /// Write seeks: at most one write block completes per read block, each of
 /// its pieces goes to a different output file, and reads separate
 /// successive write blocks, so no write call continues another. An encoded
@@ -401,9 +346,9 @@ pub(super) fn write_seeks(problem: &Problem, dims: &[&DimOption]) -> u128 {
 /// costs O(dimensions). With encoded inputs (`beside.decoded`), a batch of
 /// the step's decoded input blocks is held beside it while it is read.
 ///
-/// With encoded outputs, the writer also holds a batch of output blocks
-/// being encoded ([`Beside::encoding`]) while a slab is in flight: on
-/// top of the step read beside it, and of the slab alone once handed over.
+/// With encoded outputs, the encoders hold their reserve
+/// (`Beside::encoders`) from the first slab handed over on: on top of
+/// every later step read, and of each slab once handed over.
 ///
 /// `steps` is [`step_axis`]`(dims)`. The search only asks whether a plan
 /// fits: once the peak passes `give_up_above` bytes the rest is not
@@ -424,7 +369,7 @@ fn simulate_peak(
     let mut held: u128 = 0;
     let mut peak: u128 = 0;
     let mut in_flight: u128 = 0;
-    // Bytes the writer holds encoding the slab in flight.
+    // Bytes the encoders may hold: their reserve once a slab is handed over.
     let mut writing: u128 = 0;
     for index in super::order::visit(order, &grid) {
         let mut rest_volume: u128 = 1;
@@ -445,19 +390,13 @@ fn simulate_peak(
             }
             held -= in_flight;
             let from = if j == range.start { 0 } else { steps.start(j) };
-            let (slab, encoding) = written.map_or((0, 0), |(start, end)| {
-                let (a, b) = (start.max(from), end.min(steps.end(j)));
-                (
-                    b.saturating_sub(a),
-                    if rest_completed > 0 {
-                        beside.encoding(&index, a, b)
-                    } else {
-                        0
-                    },
-                )
+            let slab = written.map_or(0, |(start, end)| {
+                end.min(steps.end(j)).saturating_sub(start.max(from))
             });
             in_flight = slab as u128 * rest_completed;
-            writing = if in_flight > 0 { encoding } else { 0 };
+            if in_flight > 0 {
+                writing = beside.encoders;
+            }
             peak = peak.max(held * elem + writing);
         }
     }

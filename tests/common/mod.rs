@@ -273,6 +273,17 @@ pub fn run_rechunkfs(args: &[&str], step_delay_ms: u64) -> std::process::Output 
         .expect("run rechunkfs")
 }
 
+/// `--threads` for the fault suites, to add to `args` when their command
+/// takes it (`rechunk`, `mount`, `plan`): 4 workers, more than the cores a
+/// test machine may have, so that every promise is kept with workers
+/// decoding and encoding beside the reader and the writer.
+pub fn fault_threads(args: &[&str]) -> &'static [&'static str] {
+    match args.first() {
+        Some(&("rechunk" | "mount" | "plan")) => &["--threads", "4"],
+        _ => &[],
+    }
+}
+
 pub fn stderr(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
