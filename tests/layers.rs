@@ -191,7 +191,6 @@ const KNOWN_CYCLES: &[&[&str]] = &[
         "input/values.rs",
         "input/zarr.rs",
     ],
-    &["plan/mod.rs", "plan/search.rs"],
     &["engine/mod.rs", "engine/sink.rs", "engine/writer.rs"],
     &[
         "view/layout.rs",
@@ -216,7 +215,6 @@ const KNOWN_CYCLES: &[&[&str]] = &[
         "cli/slurm.rs",
         "cli/status.rs",
     ],
-    &["fuse/client.rs", "fuse/mountpoint.rs"],
 ];
 
 /// A source file's module path from the crate root: `format/minc/mod.rs`
