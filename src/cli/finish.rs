@@ -3,7 +3,7 @@
 //! metadata, `rechunkfs.json`) are written, last: until then no reader
 //! takes OUT for a complete array.
 
-use crate::cli::FinishArgs;
+use crate::cli::args::FinishArgs;
 use crate::output::job;
 
 pub(super) fn finish_command(args: FinishArgs) -> anyhow::Result<()> {

@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 
 use crate::array::axes::AxisOrder;
 use crate::array::units::show_bytes;
+use crate::cli::args::RechunkArgs;
+use crate::cli::failure::{explained_with, Left};
 use crate::cli::pyramid;
-use crate::cli::rechunk::{explained_with, step_delay, Left};
 use crate::cli::report::progress_bar;
-use crate::cli::RechunkArgs;
+use crate::cli::test_hooks::step_delay;
 use crate::engine::RunStats;
 use crate::error::Error;
 use crate::format::ome::WorldAxis;

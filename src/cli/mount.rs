@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::array::geometry::show_shape;
+use crate::cli::args::{format_note, MountArgs};
 use crate::cli::report::{progress_bar, thousands};
+use crate::cli::request::request_of;
 use crate::cli::serve::{announcement, listen, server_of};
 use crate::cli::test_hooks;
-use crate::cli::{request_of, MountArgs};
 use crate::format::BlockFormat;
 use crate::fuse::session;
 use crate::http::ViewTree;
@@ -101,8 +102,7 @@ fn summary(prepared: &PreparedView, asked: Option<BlockFormat>) -> String {
     let status = prepared.core.status();
     let layout = prepared.core.layout();
     let asked = asked.unwrap_or_else(|| prepared.input.format.default_output());
-    let note = crate::cli::format_note(asked, layout.format)
-        .map_or(String::new(), |note| format!(" ({note})"));
+    let note = format_note(asked, layout.format).map_or(String::new(), |note| format!(" ({note})"));
     format!(
         "{} blocks of {}{note} ({} done already), staging in {}",
         thousands(status.blocks_total),

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use crate::array::axes::AxisOrder;
 use crate::array::units::show_bytes;
-use crate::cli::PyramidArgs;
+use crate::cli::args::PyramidArgs;
 use crate::format::BlockFormat;
 use crate::output::pyramid::files_of;
 use crate::plan::pyramid::{rechunk_pyramid_cost, Pyramid, PyramidCost, PyramidFlags};

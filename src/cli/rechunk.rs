@@ -12,12 +12,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::bail;
-use nix::sys::signal::Signal;
 
-use crate::array::units::show_bytes;
+use crate::cli::args::{format_note, RechunkArgs};
+use crate::cli::failure::{explained_with, Left};
 use crate::cli::levels::{write_levels, LevelsRequest};
 use crate::cli::report::{progress_bar, report_run};
-use crate::cli::{request_of, RechunkArgs};
+use crate::cli::request::request_of;
+use crate::cli::test_hooks::step_delay;
 use crate::engine::RunStats;
 use crate::error::Error;
 use crate::format::BlockFormat;
@@ -148,7 +149,7 @@ fn output_format(asked: BlockFormat, plan: &Plan) -> BlockFormat {
     // The first output block is the largest.
     let largest = plan.output.block(&vec![0; plan.output.ndim()]).shape;
     let format = asked.for_output_blocks(&largest);
-    if let Some(note) = crate::cli::format_note(asked, format) {
+    if let Some(note) = format_note(asked, format) {
         eprintln!("{note}");
     }
     format
@@ -449,47 +450,6 @@ fn explained(
     explained_with(args, &left, free_at_start, input, error)
 }
 
-/// What a failed run left in OUT, and what to do about it (`with_no_space`
-/// when the output's filesystem filled).
-pub(super) struct Left {
-    pub(super) what: String,
-    pub(super) with_no_space: &'static str,
-}
-
-/// The error of a failed run that `left` what it says in OUT.
-pub(super) fn explained_with(
-    args: &RechunkArgs,
-    left: &Left,
-    free_at_start: Option<u64>,
-    input: &InputArray,
-    error: Error,
-) -> anyhow::Error {
-    let out = args.output.display();
-    let what = &left.what;
-    match error {
-        Error::Cancelled => match signals::caught() {
-            Some(signal) => Interrupted {
-                signal,
-                message: format!("interrupted by {signal} before {out} was complete: {what}"),
-            }
-            .into(),
-            None => anyhow::anyhow!("cancelled: {what}"),
-        },
-        ref error if error.is_no_space() => {
-            let free = free_at_start.map_or(String::new(), |free| {
-                format!(", and {} were free when it started", show_bytes(free))
-            });
-            anyhow::anyhow!(
-                "{out}: no space left on the output's filesystem: the array needs about {}{free}; \
-                 {what}{}. ({error})",
-                show_bytes(input.nbytes()),
-                left.with_no_space
-            )
-        }
-        other => anyhow::Error::from(other).context(format!("the run stopped: {what}")),
-    }
-}
-
 /// How to run `args`'s job again from nothing, in the OUT it wrote.
 fn start_over(args: &RechunkArgs) -> String {
     if args.part.is_some() {
@@ -499,24 +459,6 @@ fn start_over(args: &RechunkArgs) -> String {
         "the same command with --overwrite".to_string()
     }
 }
-
-/// A run stopped by a signal: the command's message, and the signal the
-/// process then ends by (see [`signals::end_by`]).
-#[derive(Debug)]
-pub struct Interrupted {
-    pub signal: Signal,
-    pub message: String,
-}
-
-impl std::fmt::Display for Interrupted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for Interrupted {}
-
-pub(super) use super::test_hooks::step_delay;
 
 fn same_directory(a: &Path, b: &Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {

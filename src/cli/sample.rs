@@ -111,7 +111,7 @@ pub fn write_block_file(
 
 /// `sample`: writes a sample array as block files, shapes given in the
 /// format's user-facing order.
-pub(super) fn sample_command(args: crate::cli::SampleArgs) -> anyhow::Result<()> {
+pub(super) fn sample_command(args: crate::cli::args::SampleArgs) -> anyhow::Result<()> {
     use anyhow::Context;
 
     let dtype: DType = args.dtype.parse()?;

@@ -18,7 +18,7 @@ use anyhow::Context;
 use serde_json::{json, Value};
 
 use crate::array::units::si_unit;
-use crate::cli::ServeArgs;
+use crate::cli::args::ServeArgs;
 use crate::http::{self, Cors, DirTree, HttpServer, Service, Tree};
 
 /// The Neuroglancer client that state links open in.

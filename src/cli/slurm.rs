@@ -15,8 +15,8 @@ use std::path::Path;
 use anyhow::{bail, Context};
 
 use crate::array::units::show_bytes;
+use crate::cli::args::{mem_of, SlurmArgs};
 use crate::cli::plan::plan_job_of;
-use crate::cli::{mem_of, SlurmArgs};
 use crate::format::BlockFormat;
 use crate::input::InputArray;
 use crate::output::request::problem_of;

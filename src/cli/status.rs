@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::bail;
 
 use crate::array::units::show_bytes;
+use crate::cli::args::{StatusArgs, UmountArgs};
 use crate::cli::report::{progress_bar, thousands};
-use crate::cli::{StatusArgs, UmountArgs};
 use crate::fuse::session;
 use crate::output::job::{self, JobRecord};
 use crate::view::Status;

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::fuse::bad_view;
-use crate::fuse::mountpoint::{absolute, connection_of, daemon_of, is_mounted};
+use crate::fuse::mountpoint::{
+    absolute, connection_of, daemon_of, is_mounted, is_stopped, stopped_daemon,
+};
 use crate::sys::process::{requester, Requester};
 use crate::view::{Status, STATUS_NAME};
 
@@ -41,29 +43,6 @@ pub fn wait_status(view: &Path) -> Result<Status> {
         }
         std::thread::sleep(DAEMON_CHECK);
     }
-}
-
-/// Whether process `pid` is stopped (state `T`, or `t` when traced).
-pub fn is_stopped(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        // The state follows the command name, which may hold anything.
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next())
-            .is_some_and(|state| matches!(state, 'T' | 't'))
-    })
-}
-
-/// The refusal to enter `view`, whose daemon `pid` is stopped.
-pub fn stopped_daemon(view: &Path, pid: u32) -> Error {
-    bad_view(
-        view,
-        format!(
-            "the view's daemon (pid {pid}) is stopped (SIGSTOP, a frozen cgroup or a suspended \
-             job), so nothing in the view answers until it is continued. Continue it (kill -CONT \
-             {pid}), or run `rechunkfs umount {}`, which detaches the view without it",
-            view.display()
-        ),
-    )
 }
 
 /// Refuses to go on if a view is mounted at `view` and its daemon is

@@ -1,6 +1,7 @@
 //! Whether a view can be mounted here: the mount point and FUSE itself are
 //! checked in the calling process, before anything is started, so the
-//! person sees what is wrong at once.
+//! person sees what is wrong at once. Also whether the daemon of a view
+//! mounted here is stopped, read from /proc without entering the view.
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -133,12 +134,35 @@ pub fn is_mounted(view: &Path) -> bool {
     mount_at(view).is_some()
 }
 
+/// Whether process `pid` is stopped (state `T`, or `t` when traced).
+pub fn is_stopped(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name, which may hold anything.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| matches!(state, 'T' | 't'))
+    })
+}
+
+/// The refusal to enter `view`, whose daemon `pid` is stopped.
+pub fn stopped_daemon(view: &Path, pid: u32) -> Error {
+    bad_view(
+        view,
+        format!(
+            "the view's daemon (pid {pid}) is stopped (SIGSTOP, a frozen cgroup or a suspended \
+             job), so nothing in the view answers until it is continued. Continue it (kill -CONT \
+             {pid}), or run `rechunkfs umount {}`, which detaches the view without it",
+            view.display()
+        ),
+    )
+}
+
 /// The mount point must exist, be an empty directory, and not be mounted.
 pub fn check_mount_point(view: &Path) -> Result<()> {
     // Before any stat of it: a view there whose daemon is stopped would
     // never answer.
-    if let Some(pid) = daemon_of(view).filter(|&pid| super::client::is_stopped(pid)) {
-        return Err(super::client::stopped_daemon(view, pid));
+    if let Some(pid) = daemon_of(view).filter(|&pid| is_stopped(pid)) {
+        return Err(stopped_daemon(view, pid));
     }
     let meta = match fs::metadata(view) {
         Ok(meta) => meta,

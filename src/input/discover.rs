@@ -6,7 +6,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::{InputArray, InputBlock};
+use super::array::InputArray;
+use super::block::InputBlock;
 use crate::array::geometry::FileShape;
 use crate::array::names::parse_grid_index;
 use crate::error::{Error, Result};
@@ -121,7 +122,7 @@ pub(super) fn list_block_files(dir: &Path) -> Result<Vec<NamedBlock>> {
         }
         let Some(format) = BlockFormat::from_extension(split_extension(&path).1) else {
             log::warn!(
-                target: super::LOG_TARGET,
+                target: super::array::LOG_TARGET,
                 "{}: not a block file (unknown extension), ignored",
                 path.display()
             );

@@ -6,9 +6,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use super::array::InputArray;
+use super::block::{HeaderChecks, InputBlock};
 use super::discover::NamedBlock;
 use super::probe::{self, Probed};
-use super::{HeaderChecks, InputArray, InputBlock};
 use crate::array::axes::AxisOrder;
 use crate::array::dtype::DType;
 use crate::array::geometry;

@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::HeaderCheck;
+use super::block::HeaderCheck;
 use crate::error::{Error, Result};
 use crate::format::{self, BlockFormat, Storage};
 use crate::sys::pagecache;

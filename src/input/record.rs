@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{HeaderCheck, InputArray, InputBlock};
+use super::array::InputArray;
+use super::block::{HeaderCheck, InputBlock};
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::array::geometry::{self, FileShape, MAX_DIMS};
 use crate::array::space::Space;

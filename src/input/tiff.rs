@@ -22,7 +22,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{InputArray, InputBlock};
+use super::array::InputArray;
+use super::block::InputBlock;
 use crate::array::dtype::{DType, Endian};
 use crate::array::geometry::{self, FileShape};
 use crate::error::{Error, Result};

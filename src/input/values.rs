@@ -16,7 +16,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use super::InputArray;
+use super::array::InputArray;
 use crate::array::geometry::FileShape;
 use crate::error::{Error, Result};
 use crate::format::decode::BlockDecode;

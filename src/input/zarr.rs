@@ -6,7 +6,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::{InputArray, InputBlock};
+use super::array::InputArray;
+use super::block::InputBlock;
 use crate::array::geometry::{self, FileShape, IndexBox, Partition};
 use crate::error::{Error, Result};
 use crate::format::zarr::ZarrArrayMeta;

@@ -6,9 +6,10 @@
 
 use super::cost::{clamp, order_can_change_seeks, plan_peak, plan_read_seeks, write_seeks};
 use super::dims::{DimOption, WriteMode};
+use super::model::{assemble, Orders, Plan, Strategy};
 use super::order::{orders, peak_bound};
+use super::problem::Problem;
 use super::steps::step_axis;
-use super::{assemble, Orders, Plan, Problem, Strategy};
 use crate::array::geometry::{IndexBox, Partition};
 use crate::array::units::show_bytes;
 use crate::error::{Error, Result};

@@ -22,7 +22,7 @@ use crate::output::pyramid::{
     level_array_metadata, level_dir, level_space, level_spec, pyramid_metadata,
 };
 use crate::plan::pyramid::Pyramid;
-use crate::view::NodeKind;
+use crate::view::node::NodeKind;
 
 pub const ROOT_INO: u64 = 1;
 pub const METADATA_INO: u64 = 2;

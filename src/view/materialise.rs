@@ -43,9 +43,9 @@ use crate::input::InputArray;
 use crate::output::pyramid::{files_of, LevelValues};
 use crate::plan::Plan;
 use crate::sys::pagecache;
+use crate::view::core::{OnDemandCount, ViewCore};
 use crate::view::space::SpaceWait;
 use crate::view::staging::{Staging, WindowRecord};
-use crate::view::{OnDemandCount, ViewCore};
 
 /// Staging files kept open while partially written.
 const OPEN_OUTPUTS: usize = 128;

@@ -9,8 +9,6 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::sync::Arc;
 
-use crate::view::ViewCore;
-
 /// How an open block file is served.
 #[derive(Debug)]
 pub enum BlockOpen {
@@ -21,7 +19,7 @@ pub enum BlockOpen {
     Passthrough,
     /// By the kernel from this staged file: the inode's first passthrough
     /// open, whose backing is to be registered now. If the kernel refuses
-    /// it, [`ViewCore::serve_cached`].
+    /// it, [`ViewCore::serve_cached`](super::ViewCore::serve_cached).
     PassthroughFrom(Arc<File>),
 }
 
@@ -67,51 +65,41 @@ impl OpenFiles {
     }
 }
 
-impl ViewCore {
+impl OpenFiles {
     /// Whether done blocks may be served by passthrough (the kernel offers it).
-    pub fn allow_passthrough(&self, allowed: bool) {
-        self.opens.lock().passthrough = allowed;
+    pub(super) fn allow_passthrough(&mut self, allowed: bool) {
+        self.passthrough = allowed;
     }
 
-    /// How to serve `handle`, an open of `ino` that [`ViewCore::open`]
-    /// answered with [`crate::view::CacheMode::KeepCache`]. The caller
-    /// registers a [`BlockOpen::PassthroughFrom`] backing (or gives up on
-    /// it) before another open or release of the inode is decided.
-    pub fn open_block(&self, ino: u64, handle: u64) -> BlockOpen {
-        let mut opens = self.opens.lock();
-        let cached_open = opens.cached.get(&ino).copied().unwrap_or(0) > 0;
-        if !cached_open && opens.passthrough {
-            if opens.backed.contains_key(&ino) {
-                opens.add(ino, handle, true);
+    /// How to serve `handle`, an open of `ino`; `done_file` is the staged
+    /// file of `ino` if it is a completed block.
+    pub(super) fn open_block(
+        &mut self,
+        ino: u64,
+        handle: u64,
+        done_file: impl FnOnce() -> Option<Arc<File>>,
+    ) -> BlockOpen {
+        let cached_open = self.cached.get(&ino).copied().unwrap_or(0) > 0;
+        if !cached_open && self.passthrough {
+            if self.backed.contains_key(&ino) {
+                self.add(ino, handle, true);
                 return BlockOpen::Passthrough;
             }
-            if let Some(file) = self.done_block_file(ino) {
-                opens.add(ino, handle, true);
+            if let Some(file) = done_file() {
+                self.add(ino, handle, true);
                 return BlockOpen::PassthroughFrom(file);
             }
         }
-        opens.add(ino, handle, false);
+        self.add(ino, handle, false);
         BlockOpen::Cached
     }
 
-    /// Serves `handle` in cached mode after all: the kernel refused the
-    /// backing of its passthrough open.
-    pub fn serve_cached(&self, handle: u64) {
-        let mut opens = self.opens.lock();
-        if let Some((ino, true)) = opens.handles.get(&handle).copied() {
-            opens.remove(handle);
-            opens.add(ino, handle, false);
+    /// Serves `handle` in cached mode after all.
+    pub(super) fn serve_cached(&mut self, handle: u64) {
+        if let Some((ino, true)) = self.handles.get(&handle).copied() {
+            self.remove(handle);
+            self.add(ino, handle, false);
         }
-    }
-
-    /// The staged file of `ino` if it is a completed block: what the kernel
-    /// may read directly (FUSE passthrough), bypassing this process.
-    fn done_block_file(&self, ino: u64) -> Option<Arc<File>> {
-        let rank = self.names.block_rank(ino)?;
-        if !self.is_done(rank) {
-            return None;
-        }
-        self.staged_file(rank).ok()
     }
 }
 

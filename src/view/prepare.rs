@@ -14,9 +14,11 @@ use crate::output::pyramid::{files_of, pyramid_axes};
 use crate::output::request::Request;
 use crate::plan::pyramid::{pyramid_cost, rows_per_pass};
 use crate::plan::{Plan, Problem};
+use crate::view::core::ViewCore;
+use crate::view::layout::{BlockTemplates, ViewLayout, ViewPyramid};
 use crate::view::materialise::on_demand_bytes;
+use crate::view::node::Access;
 use crate::view::staging::{make_private_dir, Manifest, Staging};
-use crate::view::{Access, BlockTemplates, ViewCore, ViewLayout, ViewPyramid};
 
 /// What `rechunkfs mount` was asked for.
 #[derive(Clone, Debug)]

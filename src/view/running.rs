@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::view::core::{panic_failure, panic_text, ViewCore};
 use crate::view::materialise::{Materialiser, Pacing, STOP_GRACE};
-use crate::view::{panic_failure, panic_text, PreparedView, ViewCore};
+use crate::view::prepare::PreparedView;
 
 /// A view being filled: its core, served from any thread, and its
 /// materialiser. Dropping it stops it as [`RunningView::stop`] does.

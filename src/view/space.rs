@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::sys::disk::filesystem_of;
-use crate::view::ViewCore;
+use crate::view::core::ViewCore;
 
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
 const LONGEST_PAUSE: Duration = Duration::from_secs(5);

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use serde::Serialize;
 
-use crate::view::{Phase, ViewCore};
+use crate::view::core::{Phase, ViewCore};
 
 /// Progress, as `rechunkfs status` and the status file show it.
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
