@@ -180,7 +180,7 @@ fn an_upward_use_is_caught() {
 /// that no longer is one (remove it then): the list only shrinks. Most run
 /// through a stage's `mod.rs`, which both holds types its files import and
 /// uses those files.
-const KNOWN_CYCLES: &[&[&str]] = &[&["engine/mod.rs", "engine/sink.rs", "engine/writer.rs"]];
+const KNOWN_CYCLES: &[&[&str]] = &[];
 
 /// A source file's module path from the crate root: `format/minc/mod.rs`
 /// is `format::minc`, `format/hdf5.rs` is `format::hdf5`, `lib.rs` is the root.

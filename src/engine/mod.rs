@@ -33,6 +33,7 @@ mod pieces;
 mod pool;
 pub mod seekio;
 mod sink;
+mod stats;
 pub mod workers;
 mod writer;
 
@@ -43,7 +44,6 @@ use std::sync::mpsc::Receiver;
 use crossbeam_channel::Sender;
 
 use parking_lot::Mutex;
-use serde::Serialize;
 
 use crate::array::geometry::Region;
 use crate::error::{Error, Result};
@@ -58,48 +58,7 @@ use writer::{PendingWrites, WriteJob, WriteReport, Writer};
 pub use extract::{read_region, region_read_bytes};
 pub use inputs::InputWitness;
 pub use sink::{reopen, BlockSink, OpenOutput, OutputFiles, OutputTarget};
-
-/// What a run did: counted, not estimated.
-///
-/// Reads that libhdf5 makes, and reads of absent Zarr chunks (which make
-/// no I/O at all: they are the fill value), are counted as the segments
-/// and bytes a contiguous file would cost, so counts stay comparable with
-/// the plan; `fill_bytes` says how many bytes came from fill values. An
-/// encoded (compressed or sharded) block is read whole: one seek, its
-/// file's bytes; an absent one is one seek of no bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct RunStats {
-    pub read_seeks: u64,
-    pub write_seeks: u64,
-    pub bytes_read: u64,
-    /// Bytes of absent chunks produced from the fill value, without I/O
-    /// (included in `bytes_read`, except for encoded inputs).
-    pub fill_bytes: u64,
-    pub bytes_written: u64,
-    /// Bytes of the encoded (compressed or sharded) output blocks, as
-    /// gathered before encoding (padding included): `bytes_written` of
-    /// them is the compression. 0 when blocks are written in place.
-    pub encoded_from_bytes: u64,
-    /// Input bytes the kernel was asked to read ahead (headers to check
-    /// included; a file evicted from the open-file cache and reopened is
-    /// asked for again). Advice is no I/O of ours, but a careless window
-    /// reads the disk over and over: this bounds it in tests.
-    pub advised_bytes: u64,
-    /// Most array bytes held in memory at once.
-    pub peak_held_bytes: u64,
-    /// Array bytes held now (between read blocks: the waiting pieces).
-    pub held_bytes: u64,
-    pub read_blocks_done: u64,
-    pub read_blocks_total: u64,
-    pub output_blocks_done: u64,
-    pub output_blocks_total: u64,
-}
-
-impl RunStats {
-    pub fn seeks(&self) -> u64 {
-        self.read_seeks + self.write_seeks
-    }
-}
+pub use stats::RunStats;
 
 /// Runs `plan` over `input` into `sink`. `progress` is called after every
 /// read block, and within a read block cut in steps after each of its

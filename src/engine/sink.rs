@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use lru::LruCache;
 
-use super::RunStats;
+use super::stats::RunStats;
 use crate::array::geometry::Region;
 use crate::error::{Error, Result};
 use crate::format::encode::BlockEncode;
