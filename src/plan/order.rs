@@ -202,6 +202,216 @@ mod tests {
     }
 }
 
+/// Serpentine (boustrophedon) order, measured but not planned: each inner
+/// axis reverses on alternate passes of the axis outside it, so the read
+/// block after the end of a row is its neighbour. Keep mode's write
+/// intervals are cut for forward passes: along a reversed axis a write
+/// interval completes at the LOWEST read interval it overlaps, and a read
+/// interval holding an output boundary at its start and one inside (read
+/// interval 0, whenever it holds an output boundary) then completes two,
+/// which one write block per read block (`Plan::completed_write_block`, the
+/// executor, `cost::simulate_peak`) cannot express. This module holds the
+/// exact order (rank, unravel, visit, the last and first block of a box)
+/// and a read-block-level model of the bytes held, to measure whether it
+/// would pay (`docs/keep.md`, "Read order").
+#[cfg(test)]
+mod serpentine {
+    use crate::plan::{plan_in, Orders, Plan, Problem, Strategy};
+
+    /// Rank of read block `index` when the axes of `order` (outermost
+    /// first) are visited serpentine: the digit of an axis is reversed
+    /// when the indices of the axes outside it sum to an odd number (the
+    /// parity of that sum is the parity of the passes made so far, so
+    /// consecutive ranks differ by one along one axis).
+    pub(super) fn rank(order: &[usize], counts: &[usize], index: &[usize]) -> u64 {
+        let mut parity = 0;
+        order.iter().fold(0u64, |acc, &d| {
+            let digit = if parity == 1 {
+                counts[d] - 1 - index[d]
+            } else {
+                index[d]
+            };
+            parity ^= index[d] & 1;
+            acc * counts[d] as u64 + digit as u64
+        })
+    }
+
+    /// The read block of serpentine rank `rank`.
+    pub(super) fn unravel(order: &[usize], counts: &[usize], mut rank: u64) -> Vec<usize> {
+        let mut digits = vec![0usize; order.len()];
+        for (p, &d) in order.iter().enumerate().rev() {
+            let n = counts[d].max(1) as u64;
+            digits[p] = (rank % n) as usize;
+            rank /= n;
+        }
+        let mut index = vec![0usize; counts.len()];
+        let mut parity = 0;
+        for (p, &d) in order.iter().enumerate() {
+            index[d] = if parity == 1 {
+                counts[d] - 1 - digits[p]
+            } else {
+                digits[p]
+            };
+            parity ^= index[d] & 1;
+        }
+        index
+    }
+
+    /// Every read block in serpentine order.
+    pub(super) fn visit(order: &[usize], counts: &[usize]) -> impl Iterator<Item = Vec<usize>> {
+        let total: u64 = counts.iter().map(|&n| n as u64).product();
+        let (order, counts) = (order.to_vec(), counts.to_vec());
+        (0..total).map(move |r| unravel(&order, &counts, r))
+    }
+
+    /// The read block of the box `[lo, hi]` (per axis, inclusive) visited
+    /// last (`last`) or first. Rank is lexicographic in the digits,
+    /// outermost first, and an axis's direction depends only on the axes
+    /// outside it, so the axes are chosen outermost first, each at the end
+    /// its direction reaches last (first): exact, and only the corners of
+    /// the box are candidates.
+    pub(super) fn extreme_in_box(
+        order: &[usize],
+        lo: &[usize],
+        hi: &[usize],
+        last: bool,
+    ) -> Vec<usize> {
+        let mut index = lo.to_vec();
+        let mut parity = 0;
+        for &d in order {
+            index[d] = if (parity == 0) == last { hi[d] } else { lo[d] };
+            parity ^= index[d] & 1;
+        }
+        index
+    }
+
+    /// Elements held at most by `plan`'s read and write blocks visited in
+    /// `order`, plain or serpentine, counted a read block at a time as
+    /// `cost::simulate_peak` counts a step: while read block `t` is read,
+    /// everything read up to it is held but the write blocks completed
+    /// before `t - 1` (the one completed by `t - 1` is still being
+    /// written). A write block completes at the last read block of the
+    /// box it overlaps; along a reversed axis that need not be the one
+    /// `Plan::completed_write_block` names, and several may complete at one.
+    pub(super) fn held(plan: &Plan, order: &[usize], serpentine: bool) -> u128 {
+        let counts = plan.read.grid_shape();
+        let total: usize = counts.iter().product();
+        let rank_of = |index: &[usize]| {
+            if serpentine {
+                rank(order, &counts, index)
+            } else {
+                super::rank(order, &counts, index)
+            }
+        };
+        let mut read = vec![0u128; total];
+        for index in crate::array::geometry::IndexBox::grid(&counts) {
+            read[rank_of(&index) as usize] = plan.read.block(&index).volume() as u128;
+        }
+        let mut written = vec![0u128; total];
+        for w in crate::array::geometry::IndexBox::grid(&plan.write.grid_shape()) {
+            let region = plan.write.block(&w);
+            let (lo, hi): (Vec<usize>, Vec<usize>) = (0..counts.len())
+                .map(|d| {
+                    let axis = plan.read.axis(d);
+                    (
+                        axis.locate(region.origin[d]),
+                        axis.locate(region.end(d) - 1),
+                    )
+                })
+                .unzip();
+            let index = if serpentine {
+                extreme_in_box(order, &lo, &hi, true)
+            } else {
+                hi
+            };
+            written[rank_of(&index) as usize] += region.volume() as u128;
+        }
+        let (mut held, mut peak, mut in_flight) = (0u128, 0u128, 0u128);
+        for t in 0..total {
+            held += read[t];
+            peak = peak.max(held);
+            held -= in_flight;
+            in_flight = written[t];
+        }
+        peak
+    }
+
+    #[test]
+    fn serpentine_ranks_are_exact_and_neighbours() {
+        for counts in [
+            vec![2, 3, 4],
+            vec![3, 3, 2],
+            vec![1, 4, 3],
+            vec![3, 2, 2, 3],
+        ] {
+            for order in super::orders(&vec![2; counts.len()]) {
+                let mut previous: Option<Vec<usize>> = None;
+                for (k, index) in visit(&order, &counts).enumerate() {
+                    assert_eq!(rank(&order, &counts, &index), k as u64);
+                    if let Some(p) = previous {
+                        let moved: usize = p.iter().zip(&index).map(|(a, b)| a.abs_diff(*b)).sum();
+                        assert_eq!(moved, 1, "{order:?} {counts:?}: {p:?} -> {index:?}");
+                    }
+                    previous = Some(index);
+                }
+                let total: usize = counts.iter().product();
+                let mut seen: Vec<Vec<usize>> = visit(&order, &counts).collect();
+                seen.sort();
+                seen.dedup();
+                assert_eq!(seen.len(), total);
+            }
+        }
+    }
+
+    #[test]
+    fn the_last_and_first_of_a_box_are_found_exactly() {
+        let counts = [3usize, 4, 3];
+        let boxes = crate::array::geometry::IndexBox::grid(&[3, 4, 3, 3, 4, 3]);
+        for corners in boxes {
+            let (lo, hi) = (&corners[..3], &corners[3..]);
+            if (0..3).any(|d| lo[d] > hi[d]) {
+                continue;
+            }
+            for order in super::orders(&counts) {
+                let ranks: Vec<u64> = crate::array::geometry::IndexBox::grid(&[3, 4, 3])
+                    .filter(|i| (0..3).all(|d| lo[d] <= i[d] && i[d] <= hi[d]))
+                    .map(|i| rank(&order, &counts, &i))
+                    .collect();
+                let last = rank(&order, &counts, &extreme_in_box(&order, lo, hi, true));
+                let first = rank(&order, &counts, &extreme_in_box(&order, lo, hi, false));
+                assert_eq!(Some(&last), ranks.iter().max());
+                assert_eq!(Some(&first), ranks.iter().min());
+            }
+        }
+    }
+
+    /// The model counts as `cost::simulate_peak` does where a read block
+    /// is one step: in every plain order it gives the plan's peak.
+    #[test]
+    fn the_model_agrees_with_the_simulation_in_plain_orders() {
+        let problem = Problem::new(vec![24, 20, 18], vec![6, 5, 4], vec![8, 7, 9], 2).unwrap();
+        let mut checked = 0;
+        for order in super::orders(&[2, 2, 2]) {
+            let plan = plan_in(
+                &problem,
+                Strategy::Keep,
+                None,
+                &Orders::Fixed(order.clone()),
+            )
+            .unwrap();
+            if plan.steps != plan.read {
+                continue;
+            }
+            checked += 1;
+            assert_eq!(
+                held(&plan, &order, false) * 2,
+                plan.prediction.peak_bytes as u128
+            );
+        }
+        assert!(checked > 0);
+    }
+}
+
 /// Rows of the tables in `docs/keep.md` ("Read order"), exactly; every
 /// row is `rechunkfs plan --array ... --blocks ... --shape ... --mem M
 /// --json` (`seeks`, `read_order`, `c_order`).
