@@ -307,9 +307,23 @@ mod serpentine {
         for index in crate::array::geometry::IndexBox::grid(&counts) {
             read[rank_of(&index) as usize] = plan.read.block(&index).volume() as u128;
         }
+        // Pieces: write intervals cut at every output boundary. In a plain
+        // order all pieces of a write block complete together; along a
+        // reversed axis each completes at the lowest read interval it
+        // overlaps, which groups them as keep would cut for that direction.
+        let pieces = crate::array::geometry::Partition::new(
+            (0..counts.len())
+                .map(|d| {
+                    let mut bounds = plan.write.axis(d).bounds().to_vec();
+                    bounds.extend_from_slice(plan.output.axis(d).bounds());
+                    bounds.sort_unstable();
+                    crate::array::geometry::Axis::from_bounds(bounds)
+                })
+                .collect(),
+        );
         let mut written = vec![0u128; total];
-        for w in crate::array::geometry::IndexBox::grid(&plan.write.grid_shape()) {
-            let region = plan.write.block(&w);
+        for w in crate::array::geometry::IndexBox::grid(&pieces.grid_shape()) {
+            let region = pieces.block(&w);
             let (lo, hi): (Vec<usize>, Vec<usize>) = (0..counts.len())
                 .map(|d| {
                     let axis = plan.read.axis(d);
@@ -334,6 +348,220 @@ mod serpentine {
             in_flight = written[t];
         }
         peak
+    }
+
+    /// keep mode along every axis, reading `steps` elements at a time.
+    fn keep_plan(problem: &Problem, steps: &[u64]) -> Plan {
+        let (input, output) = (problem.input(), problem.output());
+        let dims: Vec<crate::plan::DimOption> = (0..problem.ndim())
+            .map(|d| problem.dim_option(d, &input, &output, steps[d], crate::plan::WriteMode::Keep))
+            .collect();
+        let dims: Vec<&crate::plan::DimOption> = dims.iter().collect();
+        let c_order: Vec<usize> = (0..problem.ndim()).collect();
+        crate::plan::assemble(problem, Strategy::Keep, &dims, &c_order, 0)
+    }
+
+    /// The least the model holds for `plan` in any plain order and in any
+    /// serpentine order, with the orders.
+    fn least_held(plan: &Plan) -> ((u128, Vec<usize>), (u128, Vec<usize>)) {
+        let orders = super::orders(&plan.read.grid_shape());
+        let best = |serpentine: bool| {
+            orders
+                .iter()
+                .map(|o| {
+                    (
+                        held(plan, o, serpentine) * plan.problem.elem_size as u128,
+                        o.clone(),
+                    )
+                })
+                .min_by_key(|(h, _)| *h)
+                .unwrap()
+        };
+        (best(false), best(true))
+    }
+
+    /// Prints, per configuration and --mem, the fewest seeks of read
+    /// shapes of whole input blocks (keep mode) whose model peak fits,
+    /// plain against serpentine, and at keep(r̂) what each holds.
+    #[test]
+    #[ignore = "prints the serpentine table of docs/keep.md; slow in debug"]
+    fn serpentine_table() {
+        const MIB: u128 = 1 << 20;
+        let mut configs: Vec<(String, Problem)> = [
+            ([875u64, 875, 875], [875u64, 1750, 875]),
+            ([875, 875, 875], [700, 875, 700]),
+            ([350; 3], [500; 3]),
+            ([350; 3], [250; 3]),
+            ([175; 3], [250; 3]),
+            ([350, 875, 350], [500, 875, 500]),
+            ([350, 875, 350], [350, 500, 350]),
+        ]
+        .iter()
+        .map(|(i, o)| {
+            (
+                format!("{i:?}->{o:?}"),
+                Problem::new(vec![3500; 3], i.to_vec(), o.to_vec(), 2).unwrap(),
+            )
+        })
+        .collect();
+        configs.push((
+            "bigbrain".into(),
+            Problem::new(vec![3850, 3025, 3500], vec![770, 605, 700], vec![256; 3], 2).unwrap(),
+        ));
+        for (name, problem) in configs {
+            let rhat = problem.rhat();
+            let top = keep_plan(&problem, &rhat);
+            let ((p, po), (s, so)) = least_held(&top);
+            println!(
+                "{name} r̂ {rhat:?}: plain {:.1} MiB {po:?}, serpentine {:.1} MiB {so:?}",
+                p as f64 / MIB as f64,
+                s as f64 / MIB as f64
+            );
+            for mem in [256 * MIB, 1024 * MIB, 4096 * MIB, 16384 * MIB] {
+                let Ok(chosen) =
+                    plan_in(&problem, Strategy::Keep, Some(mem as u64), &Orders::Every)
+                else {
+                    println!("  {} MiB: none fits", mem / MIB);
+                    continue;
+                };
+                let ((p, po), (s, so)) = least_held(&chosen);
+                println!(
+                    "  {} MiB: {} seeks, read {:?} in {:?}, {:.1} MiB; read blocks held \
+                     whole: plain {:.1} MiB {po:?}, serpentine {:.1} MiB {so:?}",
+                    mem / MIB,
+                    chosen.prediction.seeks(),
+                    chosen.read_shape,
+                    chosen.order,
+                    chosen.prediction.peak_bytes as f64 / MIB as f64,
+                    p as f64 / MIB as f64,
+                    s as f64 / MIB as f64
+                );
+            }
+        }
+    }
+
+    /// Prints, over random 3-D shapes, how often the best serpentine order
+    /// holds less, as much, or more than the best plain order, read a whole
+    /// input block at a time and at keep(r̂).
+    #[test]
+    #[ignore = "prints the random-shape comparison of docs/keep.md"]
+    fn serpentine_on_random_shapes() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |lo: u64, hi: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            lo + state % (hi - lo + 1)
+        };
+        for (label, at_rhat) in [("read = input", false), ("keep(r̂)", true)] {
+            let (mut less, mut same, mut more) = (0, 0, 0);
+            let (mut best_gain, mut worst_loss) = (1.0f64, 1.0f64);
+            for _ in 0..60 {
+                let array: Vec<u64> = (0..3).map(|_| next(12, 60)).collect();
+                let input: Vec<u64> = array.iter().map(|&a| next(2, a / 2)).collect();
+                let output: Vec<u64> = array.iter().map(|&a| next(2, a / 2)).collect();
+                let problem = Problem::new(array, input.clone(), output, 1).unwrap();
+                let steps = if at_rhat { problem.rhat() } else { input };
+                let ((p, _), (s, _)) = least_held(&keep_plan(&problem, &steps));
+                let ratio = s as f64 / p as f64;
+                best_gain = best_gain.min(ratio);
+                worst_loss = worst_loss.max(ratio);
+                match s.cmp(&p) {
+                    std::cmp::Ordering::Less => less += 1,
+                    std::cmp::Ordering::Equal => same += 1,
+                    std::cmp::Ordering::Greater => more += 1,
+                }
+            }
+            println!(
+                "{label}: over 60 shapes, serpentine holds less in {less}, the same in {same}, more in {more}; \
+                 serpentine/plain from {best_gain:.3} to {worst_loss:.3}"
+            );
+        }
+    }
+
+    /// Prints, over random 3-D shapes, at every budget where serpentine
+    /// fits a read shape (of whole input blocks) that no plain order does,
+    /// whether that lowers the fewest seeks of the shapes that fit.
+    #[test]
+    #[ignore = "prints the random-shape search comparison of docs/keep.md"]
+    fn serpentine_in_the_search_on_random_shapes() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |lo: u64, hi: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            lo + state % (hi - lo + 1)
+        };
+        let (mut fewer, mut saved) = (0, Vec::new());
+        let (mut lower_somewhere, mut all_shapes) = (0, 0);
+        for _ in 0..200 {
+            let array: Vec<u64> = (0..3).map(|_| next(12, 48)).collect();
+            let input: Vec<u64> = array.iter().map(|&a| next(2, a / 4)).collect();
+            let output: Vec<u64> = array.iter().map(|&a| next(2, a / 2)).collect();
+            let problem = Problem::new(array, input, output, 1).unwrap();
+            let rhat = problem.rhat();
+            let per_dim: Vec<Vec<u64>> = (0..3)
+                .map(|d| {
+                    let i = problem.input_block[d];
+                    (1..=rhat[d].div_ceil(i))
+                        .map(|j| (j * i).min(problem.whole[d]))
+                        .collect()
+                })
+                .collect();
+            let shapes: Vec<(u64, u128, u128)> = crate::array::geometry::IndexBox::grid(
+                &per_dim.iter().map(Vec::len).collect::<Vec<_>>(),
+            )
+            .map(|c| {
+                let steps: Vec<u64> = (0..3).map(|d| per_dim[d][c[d]]).collect();
+                let plan = keep_plan(&problem, &steps);
+                let ((p, _), (s, _)) = least_held(&plan);
+                (plan.prediction.seeks(), p, s)
+            })
+            .collect();
+            lower_somewhere += shapes.iter().filter(|&&(_, p, s)| s < p).count();
+            all_shapes += shapes.len();
+            // Exactly: at the budget of a shape serpentine holds less
+            // of, whether plain orders fit only shapes of more seeks.
+            for &(seeks, p, s) in &shapes {
+                if s >= p {
+                    continue;
+                }
+                let plain = shapes
+                    .iter()
+                    .filter(|&&(_, q, _)| q <= s)
+                    .map(|x| x.0)
+                    .min();
+                if plain.is_none_or(|plain| seeks < plain) {
+                    fewer += 1;
+                    saved.push(format!("{plain:?}->{seeks}"));
+                }
+            }
+        }
+        println!(
+            "serpentine holds less in {lower_somewhere} of {all_shapes} read shapes, and at those \
+             budgets lowers the fewest seeks in {fewer}: {saved:?}"
+        );
+    }
+
+    /// Where the tables of `docs/keep.md` say serpentine is not chosen:
+    /// on the plans chosen for BigBrain 40 µm within 4 GiB and for the
+    /// paper's (350,875,350) → (350,500,350) within 1 GiB, the best
+    /// serpentine order holds at least what the best plain order does.
+    #[test]
+    fn serpentine_holds_no_less_where_the_tables_say() {
+        const GIB: u64 = 1 << 30;
+        let bigbrain =
+            Problem::new(vec![3850, 3025, 3500], vec![770, 605, 700], vec![256; 3], 2).unwrap();
+        let paper =
+            Problem::new(vec![3500; 3], vec![350, 875, 350], vec![350, 500, 350], 2).unwrap();
+        for (problem, mem, plain, serpentine) in [
+            (bigbrain, 4 * GIB, 2_535_362_080, 2_548_099_504),
+            (paper, GIB, 520_625_000, 520_625_000),
+        ] {
+            let chosen = plan_in(&problem, Strategy::Keep, Some(mem), &Orders::Every).unwrap();
+            let ((p, _), (s, _)) = least_held(&chosen);
+            assert_eq!((p, s), (plain, serpentine));
+        }
     }
 
     #[test]
