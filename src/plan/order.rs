@@ -290,9 +290,11 @@ mod serpentine {
     /// `cost::simulate_peak` counts a step: while read block `t` is read,
     /// everything read up to it is held but the write blocks completed
     /// before `t - 1` (the one completed by `t - 1` is still being
-    /// written). A write block completes at the last read block of the
-    /// box it overlaps; along a reversed axis that need not be the one
-    /// `Plan::completed_write_block` names, and several may complete at one.
+    /// written). Each piece (write interval ∩ output interval, per axis)
+    /// completes at the last read block of the box it overlaps: in a plain
+    /// order all pieces of a write block together, where
+    /// `Plan::completed_write_block` says; along a reversed axis grouped
+    /// as keep would cut for that direction.
     pub(super) fn held(plan: &Plan, order: &[usize], serpentine: bool) -> u128 {
         let counts = plan.read.grid_shape();
         let total: usize = counts.iter().product();
@@ -380,6 +382,28 @@ mod serpentine {
         (best(false), best(true))
     }
 
+    /// Every read shape of whole input blocks up to r̂ (keep mode), with
+    /// its seeks and what the best plain and serpentine orders hold (bytes).
+    fn whole_input_shapes(problem: &Problem) -> Vec<(u64, u128, u128)> {
+        let rhat = problem.rhat();
+        let per_dim: Vec<Vec<u64>> = (0..problem.ndim())
+            .map(|d| {
+                let i = problem.input_block[d];
+                (1..=rhat[d].div_ceil(i))
+                    .map(|j| (j * i).min(problem.whole[d]))
+                    .collect()
+            })
+            .collect();
+        crate::array::geometry::IndexBox::grid(&per_dim.iter().map(Vec::len).collect::<Vec<_>>())
+            .map(|c| {
+                let steps: Vec<u64> = (0..c.len()).map(|d| per_dim[d][c[d]]).collect();
+                let plan = keep_plan(problem, &steps);
+                let ((p, _), (s, _)) = least_held(&plan);
+                (plan.prediction.seeks(), p, s)
+            })
+            .collect()
+    }
+
     /// Prints, per configuration and --mem, the fewest seeks of read
     /// shapes of whole input blocks (keep mode) whose model peak fits,
     /// plain against serpentine, and at keep(r̂) what each holds.
@@ -417,7 +441,22 @@ mod serpentine {
                 p as f64 / MIB as f64,
                 s as f64 / MIB as f64
             );
+            let shapes = whole_input_shapes(&problem);
             for mem in [256 * MIB, 1024 * MIB, 4096 * MIB, 16384 * MIB] {
+                let fewest = |serpentine: bool| {
+                    shapes
+                        .iter()
+                        .filter(|&&(_, p, s)| (if serpentine { s.min(p) } else { p }) <= mem)
+                        .map(|&(seeks, _, _)| seeks)
+                        .min()
+                };
+                println!(
+                    "  {} MiB, read shapes of whole input blocks: fewest seeks plain {:?}, \
+                     with serpentine {:?}",
+                    mem / MIB,
+                    fewest(false),
+                    fewest(true)
+                );
                 let Ok(chosen) =
                     plan_in(&problem, Strategy::Keep, Some(mem as u64), &Orders::Every)
                 else {
@@ -492,32 +531,15 @@ mod serpentine {
             state ^= state << 17;
             lo + state % (hi - lo + 1)
         };
-        let (mut fewer, mut saved) = (0, Vec::new());
+        let (mut fewer, mut saved, mut beats_planner) = (0, Vec::new(), Vec::new());
+        let mut problems_paying: Vec<String> = Vec::new();
         let (mut lower_somewhere, mut all_shapes) = (0, 0);
         for _ in 0..200 {
             let array: Vec<u64> = (0..3).map(|_| next(12, 48)).collect();
             let input: Vec<u64> = array.iter().map(|&a| next(2, a / 4)).collect();
             let output: Vec<u64> = array.iter().map(|&a| next(2, a / 2)).collect();
             let problem = Problem::new(array, input, output, 1).unwrap();
-            let rhat = problem.rhat();
-            let per_dim: Vec<Vec<u64>> = (0..3)
-                .map(|d| {
-                    let i = problem.input_block[d];
-                    (1..=rhat[d].div_ceil(i))
-                        .map(|j| (j * i).min(problem.whole[d]))
-                        .collect()
-                })
-                .collect();
-            let shapes: Vec<(u64, u128, u128)> = crate::array::geometry::IndexBox::grid(
-                &per_dim.iter().map(Vec::len).collect::<Vec<_>>(),
-            )
-            .map(|c| {
-                let steps: Vec<u64> = (0..3).map(|d| per_dim[d][c[d]]).collect();
-                let plan = keep_plan(&problem, &steps);
-                let ((p, _), (s, _)) = least_held(&plan);
-                (plan.prediction.seeks(), p, s)
-            })
-            .collect();
+            let shapes = whole_input_shapes(&problem);
             lower_somewhere += shapes.iter().filter(|&&(_, p, s)| s < p).count();
             all_shapes += shapes.len();
             // Exactly: at the budget of a shape serpentine holds less
@@ -533,14 +555,29 @@ mod serpentine {
                     .min();
                 if plain.is_none_or(|plain| seeks < plain) {
                     fewer += 1;
+                    // What the planner makes in plain orders within that
+                    // budget, with every read step and write mode it tries.
+                    let planned = plan_in(&problem, Strategy::Keep, Some(s as u64), &Orders::Every)
+                        .map(|p| p.prediction.seeks());
+                    match planned {
+                        Ok(planned) if planned > seeks => {
+                            beats_planner.push((planned, seeks));
+                            problems_paying.push(format!("{problem:?}"));
+                        }
+                        Ok(_) => {}
+                        Err(_) => beats_planner.push((0, seeks)),
+                    }
                     saved.push(format!("{plain:?}->{seeks}"));
                 }
             }
         }
         println!(
             "serpentine holds less in {lower_somewhere} of {all_shapes} read shapes, and at those \
-             budgets lowers the fewest seeks in {fewer}: {saved:?}"
+             budgets lowers the fewest seeks in {fewer}: {saved:?}; fewer seeks than the \
+             planner makes in plain orders (planner, serpentine): {beats_planner:?}"
         );
+        problems_paying.dedup();
+        println!("in {} of 200 shapes", problems_paying.len());
     }
 
     /// Where the tables of `docs/keep.md` say serpentine is not chosen:
