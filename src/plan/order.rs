@@ -1,7 +1,8 @@
 //! The order read blocks are visited in: a permutation of the axes,
 //! outermost first (C order is `0, 1, …`), and a closed-form upper bound
 //! on the peak memory a plan holds in a given order (`docs/keep.md`,
-//! "Read order" and "A memory bound").
+//! "Read order" and "A memory bound"). Serpentine orders are measured
+//! here (tests only), not planned: see `docs/keep.md`, "Serpentine order".
 //!
 //! Seeks barely depend on the order (a call continues the previous one only
 //! across unit-thick read intervals), but memory does: the tails kept for
