@@ -11,7 +11,7 @@ use crate::array::units::show_bytes;
 use crate::cli::args::RechunkArgs;
 use crate::cli::failure::{explained_with, Left};
 use crate::cli::pyramid;
-use crate::cli::report::progress_bar;
+use crate::cli::report::{progress_bar, run_progress};
 use crate::cli::test_hooks::step_delay;
 use crate::engine::RunStats;
 use crate::error::Error;
@@ -157,23 +157,12 @@ pub(super) fn write_levels(
     let level0 = level0_dir.clone().unwrap_or_else(|| args.output.clone());
     let bar = progress_bar(input.nbytes(), args.quiet || args.json);
     let delay = step_delay();
-    let mut read_blocks_done = 0;
     let pyramid_spec = spec.clone();
     let then = |sink: &mut DirectorySink| match levels {
         Some(levels) => levels.build(&args.output, input, &pyramid_spec, sink, stop),
         None => Ok(None),
     };
-    let progress = |stats: &RunStats| {
-        bar.set_position(stats.bytes_written);
-        bar.set_message(format!(
-            "blocks {}/{}",
-            stats.output_blocks_done, stats.output_blocks_total
-        ));
-        if let Some(delay) = delay.filter(|_| stats.read_blocks_done > read_blocks_done) {
-            std::thread::sleep(delay);
-        }
-        read_blocks_done = stats.read_blocks_done;
-    };
+    let progress = run_progress(&bar, delay);
     let run = match levels.filter(|levels| levels.cost.streamed) {
         Some(levels) => rechunk_streaming_levels(
             input,

@@ -16,7 +16,7 @@ use anyhow::bail;
 use crate::cli::args::{format_note, RechunkArgs};
 use crate::cli::failure::{explained_with, Left};
 use crate::cli::levels::{write_levels, LevelsRequest};
-use crate::cli::report::{progress_bar, report_run};
+use crate::cli::report::{progress_bar, report_run, run_progress};
 use crate::cli::request::request_of;
 use crate::cli::test_hooks::step_delay;
 use crate::engine::RunStats;
@@ -328,7 +328,6 @@ fn write_output(
     let free_at_start = disk::free_bytes(&args.output);
     let bar = progress_bar(input.nbytes(), args.quiet || args.json);
     let delay = step_delay();
-    let mut read_blocks_done = 0;
     let run = directory::rechunk_part(
         input,
         plan,
@@ -336,17 +335,7 @@ fn write_output(
         spec,
         output,
         Some(stop),
-        |stats| {
-            bar.set_position(stats.bytes_written);
-            bar.set_message(format!(
-                "blocks {}/{}",
-                stats.output_blocks_done, stats.output_blocks_total
-            ));
-            if let Some(delay) = delay.filter(|_| stats.read_blocks_done > read_blocks_done) {
-                std::thread::sleep(delay);
-            }
-            read_blocks_done = stats.read_blocks_done;
-        },
+        run_progress(&bar, delay),
     );
     bar.finish_and_clear();
     let stats = match run {

@@ -27,6 +27,26 @@ pub(super) fn progress_bar(total_bytes: u64, quiet: bool) -> indicatif::Progress
     bar
 }
 
+/// A run's progress callback: bytes written and blocks done on `bar`, and
+/// a pause of `delay` after each read block (the step-delay test hook).
+pub(super) fn run_progress(
+    bar: &indicatif::ProgressBar,
+    delay: Option<Duration>,
+) -> impl FnMut(&RunStats) + '_ {
+    let mut read_blocks_done = 0;
+    move |stats: &RunStats| {
+        bar.set_position(stats.bytes_written);
+        bar.set_message(format!(
+            "blocks {}/{}",
+            stats.output_blocks_done, stats.output_blocks_total
+        ));
+        if let Some(delay) = delay.filter(|_| stats.read_blocks_done > read_blocks_done) {
+            std::thread::sleep(delay);
+        }
+        read_blocks_done = stats.read_blocks_done;
+    }
+}
+
 pub(super) fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();

@@ -83,6 +83,7 @@ pub struct PyramidOutput<'a> {
 }
 
 /// The levels built so far: removed when dropped, unless kept.
+#[derive(Default)]
 pub struct BuiltLevels {
     sinks: Vec<DirectorySink>,
     dirs: Vec<PathBuf>,
@@ -129,14 +130,7 @@ pub fn build_levels(
     let PyramidOutput { pyramid, spec, .. } = output;
     let format = spec.format;
     let files = files_of(format);
-    let mut built = BuiltLevels {
-        sinks: Vec::new(),
-        dirs: Vec::new(),
-        metadata: Vec::new(),
-        kept: false,
-        stats: Vec::new(),
-        window: None,
-    };
+    let mut built = BuiltLevels::default();
     let n = pyramid.levels.len();
     for k in 1..n {
         let mut sink = open_level(out, output, k, &mut built)?;
@@ -238,14 +232,7 @@ pub fn rechunk_streaming_levels(
     progress: impl FnMut(&RunStats),
 ) -> Result<(RunStats, BuiltLevels)> {
     let PyramidOutput { pyramid, spec, .. } = output;
-    let mut built = BuiltLevels {
-        sinks: Vec::new(),
-        dirs: Vec::new(),
-        metadata: Vec::new(),
-        kept: false,
-        stats: Vec::new(),
-        window: None,
-    };
+    let mut built = BuiltLevels::default();
     let mut sink0 = DirectorySink::new(
         level0,
         plan.output.clone(),
