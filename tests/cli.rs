@@ -55,7 +55,7 @@ fn plan_prints_the_known_numbers() {
 }
 
 #[test]
-fn plan_of_a_huge_array_is_quick_and_fits() {
+fn plan_of_a_huge_array_fits_and_reports_its_planning_time() {
     let report = plan_json(&[
         "--array",
         "8000,8000,8000",
@@ -69,9 +69,9 @@ fn plan_of_a_huge_array_is_quick_and_fits() {
         "4G",
     ]);
     assert!(common::json_u64(&report, "peak_memory_bytes") <= 4 << 30);
-    // A count, not a timing: the planner itself reports how long it took,
-    // and a generous bound only catches an accidental blow-up.
-    assert!(report["planning_seconds"].as_f64().unwrap() < 5.0);
+    // How much planning work this takes is held as a count of simulations
+    // (`plan::tests::the_order_search_simulates_few_plans`), not as a time.
+    assert!(report["planning_seconds"].as_f64().is_some());
     let seeks = common::json_u64(&report, "seeks.keep");
     assert!(seeks >= common::json_u64(&report, "seeks.lower_bound"));
     assert!(seeks * 1000 < common::json_u64(&report, "seeks.baseline"));
