@@ -179,7 +179,9 @@ fn a_view_of_a_sharded_compressed_array_reads_shards_whole() {
     // are extracted ahead of the plan from decoded shards.
     let (dt, array, chunks) = (">u2", [40u64, 36, 30], [5u64, 9, 5]);
     let outb = [16u64, 9, 7];
-    for step_delay_ms in [0, 100] {
+    // 300 ms after each read block: the readers, which start Python
+    // first, ask while the plan is still filling the view.
+    for step_delay_ms in [0, 300] {
         let root = tempfile::tempdir().unwrap();
         let input = root.path().join("in.zarr");
         let extra = ["--codec", "blosc-zstd", "--shards", "10,18,10"];
