@@ -355,17 +355,24 @@ mod tests {
         assert_eq!(plan.completion_step(&last), plan.read.count() - 1);
     }
 
-    #[test]
-    fn encoded_inputs_are_read_whole_one_seek_each() {
+    /// 55³ u16 in 10³ blocks -> 25³, as plain files and as encoded chunks
+    /// (edge chunks padded to 10³).
+    fn chunks_of_55_encoded() -> (Problem, Problem) {
         use crate::array::geometry::FileShape;
-        // 55³ u16 in 10³ encoded chunks (edge chunks padded) -> 25³.
         let plain = Problem::new(vec![55; 3], vec![10; 3], vec![25; 3], 2).unwrap();
-        let problem = plain.clone().with_files(
+        let encoded = plain.clone().with_files(
             FileShape::Encoded {
                 padded_to: Some(vec![10; 3]),
             },
             FileShape::Exact,
         );
+        (plain, encoded)
+    }
+
+    #[test]
+    fn encoded_inputs_are_read_whole_one_seek_each() {
+        // 55³ u16 in 10³ encoded chunks (edge chunks padded) -> 25³.
+        let (plain, problem) = chunks_of_55_encoded();
         let decoded = 10 * 10 * 10 * 2;
         let rhat = keep_rhat(&problem);
         assert_eq!(rhat.prediction.read_seeks, 216, "one seek per chunk");
@@ -461,13 +468,7 @@ mod tests {
         use crate::array::geometry::FileShape;
         // 55³ u16 in 10³ padded encoded chunks -> 25³: every step reads
         // more than 8 chunks, so w workers hold w decoded chunks.
-        let plain = Problem::new(vec![55; 3], vec![10; 3], vec![25; 3], 2).unwrap();
-        let problem = plain.clone().with_files(
-            FileShape::Encoded {
-                padded_to: Some(vec![10; 3]),
-            },
-            FileShape::Exact,
-        );
+        let (plain, problem) = chunks_of_55_encoded();
         let decoded = 10 * 10 * 10 * 2;
         let alone = keep_rhat(&problem);
         for workers in [1, 2, 3, 8] {
