@@ -21,7 +21,7 @@ use lru::LruCache;
 
 use super::pieces::{scatter_decoded, Decoded, InFile, PackingBuffer, PieceGrid, RowLayout};
 use super::seekio::{FileKey, SeekCounter, SeekLog};
-use super::workers::on_workers;
+use super::workers::Workers;
 use crate::array::geometry::{IndexBox, Partition, Region};
 use crate::error::{Error, Result};
 use crate::format::hdf5::Hdf5BlockReader;
@@ -313,10 +313,10 @@ impl<'a> InputReader<'a> {
         step_box: &Region,
         grid: &PieceGrid,
         buffers: &mut [Vec<u8>],
-        counter: &mut SeekCounter,
+        (counter, workers): (&mut SeekCounter, &Workers),
     ) -> Result<()> {
         if self.input.files.is_encoded() {
-            return self.read_encoded_step(step_box, grid, buffers);
+            return self.read_encoded_step(step_box, grid, buffers, workers);
         }
         let plan = self.plan;
         for input_index in IndexBox::new(plan.input.overlapping(step_box)) {
@@ -366,6 +366,7 @@ impl<'a> InputReader<'a> {
         step_box: &Region,
         grid: &PieceGrid,
         buffers: &mut [Vec<u8>],
+        workers: &Workers,
     ) -> Result<()> {
         let plan = self.plan;
         let blocks: Vec<(Vec<usize>, Region)> = IndexBox::new(plan.input.overlapping(step_box))
@@ -376,7 +377,7 @@ impl<'a> InputReader<'a> {
             .collect();
         // Each worker's allowance is the step's largest decoded block.
         let (mut widest, mut largest) = (0u64, 0u64);
-        for batch in blocks.chunks(plan.problem.workers.max(1)) {
+        for batch in blocks.chunks(workers.count()) {
             let mut fetched = Vec::with_capacity(batch.len());
             for (input_index, region) in batch {
                 let (rank, place) = self.locate(input_index, region);
@@ -390,7 +391,7 @@ impl<'a> InputReader<'a> {
                 let block = &input.blocks[*rank as usize];
                 (block, &place.shape, std::mem::replace(bytes, Fetched::Fill))
             });
-            let decoded = on_workers(work, |(block, shape, bytes)| {
+            let decoded = workers.map(work, |(block, shape, bytes)| {
                 decode_fetched(block, shape, bytes)
             });
             let decoded: Vec<Vec<u8>> = decoded.into_iter().collect::<Result<_>>()?;
@@ -409,7 +410,7 @@ impl<'a> InputReader<'a> {
                     bytes,
                 })
                 .collect();
-            scatter_decoded(grid, buffers, &sources, self.elem, plan.problem.workers)?;
+            scatter_decoded(grid, buffers, &sources, self.elem, workers)?;
             for ((input_index, region), (rank, _, _)) in batch.iter().zip(&fetched) {
                 self.done_with(input_index, *rank, region, step_box);
             }

@@ -53,6 +53,7 @@ use inputs::InputReader;
 use pieces::PieceGrid;
 use pool::BufferPool;
 use seekio::{SeekCounter, SeekLog};
+use workers::Workers;
 use writer::{PendingWrites, WriteJob, WriteReport, Writer};
 
 pub use extract::{read_region, region_read_bytes};
@@ -147,16 +148,19 @@ impl<'a> Executor<'a> {
         mut progress: impl FnMut(&RunStats),
     ) -> Result<RunStats> {
         let writer = Writer::new(self.plan, self.elem, self.cancel);
+        let workers = Workers::new(self.plan.problem.workers)?;
         let sink = Mutex::new(sink);
         std::thread::scope(|scope| {
             let (jobs, job_queue) = crossbeam_channel::bounded::<WriteJob>(1);
             let (reports_tx, reports) = std::sync::mpsc::channel::<Result<WriteReport>>();
-            let sink = &sink;
+            let (sink, workers) = (&sink, &workers);
             let writer = std::thread::Builder::new()
                 .name("writer".into())
-                .spawn_scoped(scope, move || writer.serve(job_queue, reports_tx, sink))
+                .spawn_scoped(scope, move || {
+                    writer.serve(job_queue, reports_tx, sink, workers)
+                })
                 .map_err(|e| Error::os("thread spawn", "starting the writer", e))?;
-            let result = self.read_and_hand_over(&jobs, &reports, sink, &mut progress);
+            let result = self.read_and_hand_over((&jobs, &reports), sink, &mut progress, workers);
             drop(jobs);
             if writer.join().is_err() {
                 return Err(Error::Internal("the writer thread panicked".into()));
@@ -170,14 +174,14 @@ impl<'a> Executor<'a> {
     /// plan's order after it.
     fn read_and_hand_over(
         &mut self,
-        jobs: &Sender<WriteJob>,
-        reports: &Receiver<Result<WriteReport>>,
+        (jobs, reports): (&Sender<WriteJob>, &Receiver<Result<WriteReport>>),
         sink: &Mutex<&mut (dyn BlockSink + Send)>,
         progress: &mut impl FnMut(&RunStats),
+        workers: &Workers,
     ) -> Result<RunStats> {
         for read_index in self.plan.read_blocks_in_order() {
             self.stop_if_cancelled(reports)?;
-            self.read_block(&read_index, jobs, reports, progress)?;
+            self.read_block(&read_index, (jobs, reports), progress, workers)?;
             self.end_read_block(sink)?;
             progress(&self.stats);
         }
@@ -198,9 +202,9 @@ impl<'a> Executor<'a> {
     fn read_block(
         &mut self,
         read_index: &[usize],
-        jobs: &Sender<WriteJob>,
-        reports: &Receiver<Result<WriteReport>>,
+        (jobs, reports): (&Sender<WriteJob>, &Receiver<Result<WriteReport>>),
         progress: &mut impl FnMut(&RunStats),
+        workers: &Workers,
     ) -> Result<()> {
         let plan = self.plan;
         let step_axis = plan.steps.axis(0);
@@ -216,7 +220,7 @@ impl<'a> Executor<'a> {
             self.stop_if_cancelled(reports)?;
             let mut step_index = read_index.to_vec();
             step_index[0] = step;
-            let read_result = self.read_step(&step_index);
+            let read_result = self.read_step(&step_index, workers);
             // One slab in flight at a time: wait for the last one.
             self.finish_write(reports)?;
             read_result?;
@@ -401,7 +405,7 @@ impl<'a> Executor<'a> {
 
     /// Reads step `step_index` (of `Plan::steps`) into its pieces, one per
     /// write block it overlaps, and files them under their write blocks.
-    fn read_step(&mut self, step_index: &[usize]) -> Result<()> {
+    fn read_step(&mut self, step_index: &[usize], workers: &Workers) -> Result<()> {
         let plan = self.plan;
         let step_box = plan.steps.block(step_index);
         let grid = PieceGrid::new(&plan.write, &step_box);
@@ -415,7 +419,7 @@ impl<'a> Executor<'a> {
         let mut buffers = self.pool.take_step(&lens, self.held, peak);
         self.hold(step_box.volume() * self.elem);
         self.reader
-            .read_step(&step_box, &grid, &mut buffers, &mut self.counter)?;
+            .read_step(&step_box, &grid, &mut buffers, (&mut self.counter, workers))?;
         // A decoded input block was held beside the step while it was
         // read, and the encoders may hold their blocks.
         let decoded = std::mem::take(&mut self.reader.decoded_peak);

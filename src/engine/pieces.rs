@@ -20,6 +20,7 @@ use std::path::Path;
 
 use crate::array::geometry::{strides, Partition, Region};
 use crate::engine::seekio;
+use crate::engine::workers::Workers;
 use crate::error::Result;
 
 /// Most bytes packed per read or write call (a fixed buffer per thread,
@@ -784,7 +785,7 @@ pub struct Decoded<'d> {
 }
 
 /// Copies every `sources` block into the pieces `buffers` (the cells of
-/// `grid`, C order each), on up to `workers` threads at once: the pieces
+/// `grid`, C order each), on the `workers` at once: the pieces
 /// are cut along their first dimension into slabs, each a run of its
 /// piece's bytes, in as many groups of about equal volume, and each group
 /// is filled by one thread from every block it overlaps. No two threads
@@ -794,9 +795,9 @@ pub fn scatter_decoded(
     buffers: &mut [Vec<u8>],
     sources: &[Decoded],
     elem: u64,
-    workers: usize,
+    workers: &Workers,
 ) -> Result<()> {
-    let groups = piece_slabs(grid, buffers, workers.max(1), elem)?;
+    let groups = piece_slabs(grid, buffers, workers.count(), elem)?;
     let fill = |group: SlabGroup| -> Result<()> {
         for (slab, bytes) in group {
             let one = PieceGrid::whole(&slab);
@@ -814,7 +815,8 @@ pub fn scatter_decoded(
         }
         Ok(())
     };
-    crate::engine::workers::on_workers(groups, fill)
+    workers
+        .map(groups, fill)
         .into_iter()
         .collect()
 }
@@ -1128,7 +1130,8 @@ mod tests {
             let bytes = file_bytes(&c.file_box);
             let sources = [Decoded { region: &c.region, place: &place, bytes: &bytes }];
             let mut pieces = empty_pieces(&c);
-            scatter_decoded(&c.grid, &mut pieces, &sources, 4, workers).unwrap();
+            let pool = Workers::new(workers).unwrap();
+            scatter_decoded(&c.grid, &mut pieces, &sources, 4, &pool).unwrap();
             prop_assert_eq!(&pieces, &expected_pieces(&c));
             let mut buffers = empty_pieces(&c);
             let groups = piece_slabs(&c.grid, &mut buffers, workers, 4).unwrap();

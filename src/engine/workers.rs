@@ -8,6 +8,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::error::{Error, Result};
+
 /// 0 until set: then the CPUs available.
 static THREADS: AtomicUsize = AtomicUsize::new(0);
 
@@ -29,52 +31,88 @@ pub fn available() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// `job` applied to each of `items` (as many as there are workers), the
-/// first on the calling thread and each other on a scoped thread of its
-/// own, the results in the items' order. A job that panics panics the
-/// caller, as it would have inline.
-pub(super) fn on_workers<I, R, F>(items: impl IntoIterator<Item = I>, job: F) -> Vec<R>
-where
-    I: Send,
-    R: Send,
-    F: Fn(I) -> R + Sync,
-{
-    let mut items: Vec<I> = items.into_iter().collect();
-    if items.len() <= 1 {
-        return items.drain(..).map(&job).collect();
+/// A run's worker threads, one per thread CPU work may use: the reader's
+/// decoding and scattering and the writer's gathering and encoding all
+/// queue on them, so the run keeps as many CPUs busy as it was given and
+/// no more, and starts no thread per batch (8,000 batches of W1-image
+/// started 8,000 threads). One worker is the calling thread itself.
+pub(super) struct Workers {
+    /// `None`: one worker, every job run where it is asked for.
+    pool: Option<rayon::ThreadPool>,
+    count: usize,
+}
+
+impl Workers {
+    /// `count` workers (at least 1).
+    pub(super) fn new(count: usize) -> Result<Workers> {
+        let count = count.max(1);
+        if count == 1 {
+            return Ok(Workers::one());
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(count)
+            .thread_name(|_| "worker".into())
+            .build()
+            .map_err(|e| Error::Internal(format!("starting {count} worker threads: {e}")))?;
+        Ok(Workers {
+            pool: Some(pool),
+            count,
+        })
     }
-    // Each item waits in a slot its thread takes it from: the first, and
-    // one the OS refuses a thread for, are done here instead.
-    let slots: Vec<parking_lot::Mutex<Option<I>>> = items
-        .into_iter()
-        .map(|item| parking_lot::Mutex::new(Some(item)))
-        .collect();
-    let job = &job;
-    let run = |slot: &parking_lot::Mutex<Option<I>>| slot.lock().take().map(job);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = slots
-            .iter()
-            .enumerate()
-            .map(|(at, slot)| {
-                (at > 0).then(|| {
-                    std::thread::Builder::new()
-                        .name("worker".into())
-                        .spawn_scoped(scope, move || run(slot))
-                        .ok()
-                })?
-            })
-            .collect();
-        handles
+
+    /// One worker: the calling thread.
+    pub(super) fn one() -> Workers {
+        Workers {
+            pool: None,
+            count: 1,
+        }
+    }
+
+    pub(super) fn count(&self) -> usize {
+        self.count
+    }
+
+    /// `job` applied to each of `items`, the first on the calling thread
+    /// and the others on the workers at once, the results in the items'
+    /// order. A job that panics panics the caller, as it would have inline.
+    pub(super) fn map<I, R, F>(&self, items: impl IntoIterator<Item = I>, job: F) -> Vec<R>
+    where
+        I: Send,
+        R: Send,
+        F: Fn(I) -> R + Sync,
+    {
+        let items: Vec<I> = items.into_iter().collect();
+        let Some(pool) = self.pool.as_ref().filter(|_| items.len() > 1) else {
+            return items.into_iter().map(job).collect();
+        };
+        let results: Vec<parking_lot::Mutex<Option<R>>> =
+            items.iter().map(|_| parking_lot::Mutex::new(None)).collect();
+        let job = &job;
+        pool.in_place_scope(|scope| {
+            let mut jobs = items.into_iter().zip(&results);
+            let first = jobs.next();
+            for (item, slot) in jobs {
+                scope.spawn(move |_| *slot.lock() = Some(job(item)));
+            }
+            if let Some((item, slot)) = first {
+                *slot.lock() = Some(job(item));
+            }
+        });
+        results
             .into_iter()
-            .zip(&slots)
-            .filter_map(|(handle, slot)| match handle {
-                Some(handle) => handle
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                None => run(slot),
-            })
+            .filter_map(parking_lot::Mutex::into_inner)
             .collect()
-    })
+    }
+
+    /// Runs `task` on a worker, or at once on the calling thread when it
+    /// is the one worker. A task must answer its own panics: one that
+    /// escapes a worker aborts the process.
+    pub(super) fn spawn(&self, task: impl FnOnce() + Send + 'static) {
+        match &self.pool {
+            Some(pool) => pool.spawn(task),
+            None => task(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -83,11 +121,28 @@ mod tests {
 
     #[test]
     fn jobs_on_workers_come_back_in_order() {
-        let squares = on_workers(0..8u64, |n| {
-            std::thread::sleep(std::time::Duration::from_millis(8 - n));
-            n * n
-        });
-        assert_eq!(squares, [0, 1, 4, 9, 16, 25, 36, 49]);
+        for count in [1, 2, 3, 8] {
+            let workers = Workers::new(count).unwrap();
+            assert_eq!(workers.count(), count);
+            let squares = workers.map(0..8u64, |n| {
+                std::thread::sleep(std::time::Duration::from_millis(8 - n));
+                n * n
+            });
+            assert_eq!(squares, [0, 1, 4, 9, 16, 25, 36, 49]);
+        }
+    }
+
+    #[test]
+    fn a_task_runs_on_a_worker_or_at_once_on_the_one() {
+        let one = Workers::one();
+        let (sent, got) = std::sync::mpsc::channel();
+        let here = std::thread::current().id();
+        one.spawn(move || sent.send(std::thread::current().id()).unwrap());
+        assert_eq!(got.recv().unwrap(), here);
+        let two = Workers::new(2).unwrap();
+        let (sent, got) = std::sync::mpsc::channel();
+        two.spawn(move || sent.send(std::thread::current().id()).unwrap());
+        assert_ne!(got.recv().unwrap(), here);
     }
 
     #[test]

@@ -26,6 +26,7 @@ use parking_lot::Mutex;
 use super::pieces::{InFile, PackingBuffer, PieceGrid, RowLayout, Segment};
 use super::seekio::{self, FileKey, SeekLog};
 use super::sink::{BlockSink, OutputTarget};
+use super::workers::Workers;
 use crate::array::geometry::{show_shape, volume, IndexBox, Region};
 use crate::error::{Error, Result};
 use crate::format::encode::BlockEncode;
@@ -194,9 +195,11 @@ struct JobWrites {
 /// The writer's side of the encoders: tasks out, encodings back, written
 /// in order.
 struct EncodePipeline {
-    tasks: crossbeam_channel::Sender<EncodeTask>,
+    encoder: Arc<dyn BlockEncode>,
+    /// Where the workers send each block's encoding.
+    done: crossbeam_channel::Sender<Encoded>,
     results: Receiver<Encoded>,
-    /// Encoder threads: blocks gathered and not yet written, at most.
+    /// Workers: blocks gathered and not yet written, at most.
     width: u64,
     next_seq: u64,
     next_write: u64,
@@ -243,10 +246,11 @@ impl<'a> Writer<'a> {
         jobs: Receiver<WriteJob>,
         reports: Sender<Result<WriteReport>>,
         sink: &Mutex<&mut (dyn BlockSink + Send)>,
+        workers: &Workers,
     ) {
         let encoder = sink.lock().encoder();
         match encoder {
-            Some(encoder) => self.serve_encoded(&jobs, &reports, sink, &*encoder),
+            Some(encoder) => self.serve_encoded((&jobs, &reports), sink, encoder, workers),
             None => self.serve_in_place(&jobs, &reports, sink),
         }
     }
@@ -279,65 +283,44 @@ impl<'a> Writer<'a> {
         }
     }
 
-    /// [`serve`](Self::serve) for encoded blocks: the run's encoder
-    /// threads (one per worker) gather and encode the blocks of every job,
+    /// [`serve`](Self::serve) for encoded blocks: the run's workers
+    /// gather and encode the blocks of every job, one block per task,
     /// while this thread hands them out and writes their encodings in
     /// order as they come back. Stops at the first error, which it reports;
     /// once the jobs end it writes what is still being encoded, unless the
     /// run was cancelled.
     fn serve_encoded(
         mut self,
-        jobs: &Receiver<WriteJob>,
-        reports: &Sender<Result<WriteReport>>,
+        (jobs, reports): (&Receiver<WriteJob>, &Sender<Result<WriteReport>>),
         sink: &Mutex<&mut (dyn BlockSink + Send)>,
-        encoder: &dyn BlockEncode,
+        encoder: Arc<dyn BlockEncode>,
+        workers: &Workers,
     ) {
-        let width = self.plan.problem.workers.max(1);
-        let elem = self.elem;
-        std::thread::scope(|scope| {
-            // Made here, so that whatever way this returns the task queue
-            // closes before the encoders are waited for.
-            let (tasks, task_queue) = crossbeam_channel::unbounded::<EncodeTask>();
-            let (done, results) = crossbeam_channel::unbounded::<Encoded>();
-            for _ in 0..width {
-                let (task_queue, done) = (task_queue.clone(), done.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("encoder".into())
-                    .spawn_scoped(scope, move || {
-                        encode_tasks(&task_queue, &done, encoder, elem)
-                    });
-                if let Err(e) = spawned {
-                    let _ = reports.send(Err(Error::os("thread spawn", "starting an encoder", e)));
-                    return;
-                }
-            }
-            drop((task_queue, done));
-            let mut pipeline = EncodePipeline {
-                tasks,
-                results,
-                width: width as u64,
-                next_seq: 0,
-                next_write: 0,
-                ranks: VecDeque::new(),
-                ready: BTreeMap::new(),
-                jobs: VecDeque::new(),
-            };
-            if let Err(error) = self.pipe_jobs(jobs, reports, sink, &mut pipeline) {
-                let _ = reports.send(Err(error));
-            }
-            // Dropping the pipeline closes the task queue: the encoders
-            // end once their current block is done.
-        });
+        let (done, results) = crossbeam_channel::unbounded::<Encoded>();
+        let mut pipeline = EncodePipeline {
+            encoder,
+            done,
+            results,
+            width: workers.count() as u64,
+            next_seq: 0,
+            next_write: 0,
+            ranks: VecDeque::new(),
+            ready: BTreeMap::new(),
+            jobs: VecDeque::new(),
+        };
+        if let Err(error) = self.pipe_jobs((jobs, reports), sink, &mut pipeline, workers) {
+            let _ = reports.send(Err(error));
+        }
     }
 
     /// The encoded writer's loop: hands out each job's blocks as it comes,
     /// and writes encodings as they come back, whichever is first.
     fn pipe_jobs(
         &mut self,
-        jobs: &Receiver<WriteJob>,
-        reports: &Sender<Result<WriteReport>>,
+        (jobs, reports): (&Receiver<WriteJob>, &Sender<Result<WriteReport>>),
         sink: &Mutex<&mut (dyn BlockSink + Send)>,
         pipeline: &mut EncodePipeline,
+        workers: &Workers,
     ) -> Result<()> {
         loop {
             let mut select = Select::new();
@@ -346,7 +329,7 @@ impl<'a> Writer<'a> {
             let ready = select.select();
             if ready.index() == job_ready {
                 match ready.recv(jobs) {
-                    Ok(job) => self.hand_out(job, reports, sink, pipeline)?,
+                    Ok(job) => self.hand_out(job, (reports, sink), pipeline, workers)?,
                     Err(_) => break,
                 }
             } else {
@@ -372,9 +355,9 @@ impl<'a> Writer<'a> {
     fn hand_out(
         &mut self,
         job: WriteJob,
-        reports: &Sender<Result<WriteReport>>,
-        sink: &Mutex<&mut (dyn BlockSink + Send)>,
+        (reports, sink): (&Sender<Result<WriteReport>>, &Mutex<&mut (dyn BlockSink + Send)>),
         pipeline: &mut EncodePipeline,
+        workers: &Workers,
     ) -> Result<()> {
         let plan = self.plan;
         let write_box = job.write_box;
@@ -427,7 +410,8 @@ impl<'a> Writer<'a> {
                 slab: Arc::clone(&slab),
                 gathered: gathered.clone(),
             };
-            pipeline.tasks.send(task).map_err(|_| encoders_stopped())?;
+            let (done, encoder, elem) = (pipeline.done.clone(), Arc::clone(&pipeline.encoder), self.elem);
+            workers.spawn(move || encode_task(task, &done, &*encoder, elem));
             pipeline.next_seq += 1;
             pipeline.ranks.push_back(rank);
             if let Some(writes) = pipeline.jobs.back_mut() {
@@ -631,40 +615,37 @@ impl<'a> Writer<'a> {
     }
 }
 
-/// An encoder thread: gathers and encodes each task's block, letting go
-/// of its slab as soon as it is gathered, until the task queue closes or
-/// nobody listens. A panic is answered as the block's error, so that the
-/// writer, waiting for that block, is never left waiting.
-fn encode_tasks(
-    tasks: &Receiver<EncodeTask>,
+/// A worker's task: gathers `task`'s block, lets go of its slab and says
+/// so, then encodes the block and sends the encoding to `done`. A panic
+/// is answered as the block's error, so that the writer, waiting for that
+/// block, is never left waiting.
+fn encode_task(
+    task: EncodeTask,
     done: &crossbeam_channel::Sender<Encoded>,
     encoder: &dyn BlockEncode,
     elem: u64,
 ) {
-    for task in tasks {
-        let EncodeTask {
-            seq,
-            block,
-            path,
-            file_shape,
-            slab,
-            gathered,
-        } = task;
-        let raw = unpanicked(&path, || {
-            let file_box = Region::new(block.origin.clone(), file_shape.clone());
-            gather(&block, &file_box, elem, &slab.grid, &slab.pieces)
-        });
-        drop(slab);
-        let _ = gathered.send(());
-        let result = raw.and_then(|raw| {
-            let raw_len = raw.len() as u64;
-            let encoded = unpanicked(&path, || encoder.encode(&path, &file_shape, raw))?;
-            Ok((encoded, raw_len))
-        });
-        if done.send(Encoded { seq, result }).is_err() {
-            return;
-        }
-    }
+    let EncodeTask {
+        seq,
+        block,
+        path,
+        file_shape,
+        slab,
+        gathered,
+    } = task;
+    let raw = unpanicked(&path, || {
+        let file_box = Region::new(block.origin.clone(), file_shape.clone());
+        gather(&block, &file_box, elem, &slab.grid, &slab.pieces)
+    });
+    drop(slab);
+    let _ = gathered.send(());
+    let result = raw.and_then(|raw| {
+        let raw_len = raw.len() as u64;
+        let encoded = unpanicked(&path, || encoder.encode(&path, &file_shape, raw))?;
+        Ok((encoded, raw_len))
+    });
+    // Nobody listens once the run has stopped.
+    let _ = done.send(Encoded { seq, result });
 }
 
 /// `work`'s result, or a panic in it as an error about output `path`.
