@@ -467,10 +467,19 @@ fn print_plan(plans: &Plans, dtype: DType, order: AxisOrder, elapsed: Duration) 
     );
     let encoding = chosen.problem.encoding_bytes();
     if encoding > 0 {
+        let slots = chosen.problem.encoder_slots();
+        let waiting = match slots.waiting {
+            0 => String::new(),
+            n => format!(
+                ", and {} for each of up to {n} encodings waiting to be written",
+                show_bytes(encoding / 2)
+            ),
+        };
         println!(
             "encoded       each output block gathered whole, encoded and written in one call; \
-             the peak includes {} for each of up to {workers} blocks and its encoding",
-            show_bytes(encoding)
+             the peak includes {} for each of up to {} blocks being encoded (the block and its encoding){waiting}",
+            show_bytes(encoding),
+            slots.encoding
         );
     }
     println!("planned in    {:.3} s", elapsed.as_secs_f64());

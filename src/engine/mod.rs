@@ -13,12 +13,13 @@
 //! the cores work at once, even when the whole array is one read block (a
 //! split or a merge); the bytes held are exactly what the planner
 //! simulates: the step being read, the slab in flight, and the waiting
-//! pieces. Encoded output blocks (compressed, sharded) are gathered whole
-//! and encoded by the writer's encoder threads, one block per worker, and
-//! written in one call each; the planner hands them over whole, and
-//! reserves a block and its encoding per encoder from the first slab on:
-//! a slab's pieces come back once its blocks are gathered, and the
-//! encoders go on across slabs.
+//! pieces. The CPU work (decoding input blocks, copying them into
+//! pieces, gathering and encoding output blocks) runs on the run's
+//! [`workers`]. Encoded output blocks (compressed, sharded) are gathered
+//! whole and encoded on the workers, and written in one call each; the
+//! planner hands them over whole, and reserves what the encoders hold
+//! from the first slab on: a slab's pieces come back once its blocks are
+//! gathered, and the workers go on encoding across slabs.
 //!
 //! Every data I/O goes through [`seekio`], whose counts must equal the
 //! plan's predictions; both threads log their calls and the reader counts
@@ -77,9 +78,6 @@ pub struct Executor<'a> {
     /// Bytes of the slab handed to the writer whose pieces are not back yet.
     in_flight: Option<u64>,
     held: u64,
-    /// Bytes the writer holds while it encodes an output block (the
-    /// planner's allowance; 0 when blocks are written in place).
-    encoding: u64,
     /// Bytes the encoders may hold: 0 until the first slab is handed
     /// over, then their reserve ([`Executor::encoders_reserve`]).
     writing: u64,
@@ -102,7 +100,6 @@ impl<'a> Executor<'a> {
             current_read: 0,
             in_flight: None,
             held: 0,
-            encoding: plan.problem.encoding_bytes(),
             writing: 0,
             stats: RunStats {
                 read_blocks_total: plan.read.count(),
@@ -386,12 +383,12 @@ impl<'a> Executor<'a> {
     }
 
     /// Bytes the encoders may hold once a slab is handed over: the
-    /// planner's allowance for a block (gathered, and its encoding) for
-    /// each encoder, which holds one at a time, and no more than there are
-    /// output blocks. 0 when blocks are written in place.
+    /// planner's allowance ([`Problem::encoders_bytes`]); 0 when blocks are
+    /// written in place.
+    ///
+    /// [`Problem::encoders_bytes`]: crate::plan::Problem::encoders_bytes
     fn encoders_reserve(&self) -> u64 {
-        let encoders = (self.plan.problem.workers.max(1) as u64).min(self.plan.output.count());
-        self.encoding * encoders
+        self.plan.problem.encoders_bytes()
     }
 
     fn hold(&mut self, bytes: u64) {

@@ -815,10 +815,7 @@ pub fn scatter_decoded(
         }
         Ok(())
     };
-    workers
-        .map(groups, fill)
-        .into_iter()
-        .collect()
+    workers.map(groups, fill).into_iter().collect()
 }
 
 /// Slabs of pieces one worker fills: each a box and its bytes.

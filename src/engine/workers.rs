@@ -7,6 +7,7 @@
 //! which would not survive the fork that daemonises a view.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
@@ -33,13 +34,15 @@ pub fn available() -> usize {
 
 /// A run's worker threads, one per thread CPU work may use: the reader's
 /// decoding and scattering and the writer's gathering and encoding all
-/// queue on them, so the run keeps as many CPUs busy as it was given and
-/// no more, and starts no thread per batch (8,000 batches of W1-image
-/// started 8,000 threads). One worker is the calling thread itself.
+/// run on them, so the run keeps as many CPUs busy as it was given, and
+/// starts no thread per batch (8,000 batches of W1-image started 8,000
+/// threads). One worker is the calling thread itself.
 pub(super) struct Workers {
     /// `None`: one worker, every job run where it is asked for.
     pool: Option<rayon::ThreadPool>,
     count: usize,
+    /// Workers running a task or a share of a batch, or about to.
+    busy: Arc<AtomicUsize>,
 }
 
 impl Workers {
@@ -57,6 +60,7 @@ impl Workers {
         Ok(Workers {
             pool: Some(pool),
             count,
+            busy: Arc::default(),
         })
     }
 
@@ -65,6 +69,7 @@ impl Workers {
         Workers {
             pool: None,
             count: 1,
+            busy: Arc::default(),
         }
     }
 
@@ -72,9 +77,12 @@ impl Workers {
         self.count
     }
 
-    /// `job` applied to each of `items`, the first on the calling thread
-    /// and the others on the workers at once, the results in the items'
-    /// order. A job that panics panics the caller, as it would have inline.
+    /// `job` applied to each of `items`, the results in the items' order:
+    /// the calling thread takes them one by one, and so does each worker
+    /// idle when the batch comes. A batch never waits in a queue behind
+    /// other tasks (the encoders' blocks): the caller, which waits for it
+    /// anyway, does what no idle worker takes. A job that panics panics
+    /// the caller, as it would have inline.
     pub(super) fn map<I, R, F>(&self, items: impl IntoIterator<Item = I>, job: F) -> Vec<R>
     where
         I: Send,
@@ -82,25 +90,39 @@ impl Workers {
         F: Fn(I) -> R + Sync,
     {
         let items: Vec<I> = items.into_iter().collect();
-        let Some(pool) = self.pool.as_ref().filter(|_| items.len() > 1) else {
+        let idle = self.count.saturating_sub(self.busy.load(Ordering::Acquire));
+        let helpers = idle.min(items.len().saturating_sub(1));
+        let Some(pool) = self.pool.as_ref().filter(|_| helpers > 0) else {
             return items.into_iter().map(job).collect();
         };
-        let results: Vec<parking_lot::Mutex<Option<R>>> =
-            items.iter().map(|_| parking_lot::Mutex::new(None)).collect();
-        let job = &job;
-        pool.in_place_scope(|scope| {
-            let mut jobs = items.into_iter().zip(&results);
-            let first = jobs.next();
-            for (item, slot) in jobs {
-                scope.spawn(move |_| *slot.lock() = Some(job(item)));
-            }
-            if let Some((item, slot)) = first {
-                *slot.lock() = Some(job(item));
-            }
-        });
-        results
+        let slots: Vec<parking_lot::Mutex<(Option<I>, Option<R>)>> = items
             .into_iter()
-            .filter_map(parking_lot::Mutex::into_inner)
+            .map(|item| parking_lot::Mutex::new((Some(item), None)))
+            .collect();
+        let next = AtomicUsize::new(0);
+        let take_items = || {
+            while let Some(slot) = slots.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let item = slot.lock().0.take();
+                if let Some(item) = item {
+                    let result = job(item);
+                    slot.lock().1 = Some(result);
+                }
+            }
+        };
+        pool.in_place_scope(|scope| {
+            for _ in 0..helpers {
+                let busy = Busy::start(&self.busy);
+                let take_items = &take_items;
+                scope.spawn(move |_| {
+                    take_items();
+                    drop(busy);
+                });
+            }
+            take_items();
+        });
+        slots
+            .into_iter()
+            .filter_map(|slot| slot.into_inner().1)
             .collect()
     }
 
@@ -109,9 +131,31 @@ impl Workers {
     /// escapes a worker aborts the process.
     pub(super) fn spawn(&self, task: impl FnOnce() + Send + 'static) {
         match &self.pool {
-            Some(pool) => pool.spawn(task),
+            Some(pool) => {
+                let busy = Busy::start(&self.busy);
+                pool.spawn(move || {
+                    task();
+                    drop(busy);
+                });
+            }
             None => task(),
         }
+    }
+}
+
+/// One worker counted busy, until dropped (a panic included).
+struct Busy(Arc<AtomicUsize>);
+
+impl Busy {
+    fn start(busy: &Arc<AtomicUsize>) -> Busy {
+        busy.fetch_add(1, Ordering::AcqRel);
+        Busy(Arc::clone(busy))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

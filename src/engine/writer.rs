@@ -5,12 +5,14 @@
 //! padding between its rows filled in the same calls.
 //!
 //! Encoded output blocks (the sink's [`BlockSink::encoder`]) are each
-//! gathered whole and encoded by one of the run's encoder threads, one
-//! block per task, then written by the writer in one call each, in the
-//! plan's order (the planner cuts no slab through one). A slab's pieces go
-//! back to the reader as soon as its blocks are gathered, so the encoders
-//! work on across slabs: at most one block per encoder is gathered and not
-//! yet written at any time, which is what the planner reserves for them.
+//! gathered whole and encoded by one of the run's workers, one block per
+//! task, then written by the writer in one call each, in the plan's order
+//! (the planner cuts no slab through one). A slab's pieces go back to the
+//! reader as soon as its last block is gathered, so the workers encode on
+//! across slabs; the blocks handed out and not yet written are at most the
+//! planner's [`Problem::encoder_slots`], which its peak counts.
+//!
+//! [`Problem::encoder_slots`]: crate::plan::Problem::encoder_slots
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::IoSlice;
@@ -154,10 +156,22 @@ pub(super) enum WriteReport {
     },
 }
 
-/// A job's pieces, shared by the encoder threads gathering its blocks.
+/// A job's pieces, shared by the workers gathering its blocks: whoever
+/// lets go of them last (the worker that gathers the job's last block, as
+/// a rule) sends them back to the reader, which can then hand over its
+/// next slab while the blocks are still being encoded.
 struct SlabPieces {
     grid: PieceGrid,
     pieces: Vec<Vec<u8>>,
+    back: Sender<Result<WriteReport>>,
+}
+
+impl Drop for SlabPieces {
+    fn drop(&mut self) {
+        let pieces = std::mem::take(&mut self.pieces);
+        // Nobody listens once the run has stopped.
+        let _ = self.back.send(Ok(WriteReport::Released(pieces)));
+    }
 }
 
 /// One output block to gather from a slab's pieces and encode, on an
@@ -169,8 +183,6 @@ struct EncodeTask {
     path: PathBuf,
     file_shape: Vec<u64>,
     slab: Arc<SlabPieces>,
-    /// Told once the block is gathered and the slab let go of.
-    gathered: crossbeam_channel::Sender<()>,
 }
 
 /// An encoder thread's answer for task `seq`: the encoding and the bytes
@@ -185,8 +197,8 @@ struct JobWrites {
     read_block: u64,
     /// Blocks handed to the encoders and not yet written.
     remaining: u64,
-    /// Whether its pieces went back (all its blocks are handed out).
-    released: bool,
+    /// Whether all its blocks are handed out.
+    handed_out: bool,
     writes: SeekLog,
     blocks_completed: u64,
     encoded_from: u64,
@@ -199,7 +211,8 @@ struct EncodePipeline {
     /// Where the workers send each block's encoding.
     done: crossbeam_channel::Sender<Encoded>,
     results: Receiver<Encoded>,
-    /// Workers: blocks gathered and not yet written, at most.
+    /// Blocks handed out and not yet written, at most
+    /// ([`Problem::encoder_slots`](crate::plan::Problem::encoder_slots)).
     width: u64,
     next_seq: u64,
     next_write: u64,
@@ -301,7 +314,7 @@ impl<'a> Writer<'a> {
             encoder,
             done,
             results,
-            width: workers.count() as u64,
+            width: self.plan.problem.encoder_slots().blocks().max(1),
             next_seq: 0,
             next_write: 0,
             ranks: VecDeque::new(),
@@ -349,13 +362,17 @@ impl<'a> Writer<'a> {
     }
 
     /// Hands the output blocks of `job` (each whole in it: the plan hands
-    /// encoded blocks over whole) to the encoders in the plan's order,
-    /// writing earlier ones first whenever every encoder holds one; sends
-    /// the job's pieces back once every block is gathered from them.
+    /// encoded blocks over whole) to the workers in the plan's order,
+    /// writing earlier ones first whenever every slot holds one; the
+    /// job's pieces go back once every block is gathered from them
+    /// ([`SlabPieces`]).
     fn hand_out(
         &mut self,
         job: WriteJob,
-        (reports, sink): (&Sender<Result<WriteReport>>, &Mutex<&mut (dyn BlockSink + Send)>),
+        (reports, sink): (
+            &Sender<Result<WriteReport>>,
+            &Mutex<&mut (dyn BlockSink + Send)>,
+        ),
         pipeline: &mut EncodePipeline,
         workers: &Workers,
     ) -> Result<()> {
@@ -364,17 +381,16 @@ impl<'a> Writer<'a> {
         let slab = Arc::new(SlabPieces {
             grid: PieceGrid::new(&plan.steps, &write_box),
             pieces: job.pieces,
+            back: reports.clone(),
         });
         pipeline.jobs.push_back(JobWrites {
             read_block: job.read_block,
             remaining: 0,
-            released: false,
+            handed_out: false,
             writes: SeekLog::default(),
             blocks_completed: 0,
             encoded_from: 0,
         });
-        let (gathered, gathers) = crossbeam_channel::unbounded();
-        let mut handed = 0;
         for output_index in IndexBox::new(plan.output.overlapping(&write_box)) {
             if self.cancelled() {
                 return Err(Error::Cancelled);
@@ -408,31 +424,23 @@ impl<'a> Writer<'a> {
                 path,
                 file_shape,
                 slab: Arc::clone(&slab),
-                gathered: gathered.clone(),
             };
-            let (done, encoder, elem) = (pipeline.done.clone(), Arc::clone(&pipeline.encoder), self.elem);
+            let (done, encoder, elem) = (
+                pipeline.done.clone(),
+                Arc::clone(&pipeline.encoder),
+                self.elem,
+            );
             workers.spawn(move || encode_task(task, &done, &*encoder, elem));
             pipeline.next_seq += 1;
             pipeline.ranks.push_back(rank);
             if let Some(writes) = pipeline.jobs.back_mut() {
                 writes.remaining += 1;
             }
-            handed += 1;
         }
-        drop(gathered);
-        for _ in 0..handed {
-            gathers.recv().map_err(|_| encoders_stopped())?;
-        }
-        // Each encoder lets go of the slab before it says so.
-        let pieces = Arc::try_unwrap(slab)
-            .map_err(|_| encoders_stopped())?
-            .pieces;
+        drop(slab);
         if let Some(writes) = pipeline.jobs.back_mut() {
-            writes.released = true;
+            writes.handed_out = true;
         }
-        reports
-            .send(Ok(WriteReport::Released(pieces)))
-            .map_err(|_| reader_gone())?;
         self.report_written(reports, pipeline)
     }
 
@@ -499,7 +507,7 @@ impl<'a> Writer<'a> {
         while pipeline
             .jobs
             .front()
-            .is_some_and(|job| job.released && job.remaining == 0)
+            .is_some_and(|job| job.handed_out && job.remaining == 0)
         {
             let Some(job) = pipeline.jobs.pop_front() else {
                 break;
@@ -631,14 +639,12 @@ fn encode_task(
         path,
         file_shape,
         slab,
-        gathered,
     } = task;
     let raw = unpanicked(&path, || {
         let file_box = Region::new(block.origin.clone(), file_shape.clone());
         gather(&block, &file_box, elem, &slab.grid, &slab.pieces)
     });
     drop(slab);
-    let _ = gathered.send(());
     let result = raw.and_then(|raw| {
         let raw_len = raw.len() as u64;
         let encoded = unpanicked(&path, || encoder.encode(&path, &file_shape, raw))?;

@@ -218,12 +218,7 @@ pub(super) fn plan_peak(
     let decoded = problem
         .reads_whole_inputs()
         .then(|| DecodedExtents::of(problem, dims, steps));
-    let encoders = if problem.writes_whole_outputs() {
-        let blocks = problem.output().count();
-        problem.encoding_bytes() as u128 * problem.batch(blocks) as u128
-    } else {
-        0
-    };
+    let encoders = problem.encoders_bytes() as u128;
     let beside = Beside {
         decoded: decoded.as_ref(),
         encoders,
@@ -238,10 +233,9 @@ pub(super) fn plan_peak(
 #[derive(Clone, Copy)]
 struct Beside<'a> {
     decoded: Option<&'a DecodedExtents>,
-    /// Bytes the encoders may hold from the first slab handed over on:
-    /// each a block gathered and its encoding, one encoder per worker
-    /// and no more than there are output blocks (they work on across
-    /// slabs, so any slab may find them all busy).
+    /// Bytes the encoders may hold from the first slab handed over on
+    /// ([`Problem::encoders_bytes`]): they work on across slabs, so any
+    /// slab may find them all busy.
     encoders: u128,
     problem: &'a Problem,
 }

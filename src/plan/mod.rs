@@ -46,7 +46,7 @@ use dims::DimOption;
 pub use dims::WriteMode;
 use model::assemble;
 pub use model::{Orders, Plan, Prediction, Strategy};
-pub use problem::Problem;
+pub use problem::{EncoderSlots, Problem};
 
 /// The plan for `strategy` within `mem` bytes (None: unlimited): the
 /// fewest seeks with one worker, then as many of `problem.workers` as fit
@@ -502,7 +502,21 @@ mod tests {
         let three = keep_rhat(&encoded.clone().with_workers(3)).prediction;
         assert_eq!(three.seeks(), one.seeks());
         assert!(three.peak_bytes > one.peak_bytes);
-        assert!(three.peak_bytes <= one.peak_bytes + 2 * encoded.encoding_bytes());
+        // One worker encodes one block at a time and writes it before the
+        // next; three encode three, and three more wait to be written.
+        let encoded_three = encoded.clone().with_workers(3);
+        let slots = |p: &Problem| (p.encoder_slots().encoding, p.encoder_slots().waiting);
+        assert_eq!((slots(&encoded), slots(&encoded_three)), ((1, 0), (3, 3)));
+        let block = encoded.encoding_bytes();
+        assert_eq!(encoded_three.encoders_bytes(), 3 * block + 3 * block / 2);
+        let more_encoding = encoded_three.encoders_bytes() - encoded.encoders_bytes();
+        assert!(three.peak_bytes <= one.peak_bytes + more_encoding + 2 * decoded);
+        // Never more blocks than the output has: 8 here, for 6 workers.
+        let eight_blocks = Problem::new(vec![30; 3], vec![10; 3], vec![25; 3], 2)
+            .unwrap()
+            .with_encoded_outputs()
+            .with_workers(6);
+        assert_eq!(slots(&eight_blocks), (6, 2));
     }
 
     #[test]

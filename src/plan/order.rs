@@ -150,7 +150,7 @@ impl Lengths {
 ///
 /// and while the next one is read it is held beside them (`Π R`), with at
 /// most a write block's slab in flight (`Π W`), the largest decoded input
-/// block and the output block being encoded.
+/// block and the output blocks the encoders hold.
 pub(super) fn peak_bound(problem: &Problem, dims: &[&DimOption], order: &[usize]) -> u128 {
     let lengths: Vec<Lengths> = order.iter().map(|&d| Lengths::of(dims[d])).collect();
     let n = lengths.len();
@@ -172,7 +172,7 @@ pub(super) fn peak_bound(problem: &Problem, dims: &[&DimOption], order: &[usize]
         .saturating_add(write)
         .saturating_mul(problem.elem_size as u128)
         .saturating_add(problem.largest_decoded_block_bytes())
-        .saturating_add(problem.encoding_bytes() as u128)
+        .saturating_add(problem.encoders_bytes() as u128)
 }
 
 #[cfg(test)]

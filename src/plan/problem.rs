@@ -45,6 +45,22 @@ fn no_bridges(bridged: &[bool]) -> bool {
     !bridged.contains(&true)
 }
 
+/// Output blocks the encoders hold at once ([`Problem::encoder_slots`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncoderSlots {
+    /// Blocks gathered and being encoded: one per worker.
+    pub encoding: u64,
+    /// Blocks encoded and waiting for their turn to be written.
+    pub waiting: u64,
+}
+
+impl EncoderSlots {
+    /// Blocks handed to the encoders and not yet written, at most.
+    pub fn blocks(self) -> u64 {
+        self.encoding + self.waiting
+    }
+}
+
 impl Problem {
     /// Checks the shapes agree and are positive; block shapes larger than the
     /// array are clipped to it (`--shape` may exceed the array to mean "whole").
@@ -81,7 +97,7 @@ impl Problem {
     }
 
     /// Blocks of a batch of `count` decoded or encoded at once.
-    pub(super) fn batch(&self, count: u64) -> u64 {
+    pub fn batch(&self, count: u64) -> u64 {
         count.min(self.workers as u64)
     }
 
@@ -122,6 +138,34 @@ impl Problem {
             .map(|d| self.output_files.file_extent(d, self.output_block[d]) as u128)
             .product();
         u64::try_from(2 * volume * self.elem_size as u128).unwrap_or(u64::MAX)
+    }
+
+    /// Output blocks the encoders may hold at once (encoded outputs): one
+    /// being gathered and encoded per worker, and, with more than one
+    /// worker, as many again encoded and waiting for the blocks before them
+    /// to be written, so that a worker done before the block ahead of its
+    /// own is written goes on with the next; never more than there are
+    /// output blocks.
+    pub fn encoder_slots(&self) -> EncoderSlots {
+        let blocks = self.output().count();
+        let encoding = self.batch(blocks);
+        let waiting = if self.workers > 1 {
+            self.batch(blocks - encoding)
+        } else {
+            0
+        };
+        EncoderSlots { encoding, waiting }
+    }
+
+    /// Bytes the encoders may hold at once ([`encoder_slots`](Self::encoder_slots)):
+    /// a block being encoded holds [`encoding_bytes`](Self::encoding_bytes),
+    /// a block waiting to be written its encoding, half that.
+    pub fn encoders_bytes(&self) -> u64 {
+        let slots = self.encoder_slots();
+        let per_block = self.encoding_bytes();
+        per_block
+            .saturating_mul(slots.encoding)
+            .saturating_add((per_block / 2).saturating_mul(slots.waiting))
     }
 
     /// The part `region` of this problem's array (a box of whole output
