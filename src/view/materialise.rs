@@ -11,8 +11,9 @@
 //! when it starts writing it, the extractor before it reads it, and a
 //! block claimed by one is skipped by the other ([`Publisher::claim`]).
 //! Both publish complete blocks through the one [`Publisher`], which
-//! batches their durability and builds pyramid blocks as their sources
-//! complete. The extractor holds one output block and one input block's
+//! batches their durability and passes level-0 blocks on to a third
+//! thread that builds a pyramid's blocks as their sources complete
+//! ([`Levels`]). The extractor holds one output block and one input block's
 //! buffer at a time; the view plans the executor within `--mem` less
 //! that ([`on_demand_bytes`]), so the two never exceed it together.
 //!
@@ -78,8 +79,9 @@ struct Publisher {
     core: Arc<ViewCore>,
     /// Level-0 blocks being written, by whom; a block leaves once done.
     claims: HashMap<u64, Claimant>,
-    /// Pyramid blocks' files while they are built (only here).
-    levels: OutputFiles,
+    /// Where complete level-0 blocks go to have their pyramid blocks
+    /// built ([`LevelThread`]), while it runs.
+    to_levels: Option<crossbeam_channel::Sender<u64>>,
     /// Completed blocks not yet recorded: their data are synced (one
     /// syncfs for the batch) before their journal records are written.
     unsynced: Vec<u64>,
@@ -91,8 +93,6 @@ struct Publisher {
     /// page cache cannot hold: [`crate::sys::cgroup::page_cache_cannot_hold`]).
     drop_synced: bool,
     space: SpaceWait,
-    /// A pyramid's window, while it is gathered.
-    window: Option<Level0Window>,
 }
 
 /// A durability batch closes at this many bytes...
@@ -128,13 +128,12 @@ impl StagingSink {
         let publisher = Publisher {
             drop_synced: crate::sys::cgroup::page_cache_cannot_hold(array_bytes),
             claims: HashMap::new(),
-            levels: OutputFiles::new(OPEN_OUTPUTS),
+            to_levels: None,
             unsynced: Vec::new(),
             unsynced_bytes: 0,
             last_flush: Instant::now(),
             batch_age: SYNC_BATCH_AGE,
             space: SpaceWait::new(),
-            window: Level0Window::of(&core),
             core: core.clone(),
         };
         StagingSink {
@@ -189,12 +188,6 @@ impl StagingSink {
     pub fn flush(&mut self) -> Result<()> {
         self.shared.lock().flush()
     }
-
-    /// Builds every pyramid block not done whose sources are (a resumed
-    /// view's, left when it stopped between a source and its block).
-    fn catch_up_levels(&mut self) -> Result<()> {
-        self.shared.lock().catch_up_levels()
-    }
 }
 
 impl BlockSink for StagingSink {
@@ -219,7 +212,8 @@ impl BlockSink for StagingSink {
         self.space.recovered(&self.core);
         let mut shared = self.shared.lock();
         shared.finish_block(rank)?;
-        shared.build_parents(rank)
+        shared.pass_to_levels(rank);
+        Ok(())
     }
 
     fn no_space(&mut self, error: Error) -> Result<()> {
@@ -307,6 +301,41 @@ impl Publisher {
         Ok(())
     }
 
+    /// Level-0 block `rank` is done: the levels build what it completes.
+    fn pass_to_levels(&self, rank: u64) {
+        if let Some(to_levels) = &self.to_levels {
+            // A failed levels thread has failed the view already.
+            let _ = to_levels.send(rank);
+        }
+    }
+}
+
+/// Builds the pyramid's blocks, each once the blocks of the level below
+/// it is computed from are done, reading those back from the staging
+/// area: on a thread of its own while the plan runs ([`LevelThread`]), so
+/// that neither the plan's writer nor the extractor waits for it; one
+/// block at a time, with one level's buffers.
+struct Levels {
+    core: Arc<ViewCore>,
+    shared: Arc<Mutex<Publisher>>,
+    /// Pyramid blocks' files while they are built.
+    files: OutputFiles,
+    space: SpaceWait,
+    /// A pyramid's window, while it is gathered.
+    window: Option<Level0Window>,
+}
+
+impl Levels {
+    fn new(core: Arc<ViewCore>, shared: Arc<Mutex<Publisher>>, cancel: Arc<AtomicBool>) -> Levels {
+        Levels {
+            window: Level0Window::of(&core),
+            core,
+            shared,
+            files: OutputFiles::new(OPEN_OUTPUTS),
+            space: SpaceWait::new().with_cancel(cancel),
+        }
+    }
+
     /// After block `rank` is done: builds the block of the next pyramid
     /// level whose sources it completes, if it does (which goes on up
     /// the levels as each completes).
@@ -353,7 +382,7 @@ impl Publisher {
         };
         let first = core.files().level_ranks(k).start;
         let mut sink = LevelSink {
-            publisher: self,
+            levels: self,
             first,
         };
         let built = builder.build(local, &mut below, &mut sink);
@@ -374,7 +403,7 @@ impl Publisher {
 
     /// Builds every pyramid block not done whose sources are (a resumed
     /// view's, left when it stopped between a source and its block).
-    fn catch_up_levels(&mut self) -> Result<()> {
+    fn catch_up(&mut self) -> Result<()> {
         let core = self.core.clone();
         if let Some(window) = &mut self.window {
             window.reread_if_unrecorded(&core)?;
@@ -390,6 +419,70 @@ impl Publisher {
             }
         }
         Ok(())
+    }
+}
+
+/// The running [`Levels`]: first builds what an earlier run left to build
+/// ([`Levels::catch_up`]), then what each level-0 block the publisher
+/// passes it completes, until the queue closes or the view stops (what is
+/// left then is caught up later). A failure fails the view and stops the
+/// plan, as the extractor's does.
+struct LevelThread {
+    shared: Arc<Mutex<Publisher>>,
+    thread: JoinHandle<(Levels, Result<()>)>,
+}
+
+impl LevelThread {
+    fn start(mut levels: Levels, cancel: Arc<AtomicBool>) -> Result<LevelThread> {
+        let shared = levels.shared.clone();
+        let (to_levels, done) = crossbeam_channel::unbounded::<u64>();
+        // Passed from now on: a block the extractor completes while the
+        // levels catch up is built after.
+        shared.lock().to_levels = Some(to_levels);
+        let spawned = std::thread::Builder::new()
+            .name("levels".into())
+            .spawn(move || {
+                let core = levels.core.clone();
+                let build = || {
+                    levels.catch_up()?;
+                    for rank in done.iter() {
+                        if cancel.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        levels.build_parents(rank)?;
+                    }
+                    Ok(())
+                };
+                let built = core
+                    .fail_on_panic("levels", build)
+                    .unwrap_or_else(|| Err(Error::Internal("the levels thread panicked".into())));
+                if let Err(error) = &built {
+                    if !matches!(error, Error::Cancelled) {
+                        log::error!("building the pyramid failed: {error}");
+                        core.fail(error.to_string());
+                    }
+                    cancel.store(true, Ordering::Relaxed);
+                }
+                (levels, built)
+            })
+            .map_err(|e| Error::os("thread spawn", "starting the levels thread", e));
+        match spawned {
+            Ok(thread) => Ok(LevelThread { shared, thread }),
+            Err(error) => {
+                shared.lock().to_levels = None;
+                Err(error)
+            }
+        }
+    }
+
+    /// Waits until every level-0 block passed so far has had its pyramid
+    /// blocks built; returns the levels and how their building went.
+    fn finish(self) -> Result<(Levels, Result<()>)> {
+        // Closing the queue ends the thread once it is empty.
+        self.shared.lock().to_levels = None;
+        self.thread
+            .join()
+            .map_err(|_| Error::Internal("the levels thread panicked".into()))
     }
 }
 
@@ -478,7 +571,8 @@ impl Serving {
                 self.core.record_on_demand(count);
                 let mut shared = self.shared.lock();
                 shared.finish_block(rank)?;
-                shared.build_parents(rank)
+                shared.pass_to_levels(rank);
+                Ok(())
             });
             if published.is_err() {
                 self.shared.lock().claims.remove(&rank);
@@ -617,30 +711,31 @@ fn level0_sources(core: &ViewCore, rank: u64) -> Vec<u64> {
 /// A pyramid level's blocks as a [`BlockSink`] of their own ranks
 /// (within the level), written into the staging area.
 struct LevelSink<'a> {
-    publisher: &'a mut Publisher,
+    levels: &'a mut Levels,
     /// The view's rank of the level's first block.
     first: u64,
 }
 
 impl BlockSink for LevelSink<'_> {
     fn target(&mut self, rank: u64) -> Result<OutputTarget<'_>> {
-        let publisher = &mut *self.publisher;
-        open_target(&publisher.core, &mut publisher.levels, self.first + rank)
+        let levels = &mut *self.levels;
+        open_target(&levels.core, &mut levels.files, self.first + rank)
     }
 
     fn complete(&mut self, rank: u64) -> Result<()> {
         let rank = self.first + rank;
-        if let Some(open) = self.publisher.levels.close(rank) {
+        if let Some(open) = self.levels.files.close(rank) {
             pagecache::start_writeback(&open.file);
         }
+        self.levels.space.recovered(&self.levels.core);
         // The next level's block is built once this level's builder has
-        // let go of its buffers (see `build_pyramid_block`).
-        self.publisher.finish_block(rank)
+        // let go of its buffers (see `Levels::build_pyramid_block`).
+        self.levels.shared.lock().finish_block(rank)
     }
 
     fn no_space(&mut self, error: Error) -> Result<()> {
-        let publisher = &mut *self.publisher;
-        publisher.space.pause(&publisher.core, &error)
+        let levels = &mut *self.levels;
+        levels.space.pause(&levels.core, &error)
     }
 }
 
@@ -852,7 +947,8 @@ fn pause_unless_stopped(delay: Duration, stop: &AtomicBool) {
     }
 }
 
-/// Runs `plan` into `sink` (with `extractor` beside it) until it ends or
+/// Runs `plan` into `sink` (with `extractor` beside it, and a pyramid's
+/// levels built beside it as their sources complete) until it ends or
 /// `stop` is set, then makes whatever completed durable (also when
 /// stopping).
 fn run(
@@ -860,12 +956,16 @@ fn run(
     input: &InputArray,
     plan: &Plan,
     (sink, extractor): (&mut StagingSink, Option<Extractor>),
-    stop: &AtomicBool,
+    stop: &Arc<AtomicBool>,
     step_delay: Option<Duration>,
 ) -> Result<RunStats> {
     let mut read_blocks_done = 0;
     let running = Instant::now();
-    sink.catch_up_levels()?;
+    let levels = Levels::new(core.clone(), sink.shared.clone(), stop.clone());
+    let level_thread = match core.pyramid() {
+        Some(_) => Some(LevelThread::start(levels, stop.clone())?),
+        None => None,
+    };
     let result = Executor::new(plan, input)
         .with_cancel(stop)
         .with_witness(core.staging().as_ref())
@@ -885,7 +985,15 @@ fn run(
     if let Some(extractor) = extractor {
         extractor.stop();
     }
-    let result = result.and_then(|stats| sink.catch_up_levels().map(|()| stats));
+    let result = match level_thread {
+        Some(level_thread) => level_thread.finish().and_then(|(mut levels, built)| {
+            // A failure of the levels' own is what stopped the plan.
+            built?;
+            let stats = result?;
+            levels.catch_up().map(|()| stats)
+        }),
+        None => result,
+    };
     // Whatever completed is made durable, also when stopping.
     let flushing = Instant::now();
     let flushed = sink.flush();
