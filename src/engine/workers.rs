@@ -2,9 +2,9 @@
 //! CPUs this process may use, which the standard library reads from its
 //! affinity mask and its cgroup's CPU quota (so `taskset`, SLURM's
 //! `--cpus-per-task` and container limits are honoured); `--threads`
-//! sets it for the whole process. [`on_workers`] runs a batch of jobs,
-//! one scoped thread each: threads made for the batch, never a global pool,
-//! which would not survive the fork that daemonises a view.
+//! sets it for the whole process. A run's [`Workers`] are a pool of that
+//! many threads made when the run starts and gone with it, never a global
+//! pool, which would not survive the fork that daemonises a view.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -36,7 +36,8 @@ pub fn available() -> usize {
 /// decoding and scattering and the writer's gathering and encoding all
 /// run on them, so the run keeps as many CPUs busy as it was given, and
 /// starts no thread per batch (8,000 batches of W1-image started 8,000
-/// threads). One worker is the calling thread itself.
+/// threads). With one worker there is no pool: every job runs on the
+/// thread that asks for it.
 pub(super) struct Workers {
     /// `None`: one worker, every job run where it is asked for.
     pool: Option<rayon::ThreadPool>,
