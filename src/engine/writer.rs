@@ -174,8 +174,8 @@ impl Drop for SlabPieces {
     }
 }
 
-/// One output block to gather from a slab's pieces and encode, on an
-/// encoder thread; numbered in the plan's order (`seq`), in which the
+/// One output block to gather from a slab's pieces and encode, on a
+/// worker; numbered in the plan's order (`seq`), in which the
 /// writer writes them.
 struct EncodeTask {
     seq: u64,
@@ -185,7 +185,7 @@ struct EncodeTask {
     slab: Arc<SlabPieces>,
 }
 
-/// An encoder thread's answer for task `seq`: the encoding and the bytes
+/// A worker's answer for task `seq`: the encoding and the bytes
 /// it was made from.
 struct Encoded {
     seq: u64,
@@ -664,9 +664,9 @@ fn unpanicked<T>(path: &Path, work: impl FnOnce() -> Result<T>) -> Result<T> {
     })
 }
 
-/// The error for encoder threads gone while blocks were theirs.
+/// The error for encodings lost while the writer waits for them.
 fn encoders_stopped() -> Error {
-    Error::Internal("the encoder threads stopped".into())
+    Error::Internal("the workers stopped encoding".into())
 }
 
 /// The error for a report nobody receives: the reader stopped.

@@ -453,9 +453,14 @@ impl LevelThread {
                     }
                     Ok(())
                 };
-                let built = core
-                    .fail_on_panic("levels", build)
-                    .unwrap_or_else(|| Err(Error::Internal("the levels thread panicked".into())));
+                let Some(built) = core.fail_on_panic("levels", build) else {
+                    // The view has failed, saying why.
+                    cancel.store(true, Ordering::Relaxed);
+                    return (
+                        levels,
+                        Err(Error::Internal("the levels thread panicked".into())),
+                    );
+                };
                 if let Err(error) = &built {
                     if !matches!(error, Error::Cancelled) {
                         log::error!("building the pyramid failed: {error}");
@@ -961,9 +966,11 @@ fn run(
 ) -> Result<RunStats> {
     let mut read_blocks_done = 0;
     let running = Instant::now();
-    let levels = Levels::new(core.clone(), sink.shared.clone(), stop.clone());
     let level_thread = match core.pyramid() {
-        Some(_) => Some(LevelThread::start(levels, stop.clone())?),
+        Some(_) => {
+            let levels = Levels::new(core.clone(), sink.shared.clone(), stop.clone());
+            Some(LevelThread::start(levels, stop.clone())?)
+        }
         None => None,
     };
     let result = Executor::new(plan, input)
