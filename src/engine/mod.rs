@@ -79,7 +79,9 @@ pub struct Executor<'a> {
     in_flight: Option<u64>,
     held: u64,
     /// Bytes the encoders may hold: 0 until the first slab is handed
-    /// over, then their reserve ([`Executor::encoders_reserve`]).
+    /// over, then the planner's allowance for them
+    /// ([`Problem::encoders_bytes`](crate::plan::Problem::encoders_bytes);
+    /// 0 when blocks are written in place).
     writing: u64,
     stats: RunStats,
     cancel: Option<&'a AtomicBool>,
@@ -290,7 +292,7 @@ impl<'a> Executor<'a> {
         if let Some(io) = self.uncounted.back_mut() {
             io.slabs_handed += 1;
         }
-        self.writing = self.encoders_reserve();
+        self.writing = self.plan.problem.encoders_bytes();
         self.note_peak(self.held + self.writing);
         if jobs.send(job).is_err() {
             // The writer stopped: its report says why.
@@ -380,15 +382,6 @@ impl<'a> Executor<'a> {
                 .iter()
                 .map(|io| io.writes.written_bytes())
                 .sum::<u64>();
-    }
-
-    /// Bytes the encoders may hold once a slab is handed over: the
-    /// planner's allowance ([`Problem::encoders_bytes`]); 0 when blocks are
-    /// written in place.
-    ///
-    /// [`Problem::encoders_bytes`]: crate::plan::Problem::encoders_bytes
-    fn encoders_reserve(&self) -> u64 {
-        self.plan.problem.encoders_bytes()
     }
 
     fn hold(&mut self, bytes: u64) {

@@ -2,7 +2,7 @@
 //! CPUs this process may use, which the standard library reads from its
 //! affinity mask and its cgroup's CPU quota (so `taskset`, SLURM's
 //! `--cpus-per-task` and container limits are honoured); `--threads`
-//! sets it for the whole process. A run's [`Workers`] are a pool of that
+//! sets it for the whole process. A run's `Workers` are a pool of that
 //! many threads made when the run starts and gone with it, never a global
 //! pool, which would not survive the fork that daemonises a view.
 

@@ -228,8 +228,8 @@ pub(super) fn plan_peak(
 }
 
 /// What is held beside the pieces: the decoded input blocks a step reads
-/// (encoded inputs), and the output blocks the encoders hold (encoded
-/// outputs): one each, up to `problem.workers` at once.
+/// (encoded inputs), one per worker at most, and the output blocks the
+/// encoders hold (encoded outputs, [`Problem::encoder_slots`]).
 #[derive(Clone, Copy)]
 struct Beside<'a> {
     decoded: Option<&'a DecodedExtents>,

@@ -97,7 +97,7 @@ impl Problem {
     }
 
     /// Blocks of a batch of `count` decoded or encoded at once.
-    pub fn batch(&self, count: u64) -> u64 {
+    pub(super) fn batch(&self, count: u64) -> u64 {
         count.min(self.workers as u64)
     }
 

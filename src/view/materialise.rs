@@ -13,7 +13,7 @@
 //! Both publish complete blocks through the one [`Publisher`], which
 //! batches their durability and passes level-0 blocks on to a third
 //! thread that builds a pyramid's blocks as their sources complete
-//! ([`Levels`]). The extractor holds one output block and one input block's
+//! (`Levels`). The extractor holds one output block and one input block's
 //! buffer at a time; the view plans the executor within `--mem` less
 //! that ([`on_demand_bytes`]), so the two never exceed it together.
 //!
