@@ -19,7 +19,7 @@ use std::path::Path;
 
 use lru::LruCache;
 
-use super::pieces::{scatter_decoded, Decoded, InFile, PackingBuffer, PieceGrid, RowLayout};
+use super::pieces::{InFile, PackingBuffer, PieceGrid, RowLayout, SharedPieces};
 use super::seekio::{FileKey, SeekCounter, SeekLog};
 use super::workers::Workers;
 use crate::array::geometry::{IndexBox, Partition, Region};
@@ -354,13 +354,16 @@ impl<'a> InputReader<'a> {
     }
 
     /// [`read_step`](Self::read_step) for encoded inputs: the step's
-    /// input blocks in C order, a batch of one per worker at a time, each
-    /// batch's encoded bytes read in order, decoded on the workers at once
-    /// ([`on_workers`]), then copied into the pieces on the workers too
-    /// ([`scatter_decoded`]). A batch's decoded
-    /// blocks are held together: counted in [`decoded_peak`](Self::decoded_peak)
-    /// as the planner allows for them, each at the largest the step decodes
-    /// (exact edge blocks are smaller), as many as the widest batch.
+    /// files are opened and checked here, in C order; then the workers
+    /// take its blocks one at a time, each reading its block whole,
+    /// decoding it and copying it into the pieces ([`SharedPieces`]), so
+    /// the storage sees a queue as deep as the workers and the step waits
+    /// for its workers once. The reads are logged here in the plan's
+    /// order, so their count is the plan's for any number of workers. At
+    /// most one block per worker is decoded and held at a time: counted in
+    /// [`decoded_peak`](Self::decoded_peak) as the planner allows for them,
+    /// each at the largest the step decodes (exact edge blocks are
+    /// smaller).
     fn read_encoded_step(
         &mut self,
         step_box: &Region,
@@ -369,91 +372,82 @@ impl<'a> InputReader<'a> {
         workers: &Workers,
     ) -> Result<()> {
         let plan = self.plan;
-        let blocks: Vec<(Vec<usize>, Region)> = IndexBox::new(plan.input.overlapping(step_box))
-            .filter_map(|index| {
-                let region = plan.input.block(&index).intersect(step_box)?;
-                Some((index, region))
-            })
-            .collect();
-        // Each worker's allowance is the step's largest decoded block.
-        let (mut widest, mut largest) = (0u64, 0u64);
-        for batch in blocks.chunks(workers.count()) {
-            let mut fetched = Vec::with_capacity(batch.len());
-            for (input_index, region) in batch {
-                let (rank, place) = self.locate(input_index, region);
-                self.read_ahead();
-                let bytes = self.fetch_encoded(rank, region)?;
-                self.check_unchanged(rank)?;
-                fetched.push((rank, place, bytes));
-            }
-            let input = self.input;
-            let work = fetched.iter_mut().map(|(rank, place, bytes)| {
-                let block = &input.blocks[*rank as usize];
-                (block, &place.shape, std::mem::replace(bytes, Fetched::Fill))
-            });
-            let decoded = workers.map(work, |(block, shape, bytes)| {
-                decode_fetched(block, shape, bytes)
-            });
-            let decoded: Vec<Vec<u8>> = decoded.into_iter().collect::<Result<_>>()?;
-            widest = widest.max(decoded.len() as u64);
-            largest = decoded
-                .iter()
-                .map(|block| block.len() as u64)
-                .fold(largest, u64::max);
-            let sources: Vec<Decoded> = batch
-                .iter()
-                .zip(&fetched)
-                .zip(&decoded)
-                .map(|(((_, region), (_, place, _)), bytes)| Decoded {
-                    region,
-                    place,
-                    bytes,
+        let (indices, regions): (Vec<Vec<usize>>, Vec<Region>) =
+            IndexBox::new(plan.input.overlapping(step_box))
+                .filter_map(|index| {
+                    let region = plan.input.block(&index).intersect(step_box)?;
+                    Some((index, region))
                 })
-                .collect();
-            scatter_decoded(grid, buffers, &sources, self.elem, workers)?;
-            for ((input_index, region), (rank, _, _)) in batch.iter().zip(&fetched) {
-                self.done_with(input_index, *rank, region, step_box);
+                .unzip();
+        let pieces = SharedPieces::new(grid, buffers, &regions, self.elem)?;
+        // The files of the blocks being read stay open in the cache until
+        // they are read: never more of them than it holds.
+        let batch_len = self.handles.cap().get();
+        let mut largest = 0u64;
+        for (first, batch) in (0..regions.len())
+            .step_by(batch_len)
+            .zip(indices.chunks(batch_len))
+        {
+            // Read-ahead opens files into the cache too: done first, so
+            // that it never closes one of the batch's.
+            self.read_ahead();
+            let mut located = Vec::with_capacity(batch.len());
+            for (k, input_index) in batch.iter().enumerate() {
+                let (rank, place) = self.locate(input_index, &regions[first + k]);
+                self.ready_encoded(rank, &regions[first + k])?;
+                located.push((first + k, rank, place));
+            }
+            let (input, handles) = (self.input, &self.handles);
+            let copied = workers.map(&located, |(k, rank, place)| {
+                let block = &input.blocks[*rank as usize];
+                let decoded = decoded_block(handles.peek(rank), block, &place.shape, |_, _| {})?;
+                pieces.copy(*k, place, &decoded)?;
+                Ok(decoded.len() as u64)
+            });
+            for bytes in copied {
+                largest = largest.max(bytes?);
+            }
+            for (k, rank, _) in &located {
+                self.log_encoded_read(*rank);
+                self.check_unchanged(*rank)?;
+                self.done_with(&indices[*k], *rank, &regions[*k], step_box);
             }
         }
+        let widest = regions.len().min(workers.count()) as u64;
         self.decoded_peak = self.decoded_peak.max(widest * largest);
         Ok(())
     }
 
-    /// The encoded bytes of input block `rank` (`region` of it wanted),
-    /// read whole in one call and logged; an absent chunk's is nothing
-    /// (the fill value, logged as an empty call); a block its format's
-    /// library reads comes decoded.
-    fn fetch_encoded(&mut self, rank: u64, region: &Region) -> Result<Fetched> {
+    /// Readies encoded input block `rank` (`region` of it wanted) for a
+    /// worker to read whole ([`decoded_block`]): its file open and checked
+    /// in the cache; an absent chunk, which has none, told to the witness
+    /// and its fill counted.
+    fn ready_encoded(&mut self, rank: u64, region: &Region) -> Result<()> {
         let block = &self.input.blocks[rank as usize];
-        let key = FileKey::Input(rank);
         match &block.storage {
             Storage::Absent { .. } => {
                 tell_witness(self.witness, rank, block, None)?;
                 self.fill_bytes += region.volume() * self.elem;
-                self.reads.read(key, 0, 0);
-                Ok(Fetched::Fill)
+                Ok(())
             }
-            Storage::Encoded {
-                decoder,
-                offset,
-                len,
-            } => {
+            Storage::Encoded { .. } => {
                 let opened = (&mut self.handles, &mut self.identities);
-                let InputHandle::Encoded(file) =
-                    ready_handle(opened, self.input, rank, self.witness)?
-                else {
-                    return Err(not_scanned_encoded(&block.path));
-                };
-                let fetched = match decoder.read_encoded(&block.path, file, *offset, *len)? {
-                    Some(bytes) => Fetched::Encoded(bytes),
-                    None => {
-                        Fetched::Decoded(decoder.read_decoded(&block.path, file, *offset, *len)?)
-                    }
-                };
-                self.reads.read(key, *offset, *len);
-                Ok(fetched)
+                match ready_handle(opened, self.input, rank, self.witness)? {
+                    InputHandle::Encoded(_) => Ok(()),
+                    _ => Err(not_scanned_encoded(&block.path)),
+                }
             }
             _ => Err(not_scanned_encoded(&block.path)),
+        }
+    }
+
+    /// Logs the read of encoded input block `rank`: its encoded bytes in
+    /// one call, or an absent chunk's empty call.
+    fn log_encoded_read(&mut self, rank: u64) {
+        let key = FileKey::Input(rank);
+        match &self.input.blocks[rank as usize].storage {
+            Storage::Encoded { offset, len, .. } => self.reads.read(key, *offset, *len),
+            _ => self.reads.read(key, 0, 0),
         }
     }
 
@@ -695,32 +689,6 @@ pub(super) fn decoded_block(
             count(*offset, *len);
             Ok(decoded)
         }
-        _ => Err(not_scanned_encoded(&block.path)),
-    }
-}
-
-/// What [`InputReader::fetch_encoded`] read of an encoded input block.
-enum Fetched {
-    /// Absent: the fill value.
-    Fill,
-    /// Its encoded bytes, to decode.
-    Encoded(Vec<u8>),
-    /// Read and decoded by its format's library.
-    Decoded(Vec<u8>),
-}
-
-/// The decoded bytes of encoded input block `block` (all of its file, of
-/// `file_shape`, padding included) from what was `fetched` of it: work for
-/// any thread, no I/O.
-fn decode_fetched(block: &InputBlock, file_shape: &[u64], fetched: Fetched) -> Result<Vec<u8>> {
-    match (fetched, &block.storage) {
-        (Fetched::Fill, Storage::Absent { fill }) => {
-            Ok(fill.repeat(crate::array::geometry::volume(file_shape) as usize))
-        }
-        (Fetched::Encoded(bytes), Storage::Encoded { decoder, .. }) => {
-            decoder.decode(&block.path, &bytes)
-        }
-        (Fetched::Decoded(decoded), _) => Ok(decoded),
         _ => Err(not_scanned_encoded(&block.path)),
     }
 }

@@ -20,7 +20,6 @@ use std::path::Path;
 
 use crate::array::geometry::{strides, Partition, Region};
 use crate::engine::seekio;
-use crate::engine::workers::Workers;
 use crate::error::Result;
 
 /// Most bytes packed per read or write call (a fixed buffer per thread,
@@ -89,16 +88,6 @@ impl PieceGrid {
         PieceGrid { ranges, intervals }
     }
 
-    /// The grid of one piece, `region` itself.
-    pub fn whole(region: &Region) -> PieceGrid {
-        PieceGrid {
-            ranges: (0..region.ndim()).map(|_| 0..1).collect(),
-            intervals: (0..region.ndim())
-                .map(|d| vec![(region.origin[d], region.end(d))])
-                .collect(),
-        }
-    }
-
     pub fn count(&self) -> usize {
         self.intervals.iter().map(Vec::len).product()
     }
@@ -130,6 +119,19 @@ impl PieceGrid {
             .map(|(d, &i)| {
                 let (start, end) = self.intervals[d][i];
                 (start, end - start)
+            })
+            .unzip();
+        Region::new(origin, shape)
+    }
+
+    /// The box the pieces fill.
+    pub fn container(&self) -> Region {
+        let (origin, shape) = self
+            .intervals
+            .iter()
+            .map(|intervals| match (intervals.first(), intervals.last()) {
+                (Some(&(start, _)), Some(&(_, end))) => (start, end - start),
+                _ => (0, 0),
             })
             .unzip();
         Region::new(origin, shape)
@@ -775,100 +777,125 @@ impl RowLayout {
     }
 }
 
-/// A decoded input block to copy into a step's pieces: the `region` of the
-/// step it holds, where that lies in its file's array (`place`), and the
-/// array's bytes.
-pub struct Decoded<'d> {
-    pub region: &'d Region,
-    pub place: &'d InFile,
-    pub bytes: &'d [u8],
+/// A step's pieces, filled by several threads at once, each copying
+/// whole input blocks into them ([`copy`](Self::copy)): the blocks' regions
+/// are disjoint boxes of the step, so no two threads write the same byte,
+/// and a thread that decodes a block copies it at once, with no wait for
+/// the others. That the regions are disjoint, and that each is copied
+/// once, is checked, not assumed: it is what makes the writes sound.
+pub struct SharedPieces<'b> {
+    grid: &'b PieceGrid,
+    /// Each piece's start and length, borrowed mutably for `'b`.
+    pieces: Vec<(*mut u8, usize)>,
+    regions: &'b [Region],
+    /// Whether each region has been claimed by a copy.
+    claimed: Vec<std::sync::atomic::AtomicBool>,
+    elem: u64,
+    _buffers: std::marker::PhantomData<&'b mut [Vec<u8>]>,
 }
 
-/// Copies every `sources` block into the pieces `buffers` (the cells of
-/// `grid`, C order each), on the `workers` at once: the pieces
-/// are cut along their first dimension into slabs, each a run of its
-/// piece's bytes, in as many groups of about equal volume, and each group
-/// is filled by one thread from every block it overlaps. No two threads
-/// write the same bytes, and each copies what a single thread would.
-pub fn scatter_decoded(
-    grid: &PieceGrid,
-    buffers: &mut [Vec<u8>],
-    sources: &[Decoded],
-    elem: u64,
-    workers: &Workers,
-) -> Result<()> {
-    let groups = piece_slabs(grid, buffers, workers.count(), elem)?;
-    let fill = |group: SlabGroup| -> Result<()> {
-        for (slab, bytes) in group {
-            let one = PieceGrid::whole(&slab);
-            let mut target = [bytes];
-            for source in sources {
-                let Some(part) = slab.intersect(source.region) else {
-                    continue;
-                };
-                let place = source.place.of_part(source.region, &part);
-                let layout = RowLayout::in_file(&part, &place, elem, &one);
-                layout.for_each_segment(|segment| {
-                    layout.copy_segment_from(source.bytes, 0, segment, &mut target)
-                })?;
-            }
-        }
-        Ok(())
-    };
-    workers.map(groups, fill).into_iter().collect()
-}
+// SAFETY: the pointers are to the buffers borrowed mutably for `'b`, so
+// nothing else touches them meanwhile; threads write through them only
+// within the regions they claimed, which are disjoint and claimed once.
+unsafe impl Send for SharedPieces<'_> {}
+// SAFETY: as for Send: `copy` takes `&self` and writes only the bytes of
+// a region that it alone claimed.
+unsafe impl Sync for SharedPieces<'_> {}
 
-/// Slabs of pieces one worker fills: each a box and its bytes.
-type SlabGroup<'b> = Vec<(Region, &'b mut [u8])>;
-
-/// The pieces `buffers` of `grid` cut along their first dimension into
-/// slabs (each a box and its bytes, a run of its piece's), gathered into
-/// at most `groups` groups of about equal volume, in order.
-fn piece_slabs<'b>(
-    grid: &PieceGrid,
-    buffers: &'b mut [Vec<u8>],
-    groups: usize,
-    elem: u64,
-) -> Result<Vec<SlabGroup<'b>>> {
-    let total: u64 = grid.volumes().sum();
-    let share = total.div_ceil(groups as u64).max(1);
-    let mut out = Vec::with_capacity(groups);
-    let mut group = Vec::new();
-    let mut filled = 0u64;
-    for (local, buffer) in buffers.iter_mut().enumerate() {
-        let piece = grid.piece_box(local);
-        if buffer.len() as u64 != piece.volume() * elem {
-            return Err(crate::error::Error::Internal(format!(
-                "plan error: a piece of {} bytes for a box of {} elements",
-                buffer.len(),
-                piece.volume()
+impl<'b> SharedPieces<'b> {
+    /// The pieces `buffers` of `grid`, to be filled with the blocks of
+    /// `regions` (disjoint boxes inside the grid's).
+    pub fn new(
+        grid: &'b PieceGrid,
+        buffers: &'b mut [Vec<u8>],
+        regions: &'b [Region],
+        elem: u64,
+    ) -> Result<SharedPieces<'b>> {
+        let plan_error =
+            |what: String| crate::error::Error::Internal(format!("plan error: {what}"));
+        if buffers.len() != grid.count() {
+            return Err(plan_error(format!(
+                "{} pieces for a grid of {}",
+                buffers.len(),
+                grid.count()
             )));
         }
-        let planes = piece.shape[0];
-        let plane = piece.volume() / planes.max(1);
-        let mut rest: &mut [u8] = buffer.as_mut_slice();
-        let mut start = 0;
-        while start < planes {
-            let take = ((share - filled) / plane.max(1)).clamp(1, planes - start);
-            let (head, tail) =
-                std::mem::take(&mut rest).split_at_mut((take * plane * elem) as usize);
-            rest = tail;
-            let mut slab = piece.clone();
-            slab.origin[0] += start;
-            slab.shape[0] = take;
-            group.push((slab, head));
-            start += take;
-            filled += take * plane;
-            if filled >= share {
-                out.push(std::mem::take(&mut group));
-                filled = 0;
+        for (local, buffer) in buffers.iter().enumerate() {
+            let volume = grid.piece_box(local).volume();
+            if buffer.len() as u64 != volume * elem {
+                return Err(plan_error(format!(
+                    "a piece of {} bytes for a box of {volume} elements",
+                    buffer.len()
+                )));
             }
         }
+        let container = grid.container();
+        for (k, region) in regions.iter().enumerate() {
+            if region.intersect(&container).as_ref() != Some(region) {
+                return Err(plan_error(format!("block {region:?} outside its step")));
+            }
+            if let Some(other) = regions[..k].iter().find(|o| o.intersect(region).is_some()) {
+                return Err(plan_error(format!(
+                    "blocks {other:?} and {region:?} overlap"
+                )));
+            }
+        }
+        Ok(SharedPieces {
+            grid,
+            pieces: buffers
+                .iter_mut()
+                .map(|buffer| (buffer.as_mut_ptr(), buffer.len()))
+                .collect(),
+            regions,
+            claimed: regions.iter().map(|_| Default::default()).collect(),
+            elem,
+            _buffers: std::marker::PhantomData,
+        })
     }
-    if !group.is_empty() {
-        out.push(group);
+
+    /// Copies region `index`'s block, decoded as `bytes` (its file's whole
+    /// array, the region lying in it as `place` says), into the pieces.
+    /// Each region is copied once.
+    pub fn copy(&self, index: usize, place: &InFile, bytes: &[u8]) -> Result<()> {
+        let internal = |what: &str| crate::error::Error::Internal(format!("plan error: {what}"));
+        let region = self
+            .regions
+            .get(index)
+            .ok_or_else(|| internal("no such block"))?;
+        let claimed = &self.claimed[index];
+        if claimed.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return Err(internal("a block copied twice"));
+        }
+        let layout = RowLayout::in_file(region, place, self.elem, self.grid);
+        layout.for_each_segment(|segment| {
+            let base = segment.offset as usize;
+            layout.for_each_part_in_file(segment, |part| {
+                let from = base + part.at;
+                let source = bytes
+                    .get(from..from + part.len)
+                    .ok_or_else(|| internal("a decoded block shorter than its file"))?;
+                let &(start, len) = self
+                    .pieces
+                    .get(part.piece)
+                    .ok_or_else(|| internal("a part outside the pieces"))?;
+                if part.offset + part.len > len {
+                    return Err(internal("a part beyond its piece"));
+                }
+                // SAFETY: the target lies inside the piece (checked just
+                // above) and inside this region's box, which no other
+                // region overlaps and no other call copies: no other
+                // thread reads or writes these bytes meanwhile.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        source.as_ptr(),
+                        start.add(part.offset),
+                        part.len,
+                    );
+                }
+                Ok(())
+            })
+        })
     }
-    Ok(out)
 }
 
 /// The element offset of the row at `row`: the sum of its coordinates'
@@ -910,6 +937,7 @@ fn scatter_targets<'b>(buffers: &'b mut [Vec<u8>], parts: &[Part]) -> Vec<IoSlic
 mod tests {
     use super::*;
     use crate::array::geometry::{linear_offset, Axis, IndexBox};
+    use crate::engine::workers::Workers;
     use proptest::prelude::*;
     use std::os::unix::fs::FileExt;
 
@@ -1115,25 +1143,64 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
-        /// Spread over any number of workers, a decoded block's copy into
-        /// the pieces puts every byte where one thread's copy puts it.
+        /// Blocks copied into the pieces by any number of workers at once
+        /// put every byte where one thread's copy puts it, and nothing
+        /// else: here the case's region, cut along its first dimension
+        /// into disjoint blocks of one file.
         #[test]
-        fn a_scatter_on_workers_copies_what_one_thread_does(
+        fn blocks_copied_at_once_fill_the_pieces_as_one_thread_does(
             dims in dims(),
+            cuts in prop::collection::vec(0u64..64, 0..4),
             workers in 1usize..=9,
         ) {
             let c = case(&dims);
-            let place = InFile::of(&c.region, &c.file_box);
+            let (lo, hi) = (c.region.origin[0], c.region.end(0));
+            let mut bounds: Vec<u64> = cuts.iter().map(|n| lo + n % (hi - lo)).collect();
+            bounds.extend([lo, hi]);
+            bounds.sort_unstable();
+            bounds.dedup();
+            let blocks: Vec<Region> = bounds
+                .windows(2)
+                .map(|w| {
+                    let mut block = c.region.clone();
+                    block.origin[0] = w[0];
+                    block.shape[0] = w[1] - w[0];
+                    block
+                })
+                .collect();
+            let places: Vec<InFile> = blocks.iter().map(|b| InFile::of(b, &c.file_box)).collect();
             let bytes = file_bytes(&c.file_box);
-            let sources = [Decoded { region: &c.region, place: &place, bytes: &bytes }];
             let mut pieces = empty_pieces(&c);
+            let shared = SharedPieces::new(&c.grid, &mut pieces, &blocks, 4).unwrap();
             let pool = Workers::new(workers).unwrap();
-            scatter_decoded(&c.grid, &mut pieces, &sources, 4, &pool).unwrap();
+            let copied = pool.map(0..blocks.len(), |k| shared.copy(k, &places[k], &bytes));
+            prop_assert!(copied.iter().all(Result::is_ok));
+            prop_assert!(shared.copy(0, &places[0], &bytes).is_err(), "a block copied twice");
+            drop(shared);
             prop_assert_eq!(&pieces, &expected_pieces(&c));
-            let mut buffers = empty_pieces(&c);
-            let groups = piece_slabs(&c.grid, &mut buffers, workers, 4).unwrap();
-            prop_assert!(groups.len() <= workers, "{} groups for {workers} workers", groups.len());
         }
+    }
+
+    #[test]
+    fn overlapping_blocks_or_blocks_outside_the_step_are_refused() {
+        let step = Region::new(vec![0, 0], vec![4, 4]);
+        let grid = PieceGrid::new(&Partition::regular(&[4, 4], &[2, 2]), &step);
+        let mut pieces: Vec<Vec<u8>> = grid.volumes().map(|v| vec![0; v as usize]).collect();
+        let overlapping = [
+            Region::new(vec![0, 0], vec![2, 3]),
+            Region::new(vec![1, 2], vec![2, 2]),
+        ];
+        assert!(SharedPieces::new(&grid, &mut pieces, &overlapping, 1).is_err());
+        let outside = [Region::new(vec![3, 3], vec![2, 1])];
+        assert!(SharedPieces::new(&grid, &mut pieces, &outside, 1).is_err());
+        let apart = [
+            Region::new(vec![0, 0], vec![2, 4]),
+            Region::new(vec![2, 0], vec![2, 4]),
+        ];
+        assert!(SharedPieces::new(&grid, &mut pieces, &apart, 1).is_ok());
+        let mut short = pieces.clone();
+        short[0].pop();
+        assert!(SharedPieces::new(&grid, &mut short, &apart, 1).is_err());
     }
 
     /// A window between the region and the file block of `c`, from the

@@ -80,10 +80,12 @@ impl Workers {
 
     /// `job` applied to each of `items`, the results in the items' order:
     /// the calling thread takes them one by one, and so does each worker
-    /// idle when the batch comes. A batch never waits in a queue behind
-    /// other tasks (the encoders' blocks): the caller, which waits for it
-    /// anyway, does what no idle worker takes. A job that panics panics
-    /// the caller, as it would have inline.
+    /// idle when the batch comes, at most as many threads at once as there
+    /// are workers (each job may hold a block: the planner counts one per
+    /// worker). A batch never waits in a queue behind other tasks (the
+    /// encoders' blocks): the caller, which waits for it anyway, does what
+    /// no idle worker takes. A job that panics panics the caller, as it
+    /// would have inline.
     pub(super) fn map<I, R, F>(&self, items: impl IntoIterator<Item = I>, job: F) -> Vec<R>
     where
         I: Send,
@@ -92,7 +94,7 @@ impl Workers {
     {
         let items: Vec<I> = items.into_iter().collect();
         let idle = self.count.saturating_sub(self.busy.load(Ordering::Acquire));
-        let helpers = idle.min(items.len().saturating_sub(1));
+        let helpers = idle.min(self.count - 1).min(items.len().saturating_sub(1));
         let Some(pool) = self.pool.as_ref().filter(|_| helpers > 0) else {
             return items.into_iter().map(job).collect();
         };
