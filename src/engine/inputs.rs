@@ -19,7 +19,7 @@ use std::path::Path;
 
 use lru::LruCache;
 
-use super::pieces::{InFile, PackingBuffer, PieceGrid, RowLayout, SharedPieces};
+use super::pieces::{ClaimedRegion, InFile, PackingBuffer, PieceGrid, RowLayout, SharedPieces};
 use super::seekio::{FileKey, SeekCounter, SeekLog};
 use super::workers::Workers;
 use crate::array::geometry::{IndexBox, Partition, Region};
@@ -305,9 +305,19 @@ impl<'a> InputReader<'a> {
     }
 
     /// Reads the step `step_box` into its pieces `buffers` (the cells of
-    /// `grid`), from every input block it overlaps in C order. The calls
-    /// are logged in [`reads`](Self::reads); an absent chunk, which makes
-    /// none, is counted in `counter` at once.
+    /// `grid`), from every input block it overlaps. The step's files are
+    /// opened and checked here, in C order; then the workers take its
+    /// blocks one at a time, each reading its block (an encoded one whole,
+    /// then decoding it) and copying it into the pieces ([`SharedPieces`]):
+    /// the storage sees a queue as deep as the workers, and the step waits
+    /// for them once. The calls are logged here in the plan's order, so
+    /// their count is the plan's for any number of workers: in
+    /// [`reads`](Self::reads); an absent chunk of an array read in place,
+    /// which makes none, is counted in `counter` at once. At most one
+    /// encoded block per worker is decoded and held at a time: counted in
+    /// [`decoded_peak`](Self::decoded_peak) as the planner allows for them,
+    /// each at the largest the step decodes (exact edge blocks are
+    /// smaller).
     pub(super) fn read_step(
         &mut self,
         step_box: &Region,
@@ -315,20 +325,60 @@ impl<'a> InputReader<'a> {
         buffers: &mut [Vec<u8>],
         (counter, workers): (&mut SeekCounter, &Workers),
     ) -> Result<()> {
-        if self.input.files.is_encoded() {
-            return self.read_encoded_step(step_box, grid, buffers, workers);
-        }
         let plan = self.plan;
-        for input_index in IndexBox::new(plan.input.overlapping(step_box)) {
-            let block = plan.input.block(&input_index);
-            let Some(region) = block.intersect(step_box) else {
-                continue;
-            };
-            let (rank, place) = self.locate(&input_index, &region);
+        let (cells, regions): (Vec<Vec<usize>>, Vec<Region>) =
+            IndexBox::new(plan.input.overlapping(step_box))
+                .filter_map(|cell| {
+                    let region = plan.input.block(&cell).intersect(step_box)?;
+                    Some((cell, region))
+                })
+                .unzip();
+        // The files of the blocks being read stay open in the cache until
+        // they are read: never more of them than it holds.
+        let batch_len = self.handles.cap().get();
+        let mut largest = 0u64;
+        let encoded = self.input.files.is_encoded();
+        for (batch, batch_regions) in cells.chunks(batch_len).zip(regions.chunks(batch_len)) {
+            // Read-ahead opens files into the cache too: done first, so
+            // that it never closes one of the batch's.
             self.read_ahead();
-            self.read_input(rank, &place, &region, grid, buffers, counter)?;
-            self.check_unchanged(rank)?;
-            self.done_with(&input_index, rank, &region, step_box);
+            let mut located = Vec::with_capacity(batch.len());
+            for (cell, region) in batch.iter().zip(batch_regions) {
+                let (rank, place) = self.locate(cell, region);
+                self.ready_block(rank)?;
+                located.push((rank, place, region));
+            }
+            let by_library = located
+                .iter()
+                .any(|(rank, ..)| matches!(self.handles.peek(rank), Some(InputHandle::Hdf5(_))));
+            if by_library {
+                // libhdf5 fills whole pieces, under its lock: one block at a time.
+                for (rank, place, region) in &located {
+                    self.read_input(*rank, place, region, grid, buffers, counter)?;
+                }
+            } else {
+                let pieces = SharedPieces::new(grid, buffers, (&plan.input, batch), self.elem)?;
+                let (input, handles) = (self.input, &self.handles);
+                let read = workers.map(located.iter().enumerate(), |(k, (rank, place, _))| {
+                    let block = &input.blocks[*rank as usize];
+                    let target = pieces.claim(k)?;
+                    read_block(block, (handles.peek(rank), encoded), place, target)
+                });
+                for decoded in read {
+                    largest = largest.max(decoded?);
+                }
+                for (rank, place, region) in &located {
+                    self.log_read(*rank, place, region, grid, counter)?;
+                }
+            }
+            for (cell, (rank, _, region)) in batch.iter().zip(&located) {
+                self.check_unchanged(*rank)?;
+                self.done_with(cell, *rank, region, step_box);
+            }
+        }
+        if encoded {
+            let widest = cells.len().min(workers.count()) as u64;
+            self.decoded_peak = self.decoded_peak.max(widest * largest);
         }
         Ok(())
     }
@@ -353,101 +403,62 @@ impl<'a> InputReader<'a> {
         }
     }
 
-    /// [`read_step`](Self::read_step) for encoded inputs: the step's
-    /// files are opened and checked here, in C order; then the workers
-    /// take its blocks one at a time, each reading its block whole,
-    /// decoding it and copying it into the pieces ([`SharedPieces`]), so
-    /// the storage sees a queue as deep as the workers and the step waits
-    /// for its workers once. The reads are logged here in the plan's
-    /// order, so their count is the plan's for any number of workers. At
-    /// most one block per worker is decoded and held at a time: counted in
-    /// [`decoded_peak`](Self::decoded_peak) as the planner allows for them,
-    /// each at the largest the step decodes (exact edge blocks are
-    /// smaller).
-    fn read_encoded_step(
-        &mut self,
-        step_box: &Region,
-        grid: &PieceGrid,
-        buffers: &mut [Vec<u8>],
-        workers: &Workers,
-    ) -> Result<()> {
-        let plan = self.plan;
-        let (indices, regions): (Vec<Vec<usize>>, Vec<Region>) =
-            IndexBox::new(plan.input.overlapping(step_box))
-                .filter_map(|index| {
-                    let region = plan.input.block(&index).intersect(step_box)?;
-                    Some((index, region))
-                })
-                .unzip();
-        let pieces = SharedPieces::new(grid, buffers, &regions, self.elem)?;
-        // The files of the blocks being read stay open in the cache until
-        // they are read: never more of them than it holds.
-        let batch_len = self.handles.cap().get();
-        let mut largest = 0u64;
-        for (first, batch) in (0..regions.len())
-            .step_by(batch_len)
-            .zip(indices.chunks(batch_len))
-        {
-            // Read-ahead opens files into the cache too: done first, so
-            // that it never closes one of the batch's.
-            self.read_ahead();
-            let mut located = Vec::with_capacity(batch.len());
-            for (k, input_index) in batch.iter().enumerate() {
-                let (rank, place) = self.locate(input_index, &regions[first + k]);
-                self.ready_encoded(rank, &regions[first + k])?;
-                located.push((first + k, rank, place));
-            }
-            let (input, handles) = (self.input, &self.handles);
-            let copied = workers.map(&located, |(k, rank, place)| {
-                let block = &input.blocks[*rank as usize];
-                let decoded = decoded_block(handles.peek(rank), block, &place.shape, |_, _| {})?;
-                pieces.copy(*k, place, &decoded)?;
-                Ok(decoded.len() as u64)
-            });
-            for bytes in copied {
-                largest = largest.max(bytes?);
-            }
-            for (k, rank, _) in &located {
-                self.log_encoded_read(*rank);
-                self.check_unchanged(*rank)?;
-                self.done_with(&indices[*k], *rank, &regions[*k], step_box);
-            }
+    /// Readies input block `rank` for a worker to read: its file open and
+    /// checked in the cache (an absent chunk has none).
+    fn ready_block(&mut self, rank: u64) -> Result<()> {
+        if let Storage::Absent { .. } = self.input.blocks[rank as usize].storage {
+            return Ok(());
         }
-        let widest = regions.len().min(workers.count()) as u64;
-        self.decoded_peak = self.decoded_peak.max(widest * largest);
-        Ok(())
+        let opened = (&mut self.handles, &mut self.identities);
+        ready_handle(opened, self.input, rank, self.witness).map(|_| ())
     }
 
-    /// Readies encoded input block `rank` (`region` of it wanted) for a
-    /// worker to read whole ([`decoded_block`]): its file open and checked
-    /// in the cache; an absent chunk, which has none, told to the witness
-    /// and its fill counted.
-    fn ready_encoded(&mut self, rank: u64, region: &Region) -> Result<()> {
+    /// Logs the reads of `region` of input block `rank` (lying in its file
+    /// as `place` says) that a worker made: an encoded block's bytes in one
+    /// call; a block read in place, its segments; an absent chunk, told
+    /// to the witness, an empty call (encoded arrays) or the segments its
+    /// file would cost, counted in `counter` at once.
+    fn log_read(
+        &mut self,
+        rank: u64,
+        place: &InFile,
+        region: &Region,
+        grid: &PieceGrid,
+        counter: &mut SeekCounter,
+    ) -> Result<()> {
         let block = &self.input.blocks[rank as usize];
+        let key = FileKey::Input(rank);
+        let layout = || RowLayout::in_file(region, place, self.elem, grid);
         match &block.storage {
             Storage::Absent { .. } => {
                 tell_witness(self.witness, rank, block, None)?;
-                self.fill_bytes += region.volume() * self.elem;
+                if self.input.files.is_encoded() {
+                    self.fill_bytes += region.volume() * self.elem;
+                    self.reads.read(key, 0, 0);
+                    return Ok(());
+                }
+                let filled = &mut self.fill_bytes;
+                layout().for_each_segment(|segment| {
+                    counter.read(key, segment.offset, segment.len);
+                    *filled += segment.len;
+                    Ok(())
+                })
+            }
+            Storage::Encoded { offset, len, .. } => {
+                self.reads.read(key, *offset, *len);
                 Ok(())
             }
-            Storage::Encoded { .. } => {
-                let opened = (&mut self.handles, &mut self.identities);
-                match ready_handle(opened, self.input, rank, self.witness)? {
-                    InputHandle::Encoded(_) => Ok(()),
-                    _ => Err(not_scanned_encoded(&block.path)),
-                }
+            _ => {
+                let Some(InputHandle::Contiguous { data_offset, .. }) = self.handles.peek(&rank)
+                else {
+                    return Err(unchecked(&block.path));
+                };
+                let reads = &mut self.reads;
+                layout().for_each_segment(|segment| {
+                    reads.read(key, data_offset + segment.offset, segment.len);
+                    Ok(())
+                })
             }
-            _ => Err(not_scanned_encoded(&block.path)),
-        }
-    }
-
-    /// Logs the read of encoded input block `rank`: its encoded bytes in
-    /// one call, or an absent chunk's empty call.
-    fn log_encoded_read(&mut self, rank: u64) {
-        let key = FileKey::Input(rank);
-        match &self.input.blocks[rank as usize].storage {
-            Storage::Encoded { offset, len, .. } => self.reads.read(key, *offset, *len),
-            _ => self.reads.read(key, 0, 0),
         }
     }
 
@@ -691,6 +702,53 @@ pub(super) fn decoded_block(
         }
         _ => Err(not_scanned_encoded(&block.path)),
     }
+}
+
+std::thread_local! {
+    /// Each thread's buffer for the small rows it reads ([`PackingBuffer`]).
+    static PACKING: std::cell::RefCell<PackingBuffer> = std::cell::RefCell::new(PackingBuffer::new());
+}
+
+/// A worker's read of input block `block` (through its `handle`, in an
+/// array whose blocks are `encoded` or not) into `target`, its region of
+/// a step's pieces, which lies in its file as `place` says. An encoded
+/// block is read whole and decoded first (an absent one is its fill
+/// value); returns the bytes decoded, 0 for a block read in place.
+fn read_block(
+    block: &InputBlock,
+    (handle, encoded): (Option<&InputHandle>, bool),
+    place: &InFile,
+    mut target: ClaimedRegion<'_>,
+) -> Result<u64> {
+    let layout = target.layout(place);
+    if encoded {
+        let decoded = decoded_block(handle, block, &place.shape, |_, _| {})?;
+        layout.for_each_segment(|segment| {
+            layout.copy_segment_from(&decoded, 0, segment, &mut target)
+        })?;
+        return Ok(decoded.len() as u64);
+    }
+    match (&block.storage, handle) {
+        (Storage::Absent { fill }, _) => {
+            layout.for_each_segment(|segment| layout.fill_segment(segment, &mut target, fill))?
+        }
+        (_, Some(InputHandle::Contiguous { file, data_offset })) => {
+            PACKING.with_borrow_mut(|packing| {
+                layout.for_each_segment(|segment| {
+                    layout.read_segment(
+                        file,
+                        &block.path,
+                        *data_offset,
+                        segment,
+                        &mut target,
+                        packing,
+                    )
+                })
+            })?
+        }
+        _ => return Err(unchecked(&block.path)),
+    }
+    Ok(0)
 }
 
 /// The error for a block read as encoded that was not scanned as such.

@@ -634,13 +634,13 @@ impl RowLayout {
         path: &Path,
         data_offset: u64,
         segment: &Segment,
-        buffers: &mut [Vec<u8>],
+        buffers: &mut (impl PieceTarget + ?Sized),
         packing: &mut PackingBuffer,
     ) -> Result<()> {
         let (scratch, capacity) = (&mut packing.bytes, packing.capacity);
         let at_file = data_offset + segment.offset;
         if let Some(parts) = self.vectored_parts(segment)? {
-            let mut targets = scatter_targets(buffers, &parts);
+            let mut targets = buffers.slices(&parts)?;
             return seekio::read_exact_at(file, path, &mut targets, at_file);
         }
         let total = segment.len as usize;
@@ -665,7 +665,8 @@ impl RowLayout {
                 }
                 let n = (part.len - done).min(chunk_at + chunk_len - at);
                 let from = at - chunk_at;
-                buffers[part.piece][part.offset + done..part.offset + done + n]
+                buffers
+                    .bytes(part.piece, part.offset + done, n)?
                     .copy_from_slice(&scratch[from..from + n]);
                 done += n;
             }
@@ -741,18 +742,22 @@ impl RowLayout {
 
     /// Copies `segment`'s bytes from `span`, which holds the file's data
     /// from byte `span_offset` on, into the pieces `buffers`.
-    pub fn copy_segment_from<B: AsMut<[u8]>>(
+    pub fn copy_segment_from(
         &self,
         span: &[u8],
         span_offset: u64,
         segment: &Segment,
-        buffers: &mut [B],
+        buffers: &mut (impl PieceTarget + ?Sized),
     ) -> Result<()> {
         let base = (segment.offset - span_offset) as usize;
         self.for_each_part_in_file(segment, |part| {
             let from = base + part.at;
-            buffers[part.piece].as_mut()[part.offset..part.offset + part.len]
-                .copy_from_slice(&span[from..from + part.len]);
+            let source = span.get(from..from + part.len).ok_or_else(|| {
+                crate::error::Error::Internal("plan error: a span shorter than its segment".into())
+            })?;
+            buffers
+                .bytes(part.piece, part.offset, part.len)?
+                .copy_from_slice(source);
             Ok(())
         })
     }
@@ -762,13 +767,13 @@ impl RowLayout {
     pub fn fill_segment(
         &self,
         segment: &Segment,
-        buffers: &mut [Vec<u8>],
+        buffers: &mut (impl PieceTarget + ?Sized),
         fill: &[u8],
     ) -> Result<()> {
         // Piece buffers may be reused ones (the executor's pool): zeros are
         // written too.
         self.for_each_part(segment.rows.clone(), |part| {
-            let bytes = &mut buffers[part.piece][part.offset..part.offset + part.len];
+            let bytes = buffers.bytes(part.piece, part.offset, part.len)?;
             for element in bytes.chunks_exact_mut(fill.len()) {
                 element.copy_from_slice(fill);
             }
@@ -778,17 +783,18 @@ impl RowLayout {
 }
 
 /// A step's pieces, filled by several threads at once, each copying
-/// whole input blocks into them ([`copy`](Self::copy)): the blocks' regions
-/// are disjoint boxes of the step, so no two threads write the same byte,
-/// and a thread that decodes a block copies it at once, with no wait for
-/// the others. That the regions are disjoint, and that each is copied
-/// once, is checked, not assumed: it is what makes the writes sound.
+/// whole input blocks into them ([`claim`](Self::claim)): the blocks are
+/// distinct cells of one partition, so their parts of the step are
+/// disjoint boxes and no two threads write the same byte; a thread that
+/// has read or decoded a block copies it at once, with no wait for the
+/// others. That the cells are distinct, and that each is claimed once, is
+/// checked, not assumed: it is what makes the writes sound.
 pub struct SharedPieces<'b> {
     grid: &'b PieceGrid,
     /// Each piece's start and length, borrowed mutably for `'b`.
     pieces: Vec<(*mut u8, usize)>,
-    regions: &'b [Region],
-    /// Whether each region has been claimed by a copy.
+    regions: Vec<Region>,
+    /// Whether each region has been claimed.
     claimed: Vec<std::sync::atomic::AtomicBool>,
     elem: u64,
     _buffers: std::marker::PhantomData<&'b mut [Vec<u8>]>,
@@ -798,17 +804,18 @@ pub struct SharedPieces<'b> {
 // nothing else touches them meanwhile; threads write through them only
 // within the regions they claimed, which are disjoint and claimed once.
 unsafe impl Send for SharedPieces<'_> {}
-// SAFETY: as for Send: `copy` takes `&self` and writes only the bytes of
-// a region that it alone claimed.
+// SAFETY: as for Send: `claim` takes `&self` and hands each region's
+// parts to one caller only.
 unsafe impl Sync for SharedPieces<'_> {}
 
 impl<'b> SharedPieces<'b> {
-    /// The pieces `buffers` of `grid`, to be filled with the blocks of
-    /// `regions` (disjoint boxes inside the grid's).
+    /// The pieces `buffers` of `grid`, to be filled with `cells` of
+    /// `partition` (in C order, each once) where they meet the step the
+    /// grid cuts.
     pub fn new(
         grid: &'b PieceGrid,
         buffers: &'b mut [Vec<u8>],
-        regions: &'b [Region],
+        (partition, cells): (&Partition, &[Vec<usize>]),
         elem: u64,
     ) -> Result<SharedPieces<'b>> {
         let plan_error =
@@ -829,72 +836,106 @@ impl<'b> SharedPieces<'b> {
                 )));
             }
         }
-        let container = grid.container();
-        for (k, region) in regions.iter().enumerate() {
-            if region.intersect(&container).as_ref() != Some(region) {
-                return Err(plan_error(format!("block {region:?} outside its step")));
-            }
-            if let Some(other) = regions[..k].iter().find(|o| o.intersect(region).is_some()) {
-                return Err(plan_error(format!(
-                    "blocks {other:?} and {region:?} overlap"
-                )));
-            }
+        if cells.windows(2).any(|pair| pair[0] >= pair[1]) {
+            return Err(plan_error("input blocks not distinct, in C order".into()));
         }
+        let step = grid.container();
+        let regions = cells
+            .iter()
+            .map(|cell| {
+                partition
+                    .block(cell)
+                    .intersect(&step)
+                    .ok_or_else(|| plan_error(format!("input block {cell:?} outside its step")))
+            })
+            .collect::<Result<Vec<Region>>>()?;
         Ok(SharedPieces {
             grid,
             pieces: buffers
                 .iter_mut()
                 .map(|buffer| (buffer.as_mut_ptr(), buffer.len()))
                 .collect(),
-            regions,
             claimed: regions.iter().map(|_| Default::default()).collect(),
+            regions,
             elem,
             _buffers: std::marker::PhantomData,
         })
     }
 
-    /// Copies region `index`'s block, decoded as `bytes` (its file's whole
-    /// array, the region lying in it as `place` says), into the pieces.
-    /// Each region is copied once.
-    pub fn copy(&self, index: usize, place: &InFile, bytes: &[u8]) -> Result<()> {
+    /// Region `index`, to be filled by the caller alone: each region is
+    /// claimed once.
+    pub fn claim(&self, index: usize) -> Result<ClaimedRegion<'_>> {
         let internal = |what: &str| crate::error::Error::Internal(format!("plan error: {what}"));
         let region = self
             .regions
             .get(index)
             .ok_or_else(|| internal("no such block"))?;
-        let claimed = &self.claimed[index];
-        if claimed.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        if self.claimed[index].swap(true, std::sync::atomic::Ordering::AcqRel) {
             return Err(internal("a block copied twice"));
         }
-        let layout = RowLayout::in_file(region, place, self.elem, self.grid);
-        layout.for_each_segment(|segment| {
-            let base = segment.offset as usize;
-            layout.for_each_part_in_file(segment, |part| {
-                let from = base + part.at;
-                let source = bytes
-                    .get(from..from + part.len)
-                    .ok_or_else(|| internal("a decoded block shorter than its file"))?;
-                let &(start, len) = self
-                    .pieces
-                    .get(part.piece)
-                    .ok_or_else(|| internal("a part outside the pieces"))?;
-                if part.offset + part.len > len {
-                    return Err(internal("a part beyond its piece"));
-                }
-                // SAFETY: the target lies inside the piece (checked just
-                // above) and inside this region's box, which no other
-                // region overlaps and no other call copies: no other
-                // thread reads or writes these bytes meanwhile.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        source.as_ptr(),
-                        start.add(part.offset),
-                        part.len,
-                    );
-                }
-                Ok(())
-            })
+        Ok(ClaimedRegion {
+            region,
+            grid: self.grid,
+            elem: self.elem,
+            pieces: &self.pieces,
         })
+    }
+}
+
+/// One region of [`SharedPieces`], claimed by one thread: the parts of the
+/// pieces inside it, which no other thread touches.
+pub struct ClaimedRegion<'s> {
+    pub region: &'s Region,
+    grid: &'s PieceGrid,
+    elem: u64,
+    pieces: &'s [(*mut u8, usize)],
+}
+
+impl ClaimedRegion<'_> {
+    /// The region's rows as they lie in its file (`place`) and in the pieces.
+    pub fn layout(&self, place: &InFile) -> RowLayout {
+        RowLayout::in_file(self.region, place, self.elem, self.grid)
+    }
+
+    /// The `len` bytes at `offset` in piece `piece`, checked to lie in it.
+    fn part_ptr(&self, piece: usize, offset: usize, len: usize) -> Result<*mut u8> {
+        let &(start, piece_len) = self.pieces.get(piece).ok_or_else(beyond_piece)?;
+        if offset.checked_add(len).is_none_or(|end| end > piece_len) {
+            return Err(beyond_piece());
+        }
+        // SAFETY: offset is within the piece's allocation (checked above).
+        Ok(unsafe { start.add(offset) })
+    }
+}
+
+// The parts a region's layout names lie inside the region (the layout's
+// tests hold it to that), and inside their pieces (checked): so the slices
+// below are of bytes no other claimed region, and so no other thread,
+// touches while this one is held.
+impl PieceTarget for ClaimedRegion<'_> {
+    fn bytes(&mut self, piece: usize, offset: usize, len: usize) -> Result<&mut [u8]> {
+        let start = self.part_ptr(piece, offset, len)?;
+        // SAFETY: see above; the slice lives no longer than `&mut self`.
+        Ok(unsafe { std::slice::from_raw_parts_mut(start, len) })
+    }
+
+    fn slices(&mut self, parts: &[Part]) -> Result<Vec<IoSliceMut<'_>>> {
+        let mut ends: Vec<usize> = vec![0; self.pieces.len()];
+        let mut targets = Vec::with_capacity(parts.len());
+        for part in parts {
+            // Each part after the last in its piece: the slices never overlap.
+            let end = ends.get_mut(part.piece).ok_or_else(beyond_piece)?;
+            if part.offset < *end {
+                return Err(beyond_piece());
+            }
+            *end = part.offset + part.len;
+            let start = self.part_ptr(part.piece, part.offset, part.len)?;
+            // SAFETY: see above, and the slices are disjoint (checked).
+            targets.push(IoSliceMut::new(unsafe {
+                std::slice::from_raw_parts_mut(start, part.len)
+            }));
+        }
+        Ok(targets)
     }
 }
 
@@ -912,25 +953,58 @@ fn flush(pending: Option<Part>, mut visit: impl FnMut(Part) -> Result<()>) -> Re
     }
 }
 
-/// Mutable slices of the piece buffers, one per part, in order. Within one
-/// segment a piece's parts come at increasing offsets, so each buffer is
-/// split front to back.
-fn scatter_targets<'b>(buffers: &'b mut [Vec<u8>], parts: &[Part]) -> Vec<IoSliceMut<'b>> {
-    let mut rests: Vec<(usize, &'b mut [u8])> = buffers
-        .iter_mut()
-        .map(|b| (0usize, b.as_mut_slice()))
-        .collect();
-    let mut targets = Vec::with_capacity(parts.len());
-    for part in parts {
-        let (base, rest) = &mut rests[part.piece];
-        let taken = std::mem::take(rest);
-        let (_, from_offset) = taken.split_at_mut(part.offset - *base);
-        let (slice, after) = from_offset.split_at_mut(part.len);
-        *rest = after;
-        *base = part.offset + part.len;
-        targets.push(IoSliceMut::new(slice));
+/// Where a region's parts are copied: a step's own pieces, or one
+/// region's parts of pieces several threads fill at once ([`ClaimedRegion`]).
+pub trait PieceTarget {
+    /// The `len` bytes at `offset` of piece `piece`.
+    fn bytes(&mut self, piece: usize, offset: usize, len: usize) -> Result<&mut [u8]>;
+    /// The bytes of `parts` (distinct, each after the last in its piece),
+    /// for one vectored read.
+    fn slices(&mut self, parts: &[Part]) -> Result<Vec<IoSliceMut<'_>>>;
+}
+
+fn beyond_piece() -> crate::error::Error {
+    crate::error::Error::Internal("plan error: a part beyond its piece".into())
+}
+
+impl PieceTarget for [Vec<u8>] {
+    fn bytes(&mut self, piece: usize, offset: usize, len: usize) -> Result<&mut [u8]> {
+        self.get_mut(piece)
+            .and_then(|buffer| buffer.get_mut(offset..offset + len))
+            .ok_or_else(beyond_piece)
     }
-    targets
+
+    fn slices(&mut self, parts: &[Part]) -> Result<Vec<IoSliceMut<'_>>> {
+        let mut rests: Vec<(usize, &mut [u8])> = self
+            .iter_mut()
+            .map(|b| (0usize, b.as_mut_slice()))
+            .collect();
+        let mut targets = Vec::with_capacity(parts.len());
+        for part in parts {
+            let (base, rest) = rests.get_mut(part.piece).ok_or_else(beyond_piece)?;
+            let taken = std::mem::take(rest);
+            let skip = part.offset.checked_sub(*base).ok_or_else(beyond_piece)?;
+            if skip + part.len > taken.len() {
+                return Err(beyond_piece());
+            }
+            let (_, from_offset) = taken.split_at_mut(skip);
+            let (slice, after) = from_offset.split_at_mut(part.len);
+            *rest = after;
+            *base = part.offset + part.len;
+            targets.push(IoSliceMut::new(slice));
+        }
+        Ok(targets)
+    }
+}
+
+impl PieceTarget for Vec<Vec<u8>> {
+    fn bytes(&mut self, piece: usize, offset: usize, len: usize) -> Result<&mut [u8]> {
+        self.as_mut_slice().bytes(piece, offset, len)
+    }
+
+    fn slices(&mut self, parts: &[Part]) -> Result<Vec<IoSliceMut<'_>>> {
+        self.as_mut_slice().slices(parts)
+    }
 }
 
 #[cfg(test)]
@@ -1146,7 +1220,7 @@ mod tests {
         /// Blocks copied into the pieces by any number of workers at once
         /// put every byte where one thread's copy puts it, and nothing
         /// else: here the case's region, cut along its first dimension
-        /// into disjoint blocks of one file.
+        /// into the cells of a partition, all in one file.
         #[test]
         fn blocks_copied_at_once_fill_the_pieces_as_one_thread_does(
             dims in dims(),
@@ -1154,53 +1228,53 @@ mod tests {
             workers in 1usize..=9,
         ) {
             let c = case(&dims);
+            let len = |d: usize| dims[d].0;
             let (lo, hi) = (c.region.origin[0], c.region.end(0));
-            let mut bounds: Vec<u64> = cuts.iter().map(|n| lo + n % (hi - lo)).collect();
-            bounds.extend([lo, hi]);
-            bounds.sort_unstable();
-            bounds.dedup();
-            let blocks: Vec<Region> = bounds
-                .windows(2)
-                .map(|w| {
-                    let mut block = c.region.clone();
-                    block.origin[0] = w[0];
-                    block.shape[0] = w[1] - w[0];
-                    block
-                })
-                .collect();
-            let places: Vec<InFile> = blocks.iter().map(|b| InFile::of(b, &c.file_box)).collect();
+            let mut first: Vec<u64> = cuts.iter().map(|n| lo + n % (hi - lo)).collect();
+            first.extend([0, lo, hi, len(0)]);
+            first.sort_unstable();
+            let mut axes = vec![Axis::from_bounds(first)];
+            for d in 1..dims.len() {
+                let mut bounds = vec![0, c.region.origin[d], c.region.end(d), len(d)];
+                bounds.sort_unstable();
+                axes.push(Axis::from_bounds(bounds));
+            }
+            let partition = Partition::new(axes);
+            let cells: Vec<Vec<usize>> = IndexBox::new(partition.overlapping(&c.region)).collect();
             let bytes = file_bytes(&c.file_box);
             let mut pieces = empty_pieces(&c);
-            let shared = SharedPieces::new(&c.grid, &mut pieces, &blocks, 4).unwrap();
+            let shared = SharedPieces::new(&c.grid, &mut pieces, (&partition, &cells), 4).unwrap();
             let pool = Workers::new(workers).unwrap();
-            let copied = pool.map(0..blocks.len(), |k| shared.copy(k, &places[k], &bytes));
+            let copied = pool.map(0..cells.len(), |k| {
+                let mut claimed = shared.claim(k)?;
+                let place = InFile::of(claimed.region, &c.file_box);
+                let layout = claimed.layout(&place);
+                layout.for_each_segment(|s| layout.copy_segment_from(&bytes, 0, s, &mut claimed))
+            });
             prop_assert!(copied.iter().all(Result::is_ok));
-            prop_assert!(shared.copy(0, &places[0], &bytes).is_err(), "a block copied twice");
+            prop_assert!(shared.claim(0).is_err(), "a block claimed twice");
             drop(shared);
             prop_assert_eq!(&pieces, &expected_pieces(&c));
         }
     }
 
     #[test]
-    fn overlapping_blocks_or_blocks_outside_the_step_are_refused() {
+    fn repeated_cells_or_cells_outside_the_step_are_refused() {
         let step = Region::new(vec![0, 0], vec![4, 4]);
-        let grid = PieceGrid::new(&Partition::regular(&[4, 4], &[2, 2]), &step);
+        let grid = PieceGrid::new(&Partition::regular(&[8, 8], &[2, 2]), &step);
         let mut pieces: Vec<Vec<u8>> = grid.volumes().map(|v| vec![0; v as usize]).collect();
-        let overlapping = [
-            Region::new(vec![0, 0], vec![2, 3]),
-            Region::new(vec![1, 2], vec![2, 2]),
-        ];
-        assert!(SharedPieces::new(&grid, &mut pieces, &overlapping, 1).is_err());
-        let outside = [Region::new(vec![3, 3], vec![2, 1])];
-        assert!(SharedPieces::new(&grid, &mut pieces, &outside, 1).is_err());
-        let apart = [
-            Region::new(vec![0, 0], vec![2, 4]),
-            Region::new(vec![2, 0], vec![2, 4]),
-        ];
-        assert!(SharedPieces::new(&grid, &mut pieces, &apart, 1).is_ok());
+        let inputs = Partition::regular(&[8, 8], &[3, 3]);
+        let twice = [vec![0, 0], vec![0, 1], vec![0, 1]];
+        assert!(SharedPieces::new(&grid, &mut pieces, (&inputs, &twice), 1).is_err());
+        let unordered = [vec![0, 1], vec![0, 0]];
+        assert!(SharedPieces::new(&grid, &mut pieces, (&inputs, &unordered), 1).is_err());
+        let outside = [vec![0, 0], vec![2, 2]];
+        assert!(SharedPieces::new(&grid, &mut pieces, (&inputs, &outside), 1).is_err());
+        let step_cells = [vec![0, 0], vec![0, 1], vec![1, 0], vec![1, 1]];
+        assert!(SharedPieces::new(&grid, &mut pieces, (&inputs, &step_cells), 1).is_ok());
         let mut short = pieces.clone();
         short[0].pop();
-        assert!(SharedPieces::new(&grid, &mut short, &apart, 1).is_err());
+        assert!(SharedPieces::new(&grid, &mut short, (&inputs, &step_cells), 1).is_err());
     }
 
     /// A window between the region and the file block of `c`, from the
