@@ -791,7 +791,7 @@ impl rechunkfs::format::encode::BlockEncode for PairingEncoder {
 struct EncodingSink {
     dir: std::path::PathBuf,
     file_shape: Vec<u64>,
-    files: std::collections::HashMap<u64, (std::fs::File, std::path::PathBuf)>,
+    files: std::collections::HashMap<u64, (std::sync::Arc<std::fs::File>, std::path::PathBuf)>,
     encoder: std::sync::Arc<PairingEncoder>,
     completed: Vec<u64>,
 }
@@ -804,7 +804,10 @@ impl rechunkfs::engine::BlockSink for EncodingSink {
         let dir = &self.dir;
         let (file, path) = self.files.entry(rank).or_insert_with(|| {
             let path = dir.join(rank.to_string());
-            (std::fs::File::create(&path).unwrap(), path)
+            (
+                std::sync::Arc::new(std::fs::File::create(&path).unwrap()),
+                path,
+            )
         });
         Ok(rechunkfs::engine::OutputTarget {
             file,

@@ -20,7 +20,7 @@ use crate::format::encode::BlockEncode;
 
 /// An output block file open for positioned writes of its data.
 pub struct OutputTarget<'a> {
-    pub file: &'a File,
+    pub file: &'a Arc<File>,
     pub path: &'a Path,
     /// Byte offset of the block's data (after its header).
     pub data_offset: u64,
@@ -29,6 +29,18 @@ pub struct OutputTarget<'a> {
     /// The padding is never written: creating the file at its full length
     /// leaves it a hole that reads as zeros.
     pub file_shape: &'a [u64],
+}
+
+impl OutputTarget<'_> {
+    /// The same file, to be written by another thread.
+    pub fn shared(&self) -> OpenOutput {
+        OpenOutput {
+            file: Arc::clone(self.file),
+            path: self.path.to_path_buf(),
+            data_offset: self.data_offset,
+            file_shape: self.file_shape.to_vec(),
+        }
+    }
 }
 
 /// Where output blocks are written.
@@ -75,8 +87,10 @@ pub trait BlockSink {
 }
 
 /// An output block's file, open for positioned writes of its data.
+#[derive(Clone)]
 pub struct OpenOutput {
-    pub file: File,
+    /// Shared with the workers that write into it.
+    pub file: Arc<File>,
     pub path: PathBuf,
     /// Byte offset of the block's data (after its header).
     pub data_offset: u64,

@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 
 use super::pieces::{InFile, PackingBuffer, PieceGrid, RowLayout, Segment};
 use super::seekio::{self, FileKey, SeekLog};
-use super::sink::{BlockSink, OutputTarget};
+use super::sink::{BlockSink, OpenOutput, OutputTarget};
 use super::workers::Workers;
 use crate::array::geometry::{show_shape, volume, IndexBox, Region};
 use crate::error::{Error, Result};
@@ -264,7 +264,7 @@ impl<'a> Writer<'a> {
         let encoder = sink.lock().encoder();
         match encoder {
             Some(encoder) => self.serve_encoded((&jobs, &reports), sink, encoder, workers),
-            None => self.serve_in_place(&jobs, &reports, sink),
+            None => self.serve_in_place((&jobs, &reports), sink, workers),
         }
     }
 
@@ -272,13 +272,13 @@ impl<'a> Writer<'a> {
     /// written whole, then reported.
     fn serve_in_place(
         mut self,
-        jobs: &Receiver<WriteJob>,
-        reports: &Sender<Result<WriteReport>>,
+        (jobs, reports): (&Receiver<WriteJob>, &Sender<Result<WriteReport>>),
         sink: &Mutex<&mut (dyn BlockSink + Send)>,
+        workers: &Workers,
     ) {
         for job in jobs {
             let read_block = job.read_block;
-            let result = self.write(&job, &mut **sink.lock());
+            let result = self.write(&job, &mut **sink.lock(), workers);
             let sent = match result {
                 Ok((writes, blocks_completed)) => reports
                     .send(Ok(WriteReport::Written {
@@ -405,9 +405,8 @@ impl<'a> Writer<'a> {
                 if !sink.wants(rank) {
                     continue;
                 }
-                let target = sink.target(rank)?;
-                check_file_holds(&target, &block)?;
-                (PathBuf::from(target.path), target.file_shape.to_vec())
+                let file = block_file(&mut **sink, rank, &block)?;
+                (file.path, file.file_shape)
             };
             if region != block {
                 return Err(Error::Internal(format!(
@@ -526,8 +525,18 @@ impl<'a> Writer<'a> {
 
     /// Writes a slab of a completed write block to its output blocks,
     /// gathering from its pieces; returns the calls made and the blocks
-    /// completed.
-    fn write(&mut self, job: &WriteJob, sink: &mut dyn BlockSink) -> Result<(SeekLog, u64)> {
+    /// completed. The blocks go a batch at a time: their files are made
+    /// here in the plan's order, then the workers gather and write a block
+    /// each (the storage sees a queue as deep as the workers), then here,
+    /// in order again, each block's calls are logged, a block whose disk
+    /// was full is written again once there is room, and the blocks are
+    /// completed. The count is the plan's for any number of workers.
+    fn write(
+        &mut self,
+        job: &WriteJob,
+        sink: &mut dyn BlockSink,
+        workers: &Workers,
+    ) -> Result<(SeekLog, u64)> {
         let plan = self.plan;
         let write_box = &job.write_box;
         let grid = PieceGrid::new(&plan.steps, write_box);
@@ -537,78 +546,84 @@ impl<'a> Writer<'a> {
         let write_end = firsts.end(firsts.locate(write_box.origin[0]));
         let mut writes = SeekLog::default();
         let mut blocks_completed = 0;
-        for output_index in IndexBox::new(plan.output.overlapping(write_box)) {
+        let wanted: Vec<(u64, Region, Region)> = IndexBox::new(plan.output.overlapping(write_box))
+            .filter_map(|output_index| {
+                let block = plan.output.block(&output_index);
+                let region = block.intersect(write_box)?;
+                Some((plan.output.linear(&output_index), block, region))
+            })
+            .filter(|(rank, _, _)| sink.wants(*rank))
+            .collect();
+        for batch in wanted.chunks(WRITE_BATCH_BLOCKS) {
             if self.cancelled() {
                 return Err(Error::Cancelled);
             }
-            let block = plan.output.block(&output_index);
-            let Some(region) = block.intersect(write_box) else {
-                continue;
-            };
-            let rank = plan.output.linear(&output_index);
-            if !sink.wants(rank) {
-                continue;
-            }
-            // Writing the region again after a full disk rewrites the
-            // same bytes in place; only the attempt that succeeds counts.
-            let region_writes = loop {
-                match self.write_region(
-                    sink,
-                    rank,
-                    (&block, write_end),
-                    &region,
-                    &grid,
-                    &job.pieces,
-                ) {
-                    Err(error) if error.is_no_space() => sink.no_space(error)?,
-                    result => break result?,
+            let files = batch
+                .iter()
+                .map(|(rank, block, _)| block_file(sink, *rank, block))
+                .collect::<Result<Vec<OpenOutput>>>()?;
+            let (elem, cancel) = (self.elem, self.cancel);
+            let written = workers.map(batch.iter().zip(&files), |((rank, block, region), file)| {
+                if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                    return Err(Error::Cancelled);
                 }
-            };
-            writes.extend(region_writes);
-            if sink.takes_written() {
-                let data = gather(&region, &region, self.elem, &grid, &job.pieces)?;
-                sink.written(rank, &region, &data)?;
-            }
-            if self.completes(rank, &block, &region) {
-                sink.complete(rank)?;
-                blocks_completed += 1;
+                PACKING.with_borrow_mut(|packing| {
+                    let to = RegionWrite {
+                        rank: *rank,
+                        block,
+                        write_end,
+                        region,
+                        file,
+                    };
+                    to.write(elem, (&grid, &job.pieces), packing)
+                })
+            });
+            for (((rank, block, region), file), result) in batch.iter().zip(&files).zip(written) {
+                let region_writes = match result {
+                    Err(error) if error.is_no_space() => {
+                        let to = RegionWrite {
+                            rank: *rank,
+                            block,
+                            write_end,
+                            region,
+                            file,
+                        };
+                        self.write_again(sink, error, to, (&grid, &job.pieces))?
+                    }
+                    result => result?,
+                };
+                writes.extend(region_writes);
+                if sink.takes_written() {
+                    let data = gather(region, region, self.elem, &grid, &job.pieces)?;
+                    sink.written(*rank, region, &data)?;
+                }
+                if self.completes(*rank, block, region) {
+                    sink.complete(*rank)?;
+                    blocks_completed += 1;
+                }
             }
         }
         Ok((writes, blocks_completed))
     }
 
-    /// Writes `region` of output block `rank` (`block`, in a write block
-    /// ending at `write_end` along the first dimension) from `pieces`;
-    /// returns the calls made.
-    fn write_region(
+    /// Writes `to` again, after its write found the disk full (`error`):
+    /// once the sink says it is worth trying, and again as often as the
+    /// disk is still full. Rewriting the same bytes in place, only the
+    /// attempt that succeeds counts.
+    fn write_again(
         &mut self,
         sink: &mut dyn BlockSink,
-        rank: u64,
-        (block, write_end): (&Region, u64),
-        region: &Region,
-        grid: &PieceGrid,
-        pieces: &[Vec<u8>],
+        mut error: Error,
+        to: RegionWrite,
+        pieces: (&PieceGrid, &[Vec<u8>]),
     ) -> Result<SeekLog> {
-        let target = sink.target(rank)?;
-        check_file_holds(&target, block)?;
-        let file_box = Region::new(block.origin.clone(), target.file_shape.to_vec());
-        // A padded edge chunk is written as if its file held just its
-        // block: each run of rows in one call, the padding between them
-        // filled with zeros (the fill value), as the planner counts.
-        let place = InFile::of(region, &file_box)
-            .bridging(Region::new(vec![0; block.ndim()], block.shape.clone()));
-        let layout = RowLayout::in_file(region, &place, self.elem, grid);
-        let tail = padding_after_slab(region, (block, write_end), target.file_shape) * self.elem;
-        let mut writes = SeekLog::default();
-        write_segments(
-            &target,
-            FileKey::Output(rank),
-            (&layout, tail),
-            pieces,
-            &mut self.packing,
-            &mut writes,
-        )?;
-        Ok(writes)
+        loop {
+            sink.no_space(error)?;
+            match to.write(self.elem, pieces, &mut self.packing) {
+                Err(again) if again.is_no_space() => error = again,
+                result => return result,
+            }
+        }
     }
 
     /// Whether writing `region` of output block `rank` (`block`) completes it.
@@ -620,6 +635,63 @@ impl<'a> Writer<'a> {
             return true;
         }
         false
+    }
+}
+
+/// Output blocks of a slab whose files are made before the workers write
+/// them: each batch waits for its workers once, and its files stay open
+/// until it is written.
+const WRITE_BATCH_BLOCKS: usize = 64;
+
+std::thread_local! {
+    /// Each thread's buffer for the small rows it writes ([`PackingBuffer`]).
+    static PACKING: std::cell::RefCell<PackingBuffer> = std::cell::RefCell::new(PackingBuffer::new());
+}
+
+/// `region` of output block `rank` (`block`, in a write block ending at
+/// `write_end` along the first dimension), to be written into its `file`.
+struct RegionWrite<'a> {
+    rank: u64,
+    block: &'a Region,
+    write_end: u64,
+    region: &'a Region,
+    file: &'a OpenOutput,
+}
+
+impl RegionWrite<'_> {
+    /// Writes the region from `pieces` (cut by their grid); returns the
+    /// calls made.
+    fn write(
+        &self,
+        elem: u64,
+        (grid, pieces): (&PieceGrid, &[Vec<u8>]),
+        packing: &mut PackingBuffer,
+    ) -> Result<SeekLog> {
+        let (block, region, file) = (self.block, self.region, self.file);
+        let file_box = Region::new(block.origin.clone(), file.file_shape.clone());
+        // A padded edge chunk is written as if its file held just its
+        // block: each run of rows in one call, the padding between them
+        // filled with zeros (the fill value), as the planner counts.
+        let place = InFile::of(region, &file_box)
+            .bridging(Region::new(vec![0; block.ndim()], block.shape.clone()));
+        let layout = RowLayout::in_file(region, &place, elem, grid);
+        let tail = padding_after_slab(region, (block, self.write_end), &file.file_shape) * elem;
+        let target = OutputTarget {
+            file: &file.file,
+            path: &file.path,
+            data_offset: file.data_offset,
+            file_shape: &file.file_shape,
+        };
+        let mut writes = SeekLog::default();
+        write_segments(
+            &target,
+            FileKey::Output(self.rank),
+            (&layout, tail),
+            pieces,
+            packing,
+            &mut writes,
+        )?;
+        Ok(writes)
     }
 }
 
@@ -695,6 +767,22 @@ fn gather(
         })
     })?;
     Ok(raw)
+}
+
+/// The file of output block `rank` (`block`) from `sink`, made if it is
+/// not yet, to be written by any thread; made again once there is room
+/// when the disk was full ([`BlockSink::no_space`]).
+fn block_file(sink: &mut dyn BlockSink, rank: u64, block: &Region) -> Result<OpenOutput> {
+    loop {
+        let made = sink.target(rank).and_then(|target| {
+            check_file_holds(&target, block)?;
+            Ok(target.shared())
+        });
+        match made {
+            Err(error) if error.is_no_space() => sink.no_space(error)?,
+            made => return made,
+        }
+    }
 }
 
 /// Refuses a target whose file's array is too small for its `block`.

@@ -640,7 +640,7 @@ impl BlockSink for DirectorySink {
                 };
                 let file = reopen(&partial)?;
                 OpenOutput {
-                    file,
+                    file: Arc::new(file),
                     path: partial,
                     data_offset,
                     file_shape,
@@ -657,7 +657,7 @@ impl BlockSink for DirectorySink {
                     .map_err(|e| Error::io(&partial, "create", e))?;
                 self.made_blocks.push(rank);
                 OpenOutput {
-                    file,
+                    file: Arc::new(file),
                     path: partial,
                     data_offset: 0,
                     file_shape,
@@ -676,7 +676,7 @@ impl BlockSink for DirectorySink {
                 let file = placed.create_file(&partial)?;
                 self.made_blocks.push(rank);
                 OpenOutput {
-                    file,
+                    file: Arc::new(file),
                     path: partial,
                     data_offset,
                     file_shape,

@@ -238,7 +238,7 @@ fn open_target<'f>(
             Staging::create_block(&template, &path)?
         };
         let output = OpenOutput {
-            file,
+            file: Arc::new(file),
             path,
             data_offset: template.data_offset,
             file_shape: core.files().file_shape(rank),
