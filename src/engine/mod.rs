@@ -13,9 +13,10 @@
 //! the cores work at once, even when the whole array is one read block (a
 //! split or a merge); the bytes held are exactly what the planner
 //! simulates: the step being read, the slab in flight, and the waiting
-//! pieces. The CPU work (decoding input blocks, copying them into
-//! pieces, gathering and encoding output blocks) runs on the run's
-//! [`workers`]. Encoded output blocks (compressed, sharded) are gathered
+//! pieces. The work on blocks (reading and decoding input blocks, copying
+//! them into pieces, gathering, encoding and writing output blocks) runs
+//! on the run's [`workers`]; the reader and the writer keep the plan's
+//! order and log the calls in it. Encoded output blocks (compressed, sharded) are gathered
 //! whole and encoded on the workers, and written in one call each; the
 //! planner hands them over whole, and reserves what the encoders hold
 //! from the first slab on: a slab's pieces come back once its blocks are

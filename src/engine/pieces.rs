@@ -11,6 +11,9 @@
 //! per-iovec cost (~0.2 µs) dwarfs a user-space copy of the row. Parts of
 //! [`PACK_BELOW_BYTES`] or more on average go straight between the file
 //! and the pieces in one vectored call.
+//!
+//! Several threads fill a step's pieces at once through [`SharedPieces`],
+//! each its own input blocks' regions, which are disjoint.
 
 use std::cell::RefCell;
 use std::fs::File;

@@ -33,8 +33,8 @@ pub fn available() -> usize {
 }
 
 /// A run's worker threads, one per thread CPU work may use: the reader's
-/// decoding and scattering and the writer's gathering and encoding all
-/// run on them, so the run keeps as many CPUs busy as it was given, and
+/// reading, decoding and copying into pieces and the writer's gathering,
+/// encoding and writing all run on them, so the run keeps as many CPUs busy as it was given, and
 /// starts no thread per batch (8,000 batches of W1-image started 8,000
 /// threads). With one worker there is no pool: every job runs on the
 /// thread that asks for it.

@@ -1,8 +1,10 @@
 //! The write side: pieces wait here until their write block is complete,
-//! then go, a slab at a time, to a writer thread that gathers them into
-//! the output files while the reader goes on with the next step. A padded
-//! (Zarr) edge chunk is written as if its file held just its block, the
-//! padding between its rows filled in the same calls.
+//! then go, a slab at a time, to a writer thread that has them gathered
+//! into the output files while the reader goes on with the next step: the
+//! writer makes the files and completes the blocks in the plan's order,
+//! the workers gather and write a block each. A padded (Zarr) edge chunk
+//! is written as if its file held just its block, the padding between its
+//! rows filled in the same calls.
 //!
 //! Encoded output blocks (the sink's [`BlockSink::encoder`]) are each
 //! gathered whole and encoded by one of the run's workers, one block per
