@@ -881,3 +881,115 @@ fn encoders_work_on_across_slabs() {
         assert_eq!(written, expected, "block {rank}");
     }
 }
+
+/// Output blocks written in place, as raw C-order files named by rank
+/// under `dir`; making the file of block `full_at` finds the disk full the
+/// first time, and `no_space` says there is room again.
+struct FullOnceSink {
+    dir: std::path::PathBuf,
+    file_shape: Vec<u64>,
+    elem: u64,
+    files: std::collections::HashMap<u64, (std::sync::Arc<std::fs::File>, std::path::PathBuf)>,
+    full_at: Option<u64>,
+    waits: u32,
+    completed: Vec<u64>,
+}
+
+impl rechunkfs::engine::BlockSink for FullOnceSink {
+    fn target(
+        &mut self,
+        rank: u64,
+    ) -> rechunkfs::error::Result<rechunkfs::engine::OutputTarget<'_>> {
+        let path = self.dir.join(rank.to_string());
+        if self.full_at == Some(rank) {
+            self.full_at = None;
+            let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
+            return Err(rechunkfs::error::Error::io(path, "create", full));
+        }
+        let len = self.file_shape.iter().product::<u64>() * self.elem;
+        let (file, path) = self.files.entry(rank).or_insert_with(|| {
+            let file = std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap();
+            file.set_len(len).unwrap();
+            (std::sync::Arc::new(file), path)
+        });
+        Ok(rechunkfs::engine::OutputTarget {
+            file,
+            path,
+            data_offset: 0,
+            file_shape: &self.file_shape,
+        })
+    }
+
+    fn complete(&mut self, rank: u64) -> rechunkfs::error::Result<()> {
+        self.completed.push(rank);
+        Ok(())
+    }
+
+    fn no_space(&mut self, _error: rechunkfs::error::Error) -> rechunkfs::error::Result<()> {
+        self.waits += 1;
+        Ok(())
+    }
+}
+
+/// Blocks written in place by several workers at once: a block whose
+/// file the disk had no room to make is made again once the sink says
+/// there is room, and every block is written exactly and completed once,
+/// with the plan's seeks and peak.
+#[test]
+fn workers_writing_in_place_wait_out_a_full_disk() {
+    let root = tempfile::tempdir().unwrap();
+    let (array, input_block, output_block) = ([30u64, 20], [7u64, 20], [10u64, 5]);
+    let dir = make_blocks(
+        root.path(),
+        "in",
+        &array,
+        &input_block,
+        dtype("<u2"),
+        BlockFormat::Npy,
+    );
+    let input = InputArray::scan(&dir, None).expect("scan");
+    for workers in [1, 3] {
+        let problem = Problem::new(
+            array.to_vec(),
+            input_block.to_vec(),
+            output_block.to_vec(),
+            2,
+        )
+        .unwrap()
+        .with_workers(workers);
+        let plan = plan::plan(&problem, PlanStrategy::Keep, None).unwrap();
+        let out = root.path().join(format!("out-{workers}"));
+        std::fs::create_dir(&out).unwrap();
+        let mut sink = FullOnceSink {
+            dir: out.clone(),
+            file_shape: output_block.to_vec(),
+            elem: 2,
+            files: Default::default(),
+            full_at: Some(5),
+            waits: 0,
+            completed: Vec::new(),
+        };
+        let stats = rechunkfs::engine::Executor::new(&plan, &input)
+            .run(&mut sink, |_| {})
+            .expect("run");
+        assert_eq!(sink.waits, 1, "{workers} workers");
+        assert_eq!(stats.seeks(), plan.prediction.seeks(), "{workers} workers");
+        assert_eq!(stats.peak_held_bytes, plan.prediction.peak_bytes);
+        let mut in_order = sink.completed.clone();
+        in_order.sort_unstable();
+        assert_eq!(in_order, (0..plan.output.count()).collect::<Vec<_>>());
+        for rank in 0..plan.output.count() {
+            let index = plan.output.unravel(rank);
+            let origin: Vec<u64> = plan.output.block(&index).origin;
+            let written = std::fs::read(out.join(rank.to_string())).unwrap();
+            let expected = common::oracle::sample_bytes(&array, &origin, &output_block, 2);
+            assert_eq!(written, expected, "block {rank}, {workers} workers");
+        }
+    }
+}
