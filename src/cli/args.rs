@@ -265,11 +265,12 @@ pub struct PlanningArgs {
     /// --shape on every side, indexed as zarr-python indexes them (views: uncompressed only).
     #[arg(long, value_name = "SHAPE")]
     pub shard: Option<String>,
-    /// Threads for CPU work: decoding compressed input blocks, encoding compressed output
-    /// blocks, downsampling pyramid levels. Default: the CPUs this process may use, from its
-    /// affinity mask and its cgroup's CPU quota, so taskset and SLURM's --cpus-per-task are
-    /// honoured. The order of reads and writes, and their seeks, do not depend on it; each
-    /// worker holds a block, which the plan counts (fewer are used when they do not fit --mem).
+    /// Threads for the work on blocks: reading and decoding input blocks, copying them into
+    /// place, encoding and writing output blocks, downsampling pyramid levels. Default: the
+    /// CPUs this process may use, from its affinity mask and its cgroup's CPU quota, so
+    /// taskset and SLURM's --cpus-per-task are honoured. The seeks counted do not depend on
+    /// it (the calls are counted in the plan's order); each worker decoding or encoding holds
+    /// a block, which the plan counts (fewer are used when they do not fit --mem).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
 }
