@@ -564,32 +564,28 @@ impl<'a> Writer<'a> {
                 .iter()
                 .map(|(rank, block, _)| block_file(sink, *rank, block))
                 .collect::<Result<Vec<OpenOutput>>>()?;
+            let regions: Vec<RegionWrite> = batch
+                .iter()
+                .zip(&files)
+                .map(|((rank, block, region), file)| RegionWrite {
+                    rank: *rank,
+                    block,
+                    write_end,
+                    region,
+                    file,
+                })
+                .collect();
             let (elem, cancel) = (self.elem, self.cancel);
-            let written = workers.map(batch.iter().zip(&files), |((rank, block, region), file)| {
+            let written = workers.map(&regions, |to| {
                 if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
                     return Err(Error::Cancelled);
                 }
-                PACKING.with_borrow_mut(|packing| {
-                    let to = RegionWrite {
-                        rank: *rank,
-                        block,
-                        write_end,
-                        region,
-                        file,
-                    };
-                    to.write(elem, (&grid, &job.pieces), packing)
-                })
+                PACKING.with_borrow_mut(|packing| to.write(elem, (&grid, &job.pieces), packing))
             });
-            for (((rank, block, region), file), result) in batch.iter().zip(&files).zip(written) {
+            for (to, result) in regions.iter().zip(written) {
+                let (rank, block, region) = (to.rank, to.block, to.region);
                 let region_writes = match result {
                     Err(error) if error.is_no_space() => {
-                        let to = RegionWrite {
-                            rank: *rank,
-                            block,
-                            write_end,
-                            region,
-                            file,
-                        };
                         self.write_again(sink, error, to, (&grid, &job.pieces))?
                     }
                     result => result?,
@@ -597,10 +593,10 @@ impl<'a> Writer<'a> {
                 writes.extend(region_writes);
                 if sink.takes_written() {
                     let data = gather(region, region, self.elem, &grid, &job.pieces)?;
-                    sink.written(*rank, region, &data)?;
+                    sink.written(rank, region, &data)?;
                 }
-                if self.completes(*rank, block, region) {
-                    sink.complete(*rank)?;
+                if self.completes(rank, block, region) {
+                    sink.complete(rank)?;
                     blocks_completed += 1;
                 }
             }
@@ -616,7 +612,7 @@ impl<'a> Writer<'a> {
         &mut self,
         sink: &mut dyn BlockSink,
         mut error: Error,
-        to: RegionWrite,
+        to: &RegionWrite,
         pieces: (&PieceGrid, &[Vec<u8>]),
     ) -> Result<SeekLog> {
         loop {
