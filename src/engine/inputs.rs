@@ -261,8 +261,6 @@ pub(super) struct InputReader<'a> {
     /// How many input bytes to ask the kernel for ahead of the reads.
     read_ahead: u64,
     ahead: ReadAheadCursor,
-    /// Where small rows are read before being copied to their pieces.
-    packing: PackingBuffer,
     /// Whether inputs' pages are dropped once read (arrays the page cache
     /// cannot hold: [`crate::sys::cgroup::page_cache_cannot_hold`]).
     drop_inputs: bool,
@@ -294,7 +292,6 @@ impl<'a> InputReader<'a> {
             reads: SeekLog::default(),
             read_ahead: read_ahead_bytes(plan, crate::sys::cgroup::memory_limit()),
             ahead: ReadAheadCursor::default(),
-            packing: PackingBuffer::new(),
             drop_inputs: crate::sys::cgroup::page_cache_cannot_hold(input.nbytes()),
             unread: HashMap::new(),
             identities: HashMap::new(),
@@ -645,18 +642,20 @@ impl<'a> InputReader<'a> {
         let opened = (&mut self.handles, &mut self.identities);
         match ready_handle(opened, self.input, rank, self.witness)? {
             InputHandle::Contiguous { file, data_offset } => {
-                let (reads, packing) = (&mut self.reads, &mut self.packing);
-                layout.for_each_segment(|segment| {
-                    layout.read_segment(
-                        file,
-                        &block.path,
-                        *data_offset,
-                        segment,
-                        buffers,
-                        packing,
-                    )?;
-                    reads.read(key, data_offset + segment.offset, segment.len);
-                    Ok(())
+                let reads = &mut self.reads;
+                PackingBuffer::of_this_thread(|packing| {
+                    layout.for_each_segment(|segment| {
+                        layout.read_segment(
+                            file,
+                            &block.path,
+                            *data_offset,
+                            segment,
+                            buffers,
+                            packing,
+                        )?;
+                        reads.read(key, data_offset + segment.offset, segment.len);
+                        Ok(())
+                    })
                 })
             }
             InputHandle::Hdf5(reader) => {
@@ -704,11 +703,6 @@ pub(super) fn decoded_block(
     }
 }
 
-std::thread_local! {
-    /// Each thread's buffer for the small rows it reads ([`PackingBuffer`]).
-    static PACKING: std::cell::RefCell<PackingBuffer> = std::cell::RefCell::new(PackingBuffer::new());
-}
-
 /// A worker's read of input block `block` (through its `handle`, in an
 /// array whose blocks are `encoded` or not) into `target`, its region of
 /// a step's pieces, which lies in its file as `place` says. An encoded
@@ -733,7 +727,7 @@ fn read_block(
             layout.for_each_segment(|segment| layout.fill_segment(segment, &mut target, fill))?
         }
         (_, Some(InputHandle::Contiguous { file, data_offset })) => {
-            PACKING.with_borrow_mut(|packing| {
+            PackingBuffer::of_this_thread(|packing| {
                 layout.for_each_segment(|segment| {
                     layout.read_segment(
                         file,

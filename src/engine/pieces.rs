@@ -59,6 +59,22 @@ impl Default for PackingBuffer {
     }
 }
 
+std::thread_local! {
+    /// The packing buffer of each thread that reads or writes rows.
+    static PACKING: RefCell<PackingBuffer> = RefCell::new(PackingBuffer::new());
+}
+
+impl PackingBuffer {
+    /// Runs `work` with this thread's packing buffer, kept for the
+    /// thread's life (a fresh one should `work` ask for it again inside).
+    pub fn of_this_thread<R>(work: impl FnOnce(&mut PackingBuffer) -> R) -> R {
+        PACKING.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut packing) => work(&mut packing),
+            Err(_) => work(&mut PackingBuffer::new()),
+        })
+    }
+}
+
 /// The pieces a container box (a read block, or a write block) is cut into
 /// by another partition (write blocks, or read blocks): one C-order buffer
 /// per cell of the cutting partition that overlaps the container.

@@ -225,13 +225,12 @@ struct EncodePipeline {
     jobs: VecDeque<JobWrites>,
 }
 
-/// The writer thread's state: output blocks' remaining volumes, the write
-/// log, and the buffer small row parts are packed through.
+/// The writer thread's state: the plan, and output blocks' remaining
+/// volumes.
 pub(super) struct Writer<'a> {
     plan: &'a Plan,
     elem: u64,
     remaining: HashMap<u64, u64>,
-    packing: PackingBuffer,
     /// Set: stop before the next output block ([`Error::Cancelled`]); a
     /// slab can hold millions of small blocks.
     cancel: Option<&'a AtomicBool>,
@@ -243,7 +242,6 @@ impl<'a> Writer<'a> {
             plan,
             elem,
             remaining: HashMap::new(),
-            packing: PackingBuffer::new(),
             cancel,
         }
     }
@@ -580,7 +578,9 @@ impl<'a> Writer<'a> {
                 if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
                     return Err(Error::Cancelled);
                 }
-                PACKING.with_borrow_mut(|packing| to.write(elem, (&grid, &job.pieces), packing))
+                PackingBuffer::of_this_thread(|packing| {
+                    to.write(elem, (&grid, &job.pieces), packing)
+                })
             });
             for (to, result) in regions.iter().zip(written) {
                 let (rank, block, region) = (to.rank, to.block, to.region);
@@ -617,7 +617,9 @@ impl<'a> Writer<'a> {
     ) -> Result<SeekLog> {
         loop {
             sink.no_space(error)?;
-            match to.write(self.elem, pieces, &mut self.packing) {
+            let written =
+                PackingBuffer::of_this_thread(|packing| to.write(self.elem, pieces, packing));
+            match written {
                 Err(again) if again.is_no_space() => error = again,
                 result => return result,
             }
@@ -640,11 +642,6 @@ impl<'a> Writer<'a> {
 /// them: each batch waits for its workers once, and its files stay open
 /// until it is written.
 const WRITE_BATCH_BLOCKS: usize = 64;
-
-std::thread_local! {
-    /// Each thread's buffer for the small rows it writes ([`PackingBuffer`]).
-    static PACKING: std::cell::RefCell<PackingBuffer> = std::cell::RefCell::new(PackingBuffer::new());
-}
 
 /// `region` of output block `rank` (`block`, in a write block ending at
 /// `write_end` along the first dimension), to be written into its `file`.
