@@ -19,7 +19,7 @@ use std::path::Path;
 
 use lru::LruCache;
 
-use super::pieces::{ClaimedRegion, InFile, PackingBuffer, PieceGrid, RowLayout, SharedPieces};
+use super::pieces::{ClaimedRegion, InFile, PieceGrid, RowLayout, SharedPieces};
 use super::seekio::{FileKey, SeekCounter, SeekLog};
 use super::workers::Workers;
 use crate::array::geometry::{IndexBox, Partition, Region};
@@ -643,19 +643,8 @@ impl<'a> InputReader<'a> {
         match ready_handle(opened, self.input, rank, self.witness)? {
             InputHandle::Contiguous { file, data_offset } => {
                 let reads = &mut self.reads;
-                PackingBuffer::of_this_thread(|packing| {
-                    layout.for_each_segment(|segment| {
-                        layout.read_segment(
-                            file,
-                            &block.path,
-                            *data_offset,
-                            segment,
-                            buffers,
-                            packing,
-                        )?;
-                        reads.read(key, data_offset + segment.offset, segment.len);
-                        Ok(())
-                    })
+                layout.read_segments((file, &block.path, *data_offset), buffers, |segment| {
+                    reads.read(key, data_offset + segment.offset, segment.len)
                 })
             }
             InputHandle::Hdf5(reader) => {
@@ -727,18 +716,7 @@ fn read_block(
             layout.for_each_segment(|segment| layout.fill_segment(segment, &mut target, fill))?
         }
         (_, Some(InputHandle::Contiguous { file, data_offset })) => {
-            PackingBuffer::of_this_thread(|packing| {
-                layout.for_each_segment(|segment| {
-                    layout.read_segment(
-                        file,
-                        &block.path,
-                        *data_offset,
-                        segment,
-                        &mut target,
-                        packing,
-                    )
-                })
-            })?
+            layout.read_segments((file, &block.path, *data_offset), &mut target, |_| {})?
         }
         _ => return Err(unchecked(&block.path)),
     }

@@ -693,6 +693,24 @@ impl RowLayout {
         })
     }
 
+    /// Reads every segment from `file` (its data at `data_offset`) into
+    /// the pieces `buffers`, through this thread's packing buffer, telling
+    /// `read` of each one read.
+    pub fn read_segments(
+        &self,
+        (file, path, data_offset): (&File, &Path, u64),
+        buffers: &mut (impl PieceTarget + ?Sized),
+        mut read: impl FnMut(&Segment),
+    ) -> Result<()> {
+        PackingBuffer::of_this_thread(|packing| {
+            self.for_each_segment(|segment| {
+                self.read_segment(file, path, data_offset, segment, buffers, packing)?;
+                read(segment);
+                Ok(())
+            })
+        })
+    }
+
     /// Writes `segment` to `file` (its data at `data_offset`) from the
     /// pieces `pieces`, zeros in the gaps it bridges, and after its last
     /// row up to its end when it was made longer than its rows (a slab of a
