@@ -753,13 +753,8 @@ fn gather(
     let mut raw = vec![0u8; (volume(&file_box.shape) * elem) as usize];
     let layout = RowLayout::new(region, file_box, elem, grid);
     layout.for_each_segment(|segment| {
-        let base = segment.offset as usize;
-        layout.for_each_part(segment.rows.clone(), |part| {
-            let at = base + part.at;
-            raw[at..at + part.len]
-                .copy_from_slice(&pieces[part.piece][part.offset..part.offset + part.len]);
-            Ok(())
-        })
+        let at = segment.offset as usize;
+        layout.gather_segment(pieces, segment, &mut raw[at..at + segment.len as usize])
     })?;
     Ok(raw)
 }
