@@ -27,22 +27,31 @@ pub fn open_regular(path: &Path) -> Result<File> {
     Ok(file)
 }
 
-/// Creates `path` anew for writing (and reading): whatever is there first
-/// (a stale temporary of an earlier run, or a link someone planted in a
-/// directory they can write) is unlinked, never followed, and the file is
-/// then made with `O_EXCL | O_NOFOLLOW`, so that no link made in between
-/// is written through either: such a race fails the call instead.
+/// Creates `path` anew for writing (and reading), with `O_EXCL |
+/// O_NOFOLLOW`: whatever is there (a stale temporary of an earlier run, or
+/// a link someone planted in a directory they can write) is unlinked,
+/// never followed, and the file made again once; a link made in between
+/// fails the call instead of being written through. Unlinking only what
+/// is found spares a lookup per file in the usual case, where nothing is.
 pub fn create_fresh(path: &Path) -> std::io::Result<File> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-        _ => {}
+    let create = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+    };
+    match create() {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            match std::fs::remove_file(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            create()
+        }
+        made => made,
     }
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
 }
 
 /// The refusal of `path`, which is `kind` and not a regular file.
