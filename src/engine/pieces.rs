@@ -1425,6 +1425,41 @@ mod tests {
             prop_assert_eq!(&pieces, &expected_pieces(&c));
         }
 
+        /// Over any range of rows, the runs name each byte of the rows
+        /// once, at the piece and offset the parts in the file's order do.
+        #[test]
+        fn runs_name_the_bytes_the_parts_do(dims in dims(), cut in (0u64..1000, 0u64..1000)) {
+            let c = case(&dims);
+            let layout = RowLayout::new(&c.region, &c.file_box, 4, &c.grid);
+            let rows = layout.rows();
+            let (a, b) = (cut.0 % (rows + 1), cut.1 % (rows + 1));
+            let rows = a.min(b)..a.max(b);
+            let mut by_parts = std::collections::BTreeMap::new();
+            layout.for_each_part(rows.clone(), |part| {
+                for i in 0..part.len {
+                    by_parts.insert(part.at + i, (part.piece, part.offset + i));
+                }
+                Ok(())
+            }).unwrap();
+            let mut runs = Vec::new();
+            layout.for_each_run(rows.clone(), |run| {
+                runs.push(*run);
+                Ok(())
+            }).unwrap();
+            let mut by_runs = std::collections::BTreeMap::new();
+            for run in runs {
+                prop_assert!(run.count >= 1);
+                for k in 0..run.count {
+                    for i in 0..run.len {
+                        let named = (run.piece, run.offset + k * run.offset_step + i);
+                        prop_assert!(by_runs.insert(run.at + k * run.at_step + i, named).is_none());
+                    }
+                }
+            }
+            prop_assert_eq!(by_runs.len() as u64, (rows.end - rows.start) * layout.row_bytes);
+            prop_assert_eq!(by_runs, by_parts);
+        }
+
         /// Reading from a file and writing to one, packed through buffers
         /// of any size or not, move exactly the region's bytes.
         #[test]
