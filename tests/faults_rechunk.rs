@@ -53,7 +53,7 @@ fn start_rechunk(
     extra: &[&str],
     slow: bool,
 ) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+    common::interruptible(&mut Command::new(env!("CARGO_BIN_EXE_rechunkfs")))
         .args(["rechunk", text(input), text(out), "--shape", SHAPE, "-q"])
         .args(["--format", format.extension()])
         .args(extra)
@@ -615,7 +615,7 @@ fn sigint_stops_a_run_of_a_million_blocks_within_its_first_step() {
     )
     .join("0_0_0.npy");
     let out = root.path().join("out");
-    let child = Command::new(env!("CARGO_BIN_EXE_rechunkfs"))
+    let child = common::interruptible(&mut Command::new(env!("CARGO_BIN_EXE_rechunkfs")))
         .args(["rechunk", text(&input), text(&out), "--shape", "1,1,1"])
         .args(["--format", "raw", "-q", "--threads", "4"])
         .stdout(Stdio::piped())

@@ -380,7 +380,7 @@ fn a_second_mount_on_one_staging_area_is_refused_at_once_naming_the_first() {
 
 /// Starts `program args` with its output kept.
 fn spawn(program: &str, args: &[&str]) -> Child {
-    Command::new(program)
+    common::interruptible(&mut Command::new(program))
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

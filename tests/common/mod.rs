@@ -19,6 +19,23 @@ use rechunkfs::DType;
 
 use oracle::GridBlock;
 
+/// `command`, its child to start with SIGINT and SIGQUIT at their default
+/// actions, as a command typed at a terminal has them. A harness started
+/// in the background of a non-interactive shell ignores both, a child
+/// inherits that, and rechunkfs (like Python) keeps a signal ignored that
+/// it started ignoring: a test that interrupts it would then wait in vain.
+pub fn interruptible(command: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: signal(2) is async-signal-safe, as pre_exec requires.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+            Ok(())
+        })
+    }
+}
+
 pub fn dtype(text: &str) -> DType {
     text.parse().expect("test dtype")
 }
