@@ -32,6 +32,46 @@ pub fn available() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// `job` applied to each of `items` on up to [`threads`] threads made for
+/// this call, the results in the items' order: for work before a run has
+/// its workers, such as stat'ing every input file, each a metadata round
+/// trip on a cluster filesystem. Each thread takes a run of neighbouring
+/// items. A thread the system refuses leaves its items to the caller; a
+/// panic in a job panics the caller.
+pub fn map_on_threads<T: Sync, R: Send>(items: &[T], job: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    map_on(threads(), items, job)
+}
+
+/// [`map_on_threads`] on up to `threads` threads.
+fn map_on<T: Sync, R: Send>(threads: usize, items: &[T], job: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = threads.min(items.len());
+    if threads <= 1 {
+        return items.iter().map(job).collect();
+    }
+    let job = &job;
+    let run = |part: &[T]| part.iter().map(job).collect::<Vec<R>>();
+    std::thread::scope(|scope| {
+        let started: Vec<_> = items
+            .chunks(items.len().div_ceil(threads))
+            .map(|part| {
+                let spawned = std::thread::Builder::new()
+                    .name("stat".into())
+                    .spawn_scoped(scope, move || run(part));
+                (part, spawned)
+            })
+            .collect();
+        started
+            .into_iter()
+            .flat_map(|(part, spawned)| match spawned {
+                Ok(thread) => thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(_) => run(part),
+            })
+            .collect()
+    })
+}
+
 /// A run's worker threads, one per thread CPU work may use: the reader's
 /// reading, decoding and copying into pieces and the writer's gathering,
 /// encoding and writing all run on them, so the run keeps as many CPUs busy as it was given, and
@@ -165,6 +205,32 @@ impl Drop for Busy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn items_mapped_on_threads_come_back_in_order() {
+        for count in [1, 2, 3, 8] {
+            for len in [0usize, 1, 2, 7, 10, 100] {
+                let items: Vec<usize> = (0..len).collect();
+                let threads_used = parking_lot::Mutex::new(std::collections::HashSet::new());
+                let doubled = map_on(count, &items, |&n| {
+                    threads_used.lock().insert(std::thread::current().id());
+                    2 * n
+                });
+                assert_eq!(doubled, items.iter().map(|n| 2 * n).collect::<Vec<_>>());
+                // A thread per run of neighbouring items, the runs as even as may be.
+                let threads = count.min(len);
+                let runs = match threads {
+                    0 | 1 => len.min(1),
+                    _ => len.div_ceil(len.div_ceil(threads)),
+                };
+                assert_eq!(
+                    threads_used.into_inner().len(),
+                    runs,
+                    "{count} threads, {len} items"
+                );
+            }
+        }
+    }
 
     #[test]
     fn jobs_on_workers_come_back_in_order() {

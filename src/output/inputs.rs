@@ -11,6 +11,7 @@ use std::fs::{self, Metadata};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use crate::engine::workers::map_on_threads;
 use crate::error::{Error, Result};
 use crate::input::InputArray;
 
@@ -69,24 +70,32 @@ impl InputFiles {
         files
     }
 
-    /// The files at `paths` (those that exist).
+    /// The files at `paths` (those that exist), stat'ed on every thread
+    /// the run may use.
     pub fn of_paths<'p>(paths: impl IntoIterator<Item = &'p Path>) -> InputFiles {
-        let mut files = InputFiles::default();
-        for path in paths {
-            let own = fs::symlink_metadata(path);
-            let is_link = own.as_ref().is_ok_and(|meta| meta.file_type().is_symlink());
+        let paths: Vec<&Path> = paths.into_iter().collect();
+        let found = map_on_threads(&paths, |path| {
+            let own = fs::symlink_metadata(path).ok();
+            let is_link = own
+                .as_ref()
+                .is_some_and(|meta| meta.file_type().is_symlink());
             // Only a symlink names a file other than its own entry.
-            let named = is_link.then(|| fs::metadata(path));
-            for meta in std::iter::once(own).chain(named).flatten() {
-                files
-                    .identities
-                    .entry(identity(&meta))
-                    .or_insert_with(|| path.to_path_buf());
-            }
+            let named = is_link.then(|| fs::metadata(path).ok()).flatten();
             let target = is_link
                 .then(|| path.canonicalize().ok())
                 .flatten()
                 .map(|real| parent_dir(&real));
+            let identities: Vec<Identity> = own.iter().chain(&named).map(identity).collect();
+            (identities, target)
+        });
+        let mut files = InputFiles::default();
+        for (path, (identities, target)) in paths.into_iter().zip(found) {
+            for id in identities {
+                files
+                    .identities
+                    .entry(id)
+                    .or_insert_with(|| path.to_path_buf());
+            }
             for dir in std::iter::once(parent_dir(path)).chain(target) {
                 files.dirs.entry(dir).or_insert_with(|| path.to_path_buf());
             }

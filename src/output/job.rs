@@ -27,9 +27,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::array::axes::AxisOrder;
 use crate::array::geometry::{Axis, IndexBox, Partition, Region};
+use crate::engine::workers::map_on_threads;
 use crate::error::{Error, Result};
 use crate::format::BlockFormat;
-use crate::input::{FileIdentity, InputArray, ScanRecord};
+use crate::input::{FileIdentity, InputArray, InputBlock, ScanRecord};
 use crate::output::filetree::{Dir, FileTree, Node};
 
 /// The job record's name in OUT: hidden, so that no reader takes the
@@ -182,17 +183,11 @@ impl JobRecord {
             .iter()
             .filter_map(|&rank| self.inputs.get(rank).cloned())
             .collect();
-        let now = ranks
+        let blocks: Vec<&InputBlock> = ranks
             .iter()
             .filter_map(|&rank| input.blocks.get(rank))
-            .map(|block| {
-                Ok(InputIdentity {
-                    path: block.path.clone(),
-                    identity: FileIdentity::now(&block.path)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        check_inputs(out, &recorded, &now)
+            .collect();
+        check_inputs(out, &recorded, &identities_now(&blocks)?)
     }
 }
 
@@ -219,16 +214,21 @@ pub fn read_blocks(input: &InputArray, region: Option<&Region>) -> Vec<usize> {
 
 /// Every input file's identity, now.
 pub fn input_identity(input: &InputArray) -> Result<Vec<InputIdentity>> {
-    input
-        .blocks
-        .iter()
-        .map(|block| {
-            Ok(InputIdentity {
-                path: block.path.clone(),
-                identity: FileIdentity::now(&block.path)?,
-            })
+    let blocks: Vec<&InputBlock> = input.blocks.iter().collect();
+    identities_now(&blocks)
+}
+
+/// The identities of the files of `blocks` now, stat'ed on every thread
+/// the run may use.
+fn identities_now(blocks: &[&InputBlock]) -> Result<Vec<InputIdentity>> {
+    map_on_threads(blocks, |block| {
+        Ok(InputIdentity {
+            path: block.path.clone(),
+            identity: FileIdentity::now(&block.path)?,
         })
-        .collect()
+    })
+    .into_iter()
+    .collect()
 }
 
 /// What makes a run's temporary names its own: its part, host and process.
