@@ -266,7 +266,8 @@ pub struct PlanningArgs {
     #[arg(long, value_name = "SHAPE")]
     pub shard: Option<String>,
     /// Threads for the work on blocks: reading and decoding input blocks, copying them into
-    /// place, encoding and writing output blocks, downsampling pyramid levels. Default: the
+    /// place, encoding and writing output blocks, downsampling pyramid levels; and for
+    /// stat'ing every input file before the first read. Default: the
     /// CPUs this process may use, from its affinity mask and its cgroup's CPU quota, so
     /// taskset and SLURM's --cpus-per-task are honoured. The seeks counted do not depend on
     /// it (the calls are counted in the plan's order); each worker decoding or encoding holds
