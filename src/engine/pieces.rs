@@ -936,17 +936,18 @@ impl RowLayout {
         buffers: &mut (impl PieceTarget + ?Sized),
     ) -> Result<()> {
         let base = (segment.offset - span_offset) as usize;
+        let bytes = span.get(base..base + segment.len as usize).ok_or_else(|| {
+            crate::error::Error::Internal("plan error: a span shorter than its segment".into())
+        })?;
         if segment.len == self.dense_len(&segment.rows) {
-            let rows = span.get(base..base + segment.len as usize).ok_or_else(|| {
-                crate::error::Error::Internal("plan error: a span shorter than its segment".into())
-            })?;
-            return self.for_each_run(segment.rows.clone(), |run| buffers.copy_run_from(run, rows));
+            return self.for_each_run(segment.rows.clone(), |run| {
+                buffers.copy_run_from(run, bytes)
+            });
         }
         self.for_each_part_in_file(segment, |part| {
-            let from = base + part.at;
-            let source = span.get(from..from + part.len).ok_or_else(|| {
-                crate::error::Error::Internal("plan error: a span shorter than its segment".into())
-            })?;
+            let source = bytes
+                .get(part.at..part.at + part.len)
+                .ok_or_else(beyond_rows)?;
             buffers
                 .bytes(part.piece, part.offset, part.len)?
                 .copy_from_slice(source);
