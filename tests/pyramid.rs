@@ -876,6 +876,67 @@ fn levels_built_as_level_0_is_written_read_nothing_back_and_equal_levels_read_ba
     }
 }
 
+/// The workers that write level 0 make level 1's cells of what they write:
+/// every thread count writes the bytes one thread writes, with the plan's
+/// seeks and peak, the levels' peak growing with the workers' slabs; the
+/// pyramid of the most threads is TensorStore's downsampling of the source.
+#[test]
+fn streamed_levels_are_the_same_for_every_thread_count_and_hold_what_they_plan() {
+    require!(Readers);
+    let dir = tempfile::tempdir().unwrap();
+    let input = make_zarr(dir.path(), "37,29,23", "10,8,7", "<u2", false);
+    let mut first: Option<(std::collections::BTreeMap<PathBuf, Vec<u8>>, u64)> = None;
+    for threads in ["1", "2", "3", "8"] {
+        let out = dir.path().join(format!("levels-{threads}"));
+        let args = [
+            "--shape",
+            "8,6,8",
+            "--format",
+            "zarr",
+            "--levels",
+            "auto",
+            "--threads",
+            threads,
+        ];
+        let report = rechunk(&input, &out, &args);
+        assert_eq!(report["pyramid"]["planned"]["streamed"], true, "{threads}");
+        assert_as_planned(&report);
+        assert_eq!(
+            json_u64(&report, "seeks.made"),
+            json_u64(&report, "seeks.planned"),
+            "{threads} threads: seeks"
+        );
+        assert_eq!(
+            json_u64(&report, "peak_memory_bytes"),
+            json_u64(&report, "planned_peak_memory_bytes"),
+            "{threads} threads: level 0's peak"
+        );
+        let peak = json_u64(&report["pyramid"], "planned.peak_memory_bytes");
+        let files = tree(&out);
+        match &first {
+            None => first = Some((files, peak)),
+            Some((alone, peak_alone)) => {
+                assert!(
+                    files == *alone,
+                    "{threads} threads wrote other bytes than one"
+                );
+                assert!(
+                    peak > *peak_alone,
+                    "{threads} threads' levels held {peak} bytes, one's {peak_alone}"
+                );
+            }
+        }
+    }
+    let summary = check(
+        &dir.path().join("levels-8"),
+        "zarr",
+        &input,
+        "mean",
+        "2,2,2",
+    );
+    assert_eq!(summary["levels"], 4, "{summary}");
+}
+
 #[test]
 fn levels_whose_cells_level_0s_blocks_cut_are_read_back_and_plan_says_why() {
     require!(Readers);

@@ -1,7 +1,8 @@
 //! Building a pyramid level's blocks from the level before it: read back
 //! from its files ([`LevelBuilder`], the passes and buffers
 //! [`crate::plan::pyramid`] plans), or in memory from level 0's regions as
-//! they are written ([`LevelStream`]); and the downsampling of one slab.
+//! they are written ([`LevelStream`], fed the cells the workers make of
+//! each region, [`CellMaker`]); and the downsampling of one slab.
 //!
 //! The rules are TensorStore's `downsample` methods, voxel for voxel: a
 //! cell is `f` voxels along each axis from a multiple of `f`, the last one
@@ -15,6 +16,8 @@
 use std::collections::HashMap;
 use std::io::IoSlice;
 
+use parking_lot::Mutex;
+
 use half::f16;
 use serde::Serialize;
 
@@ -23,7 +26,11 @@ use super::sink::BlockSink;
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::array::geometry::{strides, volume, FileShape, IndexBox, Partition, Region, MAX_DIMS};
 use crate::error::{Error, Result};
-use crate::plan::pyramid::{level_buffers, stream_scratch, Downsample, Pyramid, StreamBook};
+use crate::format::ome::WindowOf;
+use crate::plan::pyramid::{
+    cell_slab_rows, downsampled_shape, level_buffers, stream_scratch, Downsample, Pyramid,
+    StreamBook,
+};
 
 /// Where a level's blocks are read back from.
 pub trait LevelFiles {
@@ -198,13 +205,97 @@ impl<'a> LevelBuilder<'a> {
     }
 }
 
+/// Makes level 1's cells of each region of level 0 on the worker that
+/// writes it, a slab of rows at a time ([`cell_slab_rows`]), and watches
+/// the range of its values: level 1 sees every voxel of level 0. Its
+/// slabs are kept for reuse, one per worker at once.
+pub struct CellMaker {
+    factors: Vec<u64>,
+    dtype: DType,
+    method: Downsample,
+    slab_rows: u64,
+    slabs: Mutex<Vec<Vec<u8>>>,
+}
+
+/// A region of level 0 as a worker has reduced it.
+pub struct RegionCells {
+    pub region: Region,
+    /// Its cells of level 1, C order.
+    pub cells: Vec<u8>,
+    /// The range of its values.
+    pub window: WindowOf,
+}
+
+impl CellMaker {
+    pub fn new(pyramid: &Pyramid, dtype: DType) -> CellMaker {
+        CellMaker {
+            factors: pyramid.factors.clone(),
+            dtype,
+            method: pyramid.method,
+            slab_rows: cell_slab_rows(pyramid, dtype.size as u64),
+            slabs: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The cells of `region` (whose origin is a multiple of the factors),
+    /// its voxels gathered by `gather(part, into)`: `part` of it, C order.
+    pub fn cells(
+        &self,
+        region: &Region,
+        mut gather: impl FnMut(&Region, &mut [u8]) -> Result<()>,
+    ) -> Result<RegionCells> {
+        let elem = self.dtype.size as u64;
+        let cells_shape = downsampled_shape(&region.shape, &self.factors);
+        let mut cells = vec![0; (volume(&cells_shape) * elem) as usize];
+        let mut window = WindowOf::new(self.dtype);
+        let plane = volume(&region.shape[1..]) * elem;
+        let mut slab = self.slabs.lock().pop().unwrap_or_default();
+        let mut made = || {
+            let mut start = 0;
+            while start < region.shape[0] {
+                let end = (start + self.slab_rows).min(region.shape[0]);
+                let mut part = region.clone();
+                part.origin[0] += start;
+                part.shape[0] = end - start;
+                let len = (part.shape[0] * plane) as usize;
+                if slab.len() < len {
+                    slab.resize(len, 0);
+                }
+                gather(&part, &mut slab[..len])?;
+                window.observe(&slab[..len]);
+                downsample(
+                    &slab[..len],
+                    &part.shape,
+                    &self.factors,
+                    self.dtype,
+                    self.method,
+                    &mut cells,
+                    &cells_shape,
+                    start / self.factors[0],
+                    1,
+                );
+                start = end;
+            }
+            Ok(())
+        };
+        let result = made();
+        self.slabs.lock().push(slab);
+        result.map(|()| RegionCells {
+            region: region.clone(),
+            cells,
+            window,
+        })
+    }
+}
+
 /// Builds every level below level 0 in memory from level 0's regions as
-/// they are written ([`BlockSink::written`]): each region is downsampled
-/// into the block of level 1 it belongs to, held until its last cells
-/// come, then written whole, in one call, and passed on to level 2 the
-/// same way, and so on. Needs regions that make whole cells, which
-/// [`crate::plan::pyramid::stream_cost`] checks; a cell's voxels are
-/// summed in the same order as from a slab, so the bytes are the same.
+/// they are written ([`BlockSink::written`]), a batch at a time, as the
+/// workers reduced them to cells ([`CellMaker`]): each region's cells are
+/// placed in the block of level 1 they belong to, held until its last
+/// cells come, then written whole, in one call, and downsampled into
+/// level 2 the same way, and so on. Needs regions that make whole cells,
+/// which [`crate::plan::pyramid::stream_cost`] checks; a cell's voxels
+/// are summed in the same order as from a slab, so the bytes are the same.
 pub struct LevelStream<'a> {
     pyramid: &'a Pyramid,
     dtype: DType,
@@ -219,25 +310,28 @@ pub struct LevelStream<'a> {
 }
 
 impl<'a> LevelStream<'a> {
+    /// The levels of `pyramid`, from a level 0 written by `workers` workers.
     pub fn new(
         pyramid: &'a Pyramid,
         files: &dyn Fn(&Partition) -> FileShape,
         dtype: DType,
+        workers: usize,
     ) -> LevelStream<'a> {
         let elem = dtype.size as u64;
         let level0 = &pyramid.levels[0];
         let block0 = level0.block(&vec![0; level0.ndim()]);
-        let cells = volume(&crate::plan::pyramid::downsampled_shape(
-            &block0.shape,
-            &pyramid.factors,
-        )) * elem;
+        let cells = volume(&downsampled_shape(&block0.shape, &pyramid.factors)) * elem;
+        let slabs = cell_slab_rows(pyramid, elem)
+            * volume(&block0.shape[1..])
+            * elem
+            * workers.max(1) as u64;
         // The rest of the scratch: one level file, the largest.
-        let file = stream_scratch(pyramid, files, elem) - block0.volume() * elem - cells;
+        let file = stream_scratch(pyramid, files, elem, workers) - slabs - cells;
         LevelStream {
             pyramid,
             dtype,
             level_files: pyramid.levels.iter().map(files).collect(),
-            book: StreamBook::new(pyramid, files, elem),
+            book: StreamBook::new(pyramid, files, elem, workers),
             begun: vec![HashMap::new(); pyramid.levels.len()],
             cells: vec![0; cells as usize],
             file: vec![0; file as usize],
@@ -245,8 +339,8 @@ impl<'a> LevelStream<'a> {
         }
     }
 
-    /// The most bytes held so far (scratch, a level-0 region as gathered,
-    /// and the blocks begun).
+    /// The most bytes held so far (scratch, the cells of a batch, and the
+    /// blocks begun).
     pub fn peak_bytes(&self) -> u64 {
         self.book.peak
     }
@@ -256,15 +350,28 @@ impl<'a> LevelStream<'a> {
         self.book.finished()
     }
 
-    /// Takes `data`, `region` of level 0 (C order), into the levels below;
-    /// `sinks[k - 1]` receives level `k`'s blocks as they complete.
-    pub fn take(
-        &mut self,
-        region: &Region,
-        data: &[u8],
-        sinks: &mut [impl BlockSink],
-    ) -> Result<()> {
-        self.feed(0, region, data, sinks)?;
+    /// Takes a batch of regions of level 0, as cells, into the levels
+    /// below, in order; `sinks[k - 1]` receives level `k`'s blocks as they
+    /// complete.
+    pub fn take(&mut self, batch: Vec<RegionCells>, sinks: &mut [impl BlockSink]) -> Result<()> {
+        let held = batch
+            .iter()
+            .map(|taken| self.book.cells_bytes(&taken.region))
+            .sum();
+        self.book.hold_cells(held);
+        for taken in batch {
+            let bytes = self.book.cells_bytes(&taken.region);
+            if taken.cells.len() as u64 != bytes {
+                return Err(Error::Internal(format!(
+                    "the cells of a region at {:?} are {} bytes, not {bytes}",
+                    taken.region.origin,
+                    taken.cells.len()
+                )));
+            }
+            self.place(0, &taken.region, &taken.cells, sinks)?;
+            drop(taken);
+            self.book.release_cells(bytes);
+        }
         let peak = self.book.peak;
         for stats in &mut self.stats {
             stats.peak_bytes = peak;
@@ -272,13 +379,30 @@ impl<'a> LevelStream<'a> {
         Ok(())
     }
 
-    fn feed(
+    /// Places `cells`, those `region` of level `k` makes, in their block
+    /// of level `k + 1`; a block thereby complete is written and passed on.
+    fn place(
         &mut self,
         k: usize,
         region: &Region,
-        data: &[u8],
+        cells: &[u8],
         sinks: &mut [impl BlockSink],
     ) -> Result<()> {
+        match self.place_cells(k, region, cells)? {
+            Some((rank, block)) => self.complete(k + 1, rank, &block, sinks),
+            None => Ok(()),
+        }
+    }
+
+    /// Copies `cells`, those `region` of level `k` makes, into their block
+    /// of level `k + 1`, begun here if it is not yet; returns its rank and
+    /// box once complete.
+    fn place_cells(
+        &mut self,
+        k: usize,
+        region: &Region,
+        cells: &[u8],
+    ) -> Result<Option<(u64, Region)>> {
         let taken = self.book.take(k, region).ok_or_else(|| {
             Error::Internal(format!(
                 "plan error: a region of pyramid level {k} at {:?} does not make whole cells of \
@@ -290,40 +414,66 @@ impl<'a> LevelStream<'a> {
         let level = &self.pyramid.levels[k + 1];
         let block = level.block(&level.unravel(taken.rank));
         let elem = self.dtype.size as u64;
-        let cells_len = (taken.cells.volume() * elem) as usize;
+        let begun = self.begun[k + 1]
+            .entry(taken.rank)
+            .or_insert_with(|| vec![0; (block.volume() * elem) as usize]);
+        copy_into(cells, &taken.cells, begun, &block, &block.shape, elem);
+        Ok(taken.complete.then_some((taken.rank, block)))
+    }
+
+    /// Writes block `rank` of level `k` (`block`), complete, and passes it
+    /// on to the next level.
+    fn complete(
+        &mut self,
+        k: usize,
+        rank: u64,
+        block: &Region,
+        sinks: &mut [impl BlockSink],
+    ) -> Result<()> {
+        let done = self.begun[k].remove(&rank).unwrap_or_default();
+        self.write(k, rank, block, &done, &mut sinks[k - 1])?;
+        if k + 1 < self.pyramid.levels.len() {
+            self.feed(k, block, &done, sinks)?;
+        }
+        drop(done);
+        self.book.release(k, rank);
+        Ok(())
+    }
+
+    /// Downsamples `data`, `region` of level `k` (C order), into its cells
+    /// of level `k + 1`, and places them.
+    fn feed(
+        &mut self,
+        k: usize,
+        region: &Region,
+        data: &[u8],
+        sinks: &mut [impl BlockSink],
+    ) -> Result<()> {
+        let elem = self.dtype.size as u64;
+        let cells_shape = downsampled_shape(&region.shape, &self.pyramid.factors);
+        let cells_len = (volume(&cells_shape) * elem) as usize;
+        let cells = self
+            .cells
+            .get_mut(..cells_len)
+            .ok_or_else(|| Error::Internal("pyramid block larger than planned".into()))?;
         downsample(
             data,
             &region.shape,
             &self.pyramid.factors,
             self.dtype,
             self.pyramid.method,
-            &mut self.cells[..cells_len],
-            &taken.cells.shape,
+            cells,
+            &cells_shape,
             0,
             1,
         );
-        let begun = self.begun[k + 1]
-            .entry(taken.rank)
-            .or_insert_with(|| vec![0; (block.volume() * elem) as usize]);
-        copy_into(
-            &self.cells[..cells_len],
-            &taken.cells,
-            begun,
-            &block,
-            &block.shape,
-            elem,
-        );
-        if !taken.complete {
-            return Ok(());
+        let cells = std::mem::take(&mut self.cells);
+        let placed = self.place_cells(k, region, &cells[..cells_len]);
+        self.cells = cells;
+        match placed? {
+            Some((rank, block)) => self.complete(k + 1, rank, &block, sinks),
+            None => Ok(()),
         }
-        let done = self.begun[k + 1].remove(&taken.rank).unwrap_or_default();
-        self.write(k + 1, taken.rank, &block, &done, &mut sinks[k])?;
-        if k + 2 < self.pyramid.levels.len() {
-            self.feed(k + 1, &block, &done, sinks)?;
-        }
-        drop(done);
-        self.book.release(k + 1, taken.rank);
-        Ok(())
     }
 
     /// Writes block `rank` of level `k` (`block`, its voxels `data`) into
@@ -1066,5 +1216,68 @@ mod tests {
             threaded,
             reference(&src, &shape, &factors, dtype, &out_shape)
         );
+    }
+
+    /// A region downsampled a slab of rows at a time, however many rows a
+    /// slab holds, gives the cells and the range of values the whole
+    /// region gives at once, the last slab cut short by the array's end.
+    #[test]
+    fn cells_made_a_slab_at_a_time_equal_the_whole_regions() {
+        use crate::plan::pyramid::LevelCount;
+        let array = [9u64, 10, 7];
+        let dtype = DType::new(Kind::Unsigned, 2, Endian::Little).unwrap();
+        let src: Vec<u8> = (0..volume(&array) * 2)
+            .map(|i| (i.wrapping_mul(2654435761) >> 9) as u8)
+            .collect();
+        let factors = vec![2u64, 2, 3];
+        let pyramid = Pyramid::new(
+            &array,
+            &array,
+            factors.clone(),
+            LevelCount::Exactly(2),
+            Downsample::Mean,
+        )
+        .unwrap();
+        // The region at (4, 2, 3) to the array's end: 5 rows, the last cut.
+        let region = Region::new(vec![4, 2, 3], vec![5, 8, 4]);
+        let gather = |part: &Region, into: &mut [u8]| {
+            let mut at = 0;
+            let ranges = (0..3).map(|d| part.origin[d] as usize..part.end(d) as usize);
+            for index in IndexBox::new(ranges.collect()) {
+                let i = (index[0] * 10 * 7 + index[1] * 7 + index[2]) * 2;
+                into[at..at + 2].copy_from_slice(&src[i..i + 2]);
+                at += 2;
+            }
+            Ok(())
+        };
+        let mut whole = vec![0u8; (region.volume() * 2) as usize];
+        gather(&region, &mut whole).unwrap();
+        let cells_shape = downsampled_shape(&region.shape, &factors);
+        let mut expected = vec![0u8; (volume(&cells_shape) * 2) as usize];
+        downsample(
+            &whole,
+            &region.shape,
+            &factors,
+            dtype,
+            Downsample::Mean,
+            &mut expected,
+            &cells_shape,
+            0,
+            1,
+        );
+        let mut range = WindowOf::new(dtype);
+        range.observe(&whole);
+        for slab_rows in [2, 4, 6, 10] {
+            let mut maker = CellMaker::new(&pyramid, dtype);
+            maker.slab_rows = slab_rows;
+            let made = maker.cells(&region, gather).unwrap();
+            assert_eq!(made.cells, expected, "{slab_rows} rows a slab");
+            assert_eq!(
+                made.window.window(),
+                range.window(),
+                "{slab_rows} rows a slab"
+            );
+            assert_eq!(made.region, region);
+        }
     }
 }

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use lru::LruCache;
 
+use super::downsample::{CellMaker, RegionCells};
 use super::stats::RunStats;
-use crate::array::geometry::Region;
 use crate::error::{Error, Result};
 use crate::format::encode::BlockEncode;
 
@@ -61,14 +61,15 @@ pub trait BlockSink {
     fn wants(&mut self, _rank: u64) -> bool {
         true
     }
-    /// Whether the sink takes each region of a block as it is written
-    /// ([`written`](Self::written)).
-    fn takes_written(&self) -> bool {
-        false
+    /// How the workers that write each region of a block reduce it to the
+    /// cells the sink takes ([`written`](Self::written)), if it takes any:
+    /// a pyramid builds its next level from them.
+    fn takes_cells(&self) -> Option<Arc<CellMaker>> {
+        None
     }
-    /// `region` of output block `rank` has just been written: `data` are
-    /// its voxels, C order (a pyramid builds its next level from them).
-    fn written(&mut self, _rank: u64, _region: &Region, _data: &[u8]) -> Result<()> {
+    /// A batch of regions has just been written, in the plan's order: their
+    /// cells, as [`takes_cells`](Self::takes_cells) made them.
+    fn written(&mut self, _batch: Vec<RegionCells>) -> Result<()> {
         Ok(())
     }
     /// Called between read blocks, with `stats.held_bytes` the array bytes

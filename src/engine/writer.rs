@@ -27,6 +27,7 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, Select};
 use parking_lot::Mutex;
 
+use super::downsample::{CellMaker, RegionCells};
 use super::pieces::{InFile, PackingBuffer, PieceGrid, RowLayout, Segment};
 use super::seekio::{self, FileKey, SeekLog};
 use super::sink::{BlockSink, OpenOutput, OutputTarget};
@@ -34,6 +35,7 @@ use super::workers::Workers;
 use crate::array::geometry::{show_shape, volume, IndexBox, Region};
 use crate::error::{Error, Result};
 use crate::format::encode::BlockEncode;
+use crate::plan::pyramid::WRITE_BATCH_BLOCKS;
 use crate::plan::Plan;
 use crate::sys::pagecache;
 
@@ -527,10 +529,11 @@ impl<'a> Writer<'a> {
     /// gathering from its pieces; returns the calls made and the blocks
     /// completed. The blocks go a batch at a time: their files are made
     /// here in the plan's order, then the workers gather and write a block
-    /// each (the storage sees a queue as deep as the workers), then here,
-    /// in order again, each block's calls are logged, a block whose disk
-    /// was full is written again once there is room, and the blocks are
-    /// completed. The count is the plan's for any number of workers.
+    /// each (the storage sees a queue as deep as the workers) and make the
+    /// cells the sink takes of it, then here, in order again, each block's
+    /// calls are logged, a block whose disk was full is written again once
+    /// there is room, the blocks are completed and the batch's cells handed
+    /// to the sink. The count is the plan's for any number of workers.
     fn write(
         &mut self,
         job: &WriteJob,
@@ -546,6 +549,7 @@ impl<'a> Writer<'a> {
         let write_end = firsts.end(firsts.locate(write_box.origin[0]));
         let mut writes = SeekLog::default();
         let mut blocks_completed = 0;
+        let cell_maker = sink.takes_cells();
         let wanted: Vec<(u64, Region, Region)> = IndexBox::new(plan.output.overlapping(write_box))
             .filter_map(|output_index| {
                 let block = plan.output.block(&output_index);
@@ -574,31 +578,35 @@ impl<'a> Writer<'a> {
                 })
                 .collect();
             let (elem, cancel) = (self.elem, self.cancel);
+            let pieces = (&grid, &job.pieces[..]);
             let written = workers.map(&regions, |to| {
                 if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
                     return Err(Error::Cancelled);
                 }
-                PackingBuffer::of_this_thread(|packing| {
-                    to.write(elem, (&grid, &job.pieces), packing)
-                })
+                let writes =
+                    PackingBuffer::of_this_thread(|packing| to.write(elem, pieces, packing))?;
+                let cells = to.cells(cell_maker.as_deref(), elem, pieces)?;
+                Ok((writes, cells))
             });
+            let mut batch_cells = Vec::new();
             for (to, result) in regions.iter().zip(written) {
                 let (rank, block, region) = (to.rank, to.block, to.region);
-                let region_writes = match result {
+                let (region_writes, cells) = match result {
                     Err(error) if error.is_no_space() => {
-                        self.write_again(sink, error, to, (&grid, &job.pieces))?
+                        let writes = self.write_again(sink, error, to, pieces)?;
+                        (writes, to.cells(cell_maker.as_deref(), elem, pieces)?)
                     }
                     result => result?,
                 };
                 writes.extend(region_writes);
-                if sink.takes_written() {
-                    let data = gather(region, region, self.elem, &grid, &job.pieces)?;
-                    sink.written(rank, region, &data)?;
-                }
+                batch_cells.extend(cells);
                 if self.completes(rank, block, region) {
                     sink.complete(rank)?;
                     blocks_completed += 1;
                 }
+            }
+            if cell_maker.is_some() {
+                sink.written(batch_cells)?;
             }
         }
         Ok((writes, blocks_completed))
@@ -637,11 +645,6 @@ impl<'a> Writer<'a> {
         false
     }
 }
-
-/// Output blocks of a slab whose files are made before the workers write
-/// them: each batch waits for its workers once, and its files stay open
-/// until it is written.
-const WRITE_BATCH_BLOCKS: usize = 64;
 
 /// `region` of output block `rank` (`block`, in a write block ending at
 /// `write_end` along the first dimension), to be written into its `file`.
@@ -687,6 +690,24 @@ impl RegionWrite<'_> {
             &mut writes,
         )?;
         Ok(writes)
+    }
+
+    /// The cells `maker` makes of the region, gathered from `pieces` (cut
+    /// by their grid); None without a maker.
+    fn cells(
+        &self,
+        maker: Option<&CellMaker>,
+        elem: u64,
+        (grid, pieces): (&PieceGrid, &[Vec<u8>]),
+    ) -> Result<Option<RegionCells>> {
+        let Some(maker) = maker else {
+            return Ok(None);
+        };
+        maker
+            .cells(self.region, |part, into| {
+                gather_into(part, part, elem, (grid, pieces), into)
+            })
+            .map(Some)
     }
 }
 
@@ -751,12 +772,27 @@ fn gather(
     pieces: &[Vec<u8>],
 ) -> Result<Vec<u8>> {
     let mut raw = vec![0u8; (volume(&file_box.shape) * elem) as usize];
+    gather_into(region, file_box, elem, (grid, pieces), &mut raw)?;
+    Ok(raw)
+}
+
+/// Fills `raw`, the C-order bytes of `file_box`'s array, with `region`
+/// gathered from `pieces` (cut by `grid`), leaving the rest as it is.
+fn gather_into(
+    region: &Region,
+    file_box: &Region,
+    elem: u64,
+    (grid, pieces): (&PieceGrid, &[Vec<u8>]),
+    raw: &mut [u8],
+) -> Result<()> {
     let layout = RowLayout::new(region, file_box, elem, grid);
     layout.for_each_segment(|segment| {
         let at = segment.offset as usize;
-        layout.gather_segment(pieces, segment, &mut raw[at..at + segment.len as usize])
-    })?;
-    Ok(raw)
+        let into = raw
+            .get_mut(at..at + segment.len as usize)
+            .ok_or_else(|| Error::Internal("a gathered segment lies beyond its buffer".into()))?;
+        layout.gather_segment(pieces, segment, into)
+    })
 }
 
 /// The file of output block `rank` (`block`) from `sink`, made if it is

@@ -148,6 +148,13 @@ impl WindowOf {
         self
     }
 
+    /// Takes in `window`, a range seen elsewhere.
+    pub fn include(&mut self, window: Option<Window>) {
+        if let Some(w) = window {
+            self.widen(w.min, w.max);
+        }
+    }
+
     /// Takes in whole elements of `bytes` (a trailing partial one is ignored).
     pub fn observe(&mut self, bytes: &[u8]) {
         let big = self.dtype.endian == Endian::Big;
@@ -167,9 +174,13 @@ impl WindowOf {
             (Kind::Float, 4) => range_of(bytes, big, f32::from_le_bytes, f32::from_be_bytes),
             (Kind::Float, _) => range_of(bytes, big, f64::from_le_bytes, f64::from_be_bytes),
         };
-        let Some((lo, hi)) = range else {
-            return;
-        };
+        if let Some((lo, hi)) = range {
+            self.widen(lo, hi);
+        }
+    }
+
+    /// Widens the range seen to take in `lo..=hi`, if finite.
+    fn widen(&mut self, lo: f64, hi: f64) {
         let (lo, hi) = match self.seen {
             Some(w) => (w.min.min(lo), w.max.max(hi)),
             None => (lo, hi),

@@ -21,11 +21,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::array::geometry::{
-    linear_offset, strides, volume, FileShape, IndexBox, Partition, Region,
-};
+use crate::array::geometry::{linear_offset, strides, volume, FileShape, IndexBox, Partition};
 use crate::array::space::Space;
-use crate::engine::downsample::{LevelBuilder, LevelFiles, LevelStream, PyramidStats};
+use crate::engine::downsample::{
+    CellMaker, LevelBuilder, LevelFiles, LevelStream, PyramidStats, RegionCells,
+};
 use crate::engine::{BlockSink, OutputTarget};
 use crate::engine::{Executor, RunStats};
 use crate::error::{Error, Result};
@@ -248,7 +248,8 @@ pub fn rechunk_streaming_levels(
         let mut streaming = Streaming {
             level0: &mut sink0,
             levels: &mut built.sinks,
-            stream: LevelStream::new(pyramid, &files, spec.dtype),
+            stream: LevelStream::new(pyramid, &files, spec.dtype, plan.problem.workers),
+            cells: Arc::new(CellMaker::new(pyramid, spec.dtype)),
             window: WindowOf::new(spec.dtype),
         };
         let mut executor = Executor::new(plan, input);
@@ -285,6 +286,8 @@ struct Streaming<'a, 'p> {
     level0: &'a mut DirectorySink,
     levels: &'a mut [DirectorySink],
     stream: LevelStream<'p>,
+    /// How the workers reduce each region of level 0 they write.
+    cells: Arc<CellMaker>,
     /// Level 0's range of values, from every region written.
     window: WindowOf,
 }
@@ -308,12 +311,14 @@ impl BlockSink for Streaming<'_, '_> {
     fn no_space(&mut self, error: Error) -> Result<()> {
         self.level0.no_space(error)
     }
-    fn takes_written(&self) -> bool {
-        true
+    fn takes_cells(&self) -> Option<Arc<CellMaker>> {
+        Some(Arc::clone(&self.cells))
     }
-    fn written(&mut self, _rank: u64, region: &Region, data: &[u8]) -> Result<()> {
-        self.window.observe(data);
-        self.stream.take(region, data, self.levels)
+    fn written(&mut self, batch: Vec<RegionCells>) -> Result<()> {
+        for taken in &batch {
+            self.window.include(taken.window.window());
+        }
+        self.stream.take(batch, self.levels)
     }
 }
 

@@ -19,9 +19,11 @@
 //! `rechunk` can instead build the levels in memory as level 0 is written
 //! ([`stream_cost`]): each region of level 0 the writer hands on makes
 //! whole cells of one level-1 block, which is held until complete, then
-//! written and passed on. A [`StreamBook`] run over the plan's regions in
-//! the writer's order gives the bytes held exactly; the engine keeps the
-//! same book.
+//! written and passed on. The workers that write a batch of regions
+//! downsample them into their cells, a slab of rows at a time; the cells
+//! of a batch are held until the writer has placed them. A [`StreamBook`]
+//! run over the plan's batches in the writer's order gives the bytes held
+//! exactly; the engine keeps the same book.
 
 use serde::Serialize;
 
@@ -463,11 +465,17 @@ fn axis_file_extents(grid: &Partition, files: &FileShape, d: usize) -> u64 {
         .sum()
 }
 
+/// Output blocks the writer makes files for and hands to its workers at
+/// once, within a slab: the cells its workers make of a batch's regions
+/// are held together until the writer places them.
+pub const WRITE_BATCH_BLOCKS: usize = 64;
+
 /// Level 0's regions in the order the writer hands them on as they are
-/// written: per read block in the plan's order, the slabs of the write
-/// block it completes, one per step (the first also taking what earlier
-/// read blocks hold), each cut by the output blocks it meets, C order.
-pub fn written_regions(plan: &Plan) -> impl Iterator<Item = Region> + '_ {
+/// written, in the writer's batches: per read block in the plan's order,
+/// the slabs of the write block it completes, one per step (the first
+/// also taking what earlier read blocks hold), each cut by the output
+/// blocks it meets, C order, [`WRITE_BATCH_BLOCKS`] at a time.
+pub fn written_batches(plan: &Plan) -> impl Iterator<Item = Vec<Region>> + '_ {
     let step_axis = plan.steps.axis(0);
     plan.read_blocks_in_order().flat_map(move |read_index| {
         let read_box = plan.read.block(&read_index);
@@ -494,8 +502,14 @@ pub fn written_regions(plan: &Plan) -> impl Iterator<Item = Region> + '_ {
                 })
             })
             .flat_map(move |slab| {
-                IndexBox::new(plan.output.overlapping(&slab))
-                    .filter_map(move |index| plan.output.block(&index).intersect(&slab))
+                let regions: Vec<Region> = IndexBox::new(plan.output.overlapping(&slab))
+                    .filter_map(|index| plan.output.block(&index).intersect(&slab))
+                    .collect();
+                let batches: Vec<Vec<Region>> = regions
+                    .chunks(WRITE_BATCH_BLOCKS)
+                    .map(<[Region]>::to_vec)
+                    .collect();
+                batches
             })
     })
 }
@@ -526,23 +540,48 @@ pub struct StreamBook {
     pub peak: u64,
 }
 
-/// The buffers streaming holds besides the blocks begun: one level-0
-/// block as the writer gathers it, its cells, and one level file as
-/// written (in bytes, together).
+/// The buffers streaming holds besides the blocks begun and the cells of
+/// a batch: one slab of level-0 rows per worker as it gathers them
+/// ([`cell_slab_rows`]), the cells of one level-0 block (for the levels
+/// below level 1), and one level file as written (in bytes, together).
 pub fn stream_scratch(
     pyramid: &Pyramid,
     files: &dyn Fn(&Partition) -> FileShape,
     elem: u64,
+    workers: usize,
 ) -> u64 {
     let first = |grid: &Partition| grid.block(&vec![0; grid.ndim()]);
     let block0 = first(&pyramid.levels[0]);
+    let slab = cell_slab_rows(pyramid, elem) * volume(&block0.shape[1..]);
     let cells = downsampled_shape(&block0.shape, &pyramid.factors);
     let largest_file = pyramid.levels[1..]
         .iter()
         .map(|grid| volume(&files(grid).file_box(&first(grid)).shape))
         .max()
         .unwrap_or(0);
-    (block0.volume() + volume(&cells) + largest_file) * elem
+    (slab * workers.max(1) as u64 + volume(&cells) + largest_file) * elem
+}
+
+/// Bytes of level-0 rows a worker gathers at once to downsample: about
+/// this many, and at least one row of cells.
+const CELL_SLAB_BYTES: u64 = 1 << 20;
+
+/// Rows of level 0 (along the first axis, a multiple of its factor) a
+/// worker gathers at once to downsample a region: as many rows of cells
+/// as [`CELL_SLAB_BYTES`] holds, at least one, at most a block's.
+pub fn cell_slab_rows(pyramid: &Pyramid, elem: u64) -> u64 {
+    let level0 = &pyramid.levels[0];
+    let block0 = level0.block(&vec![0; level0.ndim()]);
+    let f0 = pyramid.factors[0];
+    let plane = volume(&block0.shape[1..]) * elem;
+    let cell_rows = (CELL_SLAB_BYTES / (f0 * plane).max(1)).max(1);
+    (cell_rows * f0).min(block0.shape[0].div_ceil(f0) * f0)
+}
+
+/// Bytes of the cells of level 1 that `region` of level 0 makes (whole
+/// cells: a last one cut by the array's end still makes a voxel).
+pub fn cells_bytes(region: &Region, factors: &[u64], elem: u64) -> u64 {
+    volume(&downsampled_shape(&region.shape, factors)) * elem
 }
 
 impl StreamBook {
@@ -550,8 +589,9 @@ impl StreamBook {
         pyramid: &Pyramid,
         files: &dyn Fn(&Partition) -> FileShape,
         elem: u64,
+        workers: usize,
     ) -> StreamBook {
-        let held = stream_scratch(pyramid, files, elem);
+        let held = stream_scratch(pyramid, files, elem, workers);
         StreamBook {
             factors: pyramid.factors.clone(),
             levels: pyramid.levels.clone(),
@@ -623,6 +663,22 @@ impl StreamBook {
         self.held -= self.block_bytes(k, rank);
     }
 
+    /// The cells of a batch of level-0 regions are made: `bytes` more held.
+    pub fn hold_cells(&mut self, bytes: u64) {
+        self.held += bytes;
+        self.peak = self.peak.max(self.held);
+    }
+
+    /// Cells of `bytes` are placed in their block and let go.
+    pub fn release_cells(&mut self, bytes: u64) {
+        self.held -= bytes;
+    }
+
+    /// Bytes of the cells of level 1 that `region` of level 0 makes.
+    pub fn cells_bytes(&self, region: &Region) -> u64 {
+        cells_bytes(region, &self.factors, self.elem)
+    }
+
     /// Whether every block begun is done.
     pub fn finished(&self) -> bool {
         self.open.iter().all(HashMap::is_empty)
@@ -656,14 +712,18 @@ pub fn stream_cost(
     elem: u64,
     mem: Option<u64>,
 ) -> std::result::Result<PyramidCost, String> {
-    let mut book = StreamBook::new(pyramid, files, elem);
-    for region in written_regions(plan) {
-        if feed(&mut book, 0, &region).is_none() {
-            return Err(
-                "level 0's blocks, or the slabs they are written in, cut the cells of level 1 \
-                 (their shapes are not multiples of --factors)"
-                    .into(),
-            );
+    let mut book = StreamBook::new(pyramid, files, elem, plan.problem.workers);
+    for batch in written_batches(plan) {
+        book.hold_cells(batch.iter().map(|region| book.cells_bytes(region)).sum());
+        for region in &batch {
+            if feed(&mut book, 0, region).is_none() {
+                return Err(
+                    "level 0's blocks, or the slabs they are written in, cut the cells of level \
+                     1 (their shapes are not multiples of --factors)"
+                        .into(),
+                );
+            }
+            book.release_cells(book.cells_bytes(region));
         }
     }
     if !book.finished() {
@@ -741,12 +801,13 @@ mod tests {
         )
         .unwrap();
         let files = |_: &Partition| FileShape::Exact;
-        let mut book = StreamBook::new(&pyramid, &files, 2);
-        let scratch = stream_scratch(&pyramid, &files, 2);
-        assert_eq!(scratch, (16 + 4 + 12) * 2);
+        let mut book = StreamBook::new(&pyramid, &files, 2, 3);
+        let scratch = stream_scratch(&pyramid, &files, 2, 3);
+        // Three workers' slabs of a whole block, the cells of one, a file.
+        assert_eq!(scratch, (3 * 16 + 4 + 12) * 2);
         // A region that cuts a cell along the first axis.
         assert_eq!(book.take(0, &Region::new(vec![0, 0], vec![3, 4])), None);
-        let mut book = StreamBook::new(&pyramid, &files, 2);
+        let mut book = StreamBook::new(&pyramid, &files, 2, 3);
         let first = book.take(0, &Region::new(vec![0, 0], vec![4, 4])).unwrap();
         assert_eq!(first.cells, Region::new(vec![0, 0], vec![2, 2]));
         assert!(!first.complete);
