@@ -200,6 +200,11 @@ fn print_status(view: &Path, status: &Status) {
         thousands(status.seeks_made),
         thousands(status.seeks_planned)
     );
+    println!(
+        "memory    {} held at most so far; the plan holds {}",
+        show_bytes(status.peak_held_bytes),
+        show_bytes(status.peak_held_bytes_planned)
+    );
     let eta = status
         .eta_seconds
         .map_or("-".to_string(), |s| format!("{:.0} s", s));

@@ -139,6 +139,8 @@ pub struct ViewCore {
     templates: BlockTemplates,
     pub(super) staging: Arc<Staging>,
     pub(super) planned_seeks: u64,
+    /// The most array bytes the plan's run holds, as its plan predicts.
+    pub(super) planned_peak_bytes: u64,
     pub(super) state: Mutex<ViewState>,
     /// Notified when a block becomes urgent ([`ViewCore::wait_urgent`]).
     urgent_added: Condvar,
@@ -217,6 +219,7 @@ impl ViewCore {
             names: Namespace::new(&layout, files, pyramid.as_ref()),
             pyramid,
             planned_seeks: plan.prediction.seeks(),
+            planned_peak_bytes: plan.prediction.peak_bytes,
             state: Mutex::new(ViewState::new(blocks)),
             urgent_added: Condvar::new(),
             staged_files: Mutex::new(LruCache::new(

@@ -22,6 +22,12 @@ pub struct Status {
     /// skipped by the plan, so this can end below `seeks_planned`).
     pub seeks_made: u64,
     pub seeks_planned: u64,
+    /// The most array bytes the plan's run has held so far, and what its
+    /// plan predicts it holds at most (whatever `--threads`).
+    #[serde(default)]
+    pub peak_held_bytes: u64,
+    #[serde(default)]
+    pub peak_held_bytes_planned: u64,
     /// Blocks extracted ahead of the plan for waiting readers, and the
     /// extra seeks that took (counted apart from the plan's).
     #[serde(default)]
@@ -99,6 +105,8 @@ impl ViewCore {
             bytes_total,
             seeks_made: state.run.seeks(),
             seeks_planned: self.planned_seeks,
+            peak_held_bytes: state.run.peak_held_bytes,
+            peak_held_bytes_planned: self.planned_peak_bytes,
             on_demand_blocks: state.on_demand_blocks,
             on_demand_seeks: state.on_demand_seeks,
             on_demand_seconds: state.on_demand_seconds,

@@ -363,3 +363,18 @@ pub fn json_u64(value: &serde_json::Value, path: &str) -> u64 {
     at.as_u64()
         .unwrap_or_else(|| panic!("`{path}` is {at}, not an unsigned integer"))
 }
+
+/// Fails unless `report` (a run's `--json`) counted the seeks and held the
+/// peak its plan predicted; `what` names the run in the message.
+pub fn assert_counts_as_planned(report: &serde_json::Value, what: &str) {
+    assert_eq!(
+        json_u64(report, "seeks.made"),
+        json_u64(report, "seeks.planned"),
+        "{what}: seeks"
+    );
+    assert_eq!(
+        json_u64(report, "peak_memory_bytes"),
+        json_u64(report, "planned_peak_memory_bytes"),
+        "{what}: peak memory"
+    );
+}
