@@ -12,7 +12,7 @@
 //! to the writer, so none is ever completed. A stat is no seek.
 
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::num::NonZeroUsize;
 use std::path::Path;
@@ -303,8 +303,8 @@ impl<'a> InputReader<'a> {
 
     /// Reads the step `step_box` into its pieces `buffers` (the cells of
     /// `grid`), from every input block it overlaps. The step's files are
-    /// opened and checked here, in C order; then the workers take its
-    /// blocks one at a time, each reading its block (an encoded one whole,
+    /// opened and checked on the workers and kept open in C order; then the
+    /// workers take its blocks one at a time, each reading its block (an encoded one whole,
     /// then decoding it) and copying it into the pieces ([`SharedPieces`]):
     /// the storage sees a queue as deep as the workers, and the step waits
     /// for them once. The calls are logged here in the plan's order, so
@@ -338,13 +338,17 @@ impl<'a> InputReader<'a> {
         for (batch, batch_regions) in cells.chunks(batch_len).zip(regions.chunks(batch_len)) {
             // Read-ahead opens files into the cache too: done first, so
             // that it never closes one of the batch's.
-            self.read_ahead();
-            let mut located = Vec::with_capacity(batch.len());
-            for (cell, region) in batch.iter().zip(batch_regions) {
-                let (rank, place) = self.locate(cell, region);
-                self.ready_block(rank)?;
-                located.push((rank, place, region));
-            }
+            self.read_ahead(workers);
+            let located: Vec<(u64, InFile, &Region)> = batch
+                .iter()
+                .zip(batch_regions)
+                .map(|(cell, region)| {
+                    let (rank, place) = self.locate(cell, region);
+                    (rank, place, region)
+                })
+                .collect();
+            let ranks: Vec<u64> = located.iter().map(|(rank, ..)| *rank).collect();
+            self.ready_blocks(&ranks, workers)?;
             let by_library = located
                 .iter()
                 .any(|(rank, ..)| matches!(self.handles.peek(rank), Some(InputHandle::Hdf5(_))));
@@ -400,14 +404,43 @@ impl<'a> InputReader<'a> {
         }
     }
 
-    /// Readies input block `rank` for a worker to read: its file open and
-    /// checked in the cache (an absent chunk has none).
-    fn ready_block(&mut self, rank: u64) -> Result<()> {
-        if let Storage::Absent { .. } = self.input.blocks[rank as usize].storage {
-            return Ok(());
+    /// Readies input blocks `ranks` for the workers to read: their files
+    /// open and checked in the cache (an absent chunk has none). The files
+    /// not yet checked are opened and checked on the workers, each an open
+    /// and a stat (metadata round trips, on a cluster filesystem), then
+    /// kept in the cache in order; the first error in order is returned.
+    fn ready_blocks(&mut self, ranks: &[u64], workers: &Workers) -> Result<()> {
+        let mut unready = Vec::new();
+        for &rank in ranks {
+            if let Storage::Absent { .. } = self.input.blocks[rank as usize].storage {
+                continue;
+            }
+            match self.handles.get(&rank) {
+                Some(InputHandle::Opened(_)) => match self.handles.pop(&rank) {
+                    Some(InputHandle::Opened(file)) => unready.push((rank, Some(file))),
+                    _ => unready.push((rank, None)),
+                },
+                Some(_) => {}
+                None => unready.push((rank, None)),
+            }
         }
-        let opened = (&mut self.handles, &mut self.identities);
-        ready_handle(opened, self.input, rank, self.witness).map(|_| ())
+        let (input, witness) = (self.input, self.witness);
+        let opened = workers.map(unready, |(rank, file)| {
+            (rank, InputHandle::open(input, rank, file, witness))
+        });
+        for (rank, result) in opened {
+            let (handle, identity) = result?;
+            match self.identities.entry(rank) {
+                Entry::Occupied(first) => {
+                    unchanged(&input.blocks[rank as usize], first.get(), &identity)?
+                }
+                Entry::Vacant(entry) => {
+                    entry.insert(identity);
+                }
+            }
+            self.handles.put(rank, handle);
+        }
+        Ok(())
     }
 
     /// Logs the reads of `region` of input block `rank` (lying in its file
@@ -533,8 +566,9 @@ impl<'a> InputReader<'a> {
     /// covers that read. Advice only: no data is copied and nothing is
     /// counted as a seek. The files opened for it stay in the input cache
     /// for the read itself.
-    fn read_ahead(&mut self) {
+    fn read_ahead(&mut self, workers: &Workers) {
         let total = self.plan.read.count();
+        let mut advice = Vec::new();
         while self.ahead.block < total
             && (self.ahead.outstanding == 0 || self.ahead.outstanding < self.read_ahead)
         {
@@ -557,14 +591,31 @@ impl<'a> InputReader<'a> {
                 continue;
             };
             self.ahead.outstanding += len;
-            let block = &self.input.blocks[rank as usize];
-            if !self.handles.contains(&rank) {
+            advice.push((rank, start, len));
+        }
+        // The files not open yet are opened on the workers, each a metadata
+        // round trip; the advice then goes out in the order of the reads.
+        let mut seen = HashSet::new();
+        let unopened: Vec<u64> = advice
+            .iter()
+            .map(|&(rank, ..)| rank)
+            .filter(|rank| !self.handles.contains(rank) && seen.insert(*rank))
+            .collect();
+        let input = self.input;
+        let mut opened: HashMap<u64, File> = workers
+            .map(unopened, |rank| {
                 // A file that cannot be opened is left for the read to report.
-                let Ok(file) = open_regular(&block.path) else {
-                    continue;
-                };
+                let file = open_regular(&input.blocks[rank as usize].path).ok();
+                file.map(|file| (rank, file))
+            })
+            .into_iter()
+            .flatten()
+            .collect();
+        for (rank, start, len) in advice {
+            if let Some(file) = opened.remove(&rank) {
                 self.handles.put(rank, InputHandle::Opened(file));
             }
+            let block = &self.input.blocks[rank as usize];
             self.advised_bytes += match self.handles.get(&rank) {
                 Some(InputHandle::Opened(file)) => {
                     read_ahead_input(file, block.check.as_deref(), start, len)

@@ -13,8 +13,8 @@
 //! the cores work at once, even when the whole array is one read block (a
 //! split or a merge); the bytes held are exactly what the planner
 //! simulates: the step being read, the slab in flight, and the waiting
-//! pieces. The work on blocks (reading and decoding input blocks, copying
-//! them into pieces, gathering, encoding and writing output blocks) runs
+//! pieces. The work on blocks (opening and checking input files, reading
+//! and decoding input blocks, copying them into pieces, gathering, encoding and writing output blocks) runs
 //! on the run's [`workers`]; the reader and the writer keep the plan's
 //! order and log the calls in it. Encoded output blocks (compressed, sharded) are gathered
 //! whole and encoded on the workers, and written in one call each; the
