@@ -22,7 +22,7 @@ use half::f16;
 use serde::Serialize;
 
 use super::seekio::write_all_at;
-use super::sink::BlockSink;
+use super::sink::{BlockSink, ReduceToCells, RegionCells};
 use crate::array::dtype::{DType, Endian, Kind};
 use crate::array::geometry::{strides, volume, FileShape, IndexBox, Partition, Region, MAX_DIMS};
 use crate::error::{Error, Result};
@@ -217,15 +217,6 @@ pub struct CellMaker {
     slabs: Mutex<Vec<Vec<u8>>>,
 }
 
-/// A region of level 0 as a worker has reduced it.
-pub struct RegionCells {
-    pub region: Region,
-    /// Its cells of level 1, C order.
-    pub cells: Vec<u8>,
-    /// The range of its values.
-    pub window: WindowOf,
-}
-
 impl CellMaker {
     pub fn new(pyramid: &Pyramid, dtype: DType) -> CellMaker {
         CellMaker {
@@ -236,13 +227,14 @@ impl CellMaker {
             slabs: Mutex::new(Vec::new()),
         }
     }
+}
 
-    /// The cells of `region` (whose origin is a multiple of the factors),
-    /// its voxels gathered by `gather(part, into)`: `part` of it, C order.
-    pub fn cells(
+impl ReduceToCells for CellMaker {
+    /// The cells of `region` (whose origin is a multiple of the factors).
+    fn cells(
         &self,
         region: &Region,
-        mut gather: impl FnMut(&Region, &mut [u8]) -> Result<()>,
+        gather: &mut dyn FnMut(&Region, &mut [u8]) -> Result<()>,
     ) -> Result<RegionCells> {
         let elem = self.dtype.size as u64;
         let cells_shape = downsampled_shape(&region.shape, &self.factors);
@@ -1270,7 +1262,7 @@ mod tests {
         for slab_rows in [2, 4, 6, 10] {
             let mut maker = CellMaker::new(&pyramid, dtype);
             maker.slab_rows = slab_rows;
-            let made = maker.cells(&region, gather).unwrap();
+            let made = maker.cells(&region, &mut { gather }).unwrap();
             assert_eq!(made.cells, expected, "{slab_rows} rows a slab");
             assert_eq!(
                 made.window.window(),

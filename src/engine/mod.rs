@@ -60,7 +60,9 @@ use writer::{PendingWrites, WriteJob, WriteReport, Writer};
 
 pub use extract::{read_region, region_read_bytes};
 pub use inputs::InputWitness;
-pub use sink::{reopen, BlockSink, OpenOutput, OutputFiles, OutputTarget};
+pub use sink::{
+    reopen, BlockSink, OpenOutput, OutputFiles, OutputTarget, ReduceToCells, RegionCells,
+};
 pub use stats::RunStats;
 
 /// Runs `plan` over `input` into `sink`. `progress` is called after every

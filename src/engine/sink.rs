@@ -13,10 +13,11 @@ use std::sync::Arc;
 
 use lru::LruCache;
 
-use super::downsample::{CellMaker, RegionCells};
 use super::stats::RunStats;
+use crate::array::geometry::Region;
 use crate::error::{Error, Result};
 use crate::format::encode::BlockEncode;
+use crate::format::ome::WindowOf;
 
 /// An output block file open for positioned writes of its data.
 pub struct OutputTarget<'a> {
@@ -64,7 +65,7 @@ pub trait BlockSink {
     /// How the workers that write each region of a block reduce it to the
     /// cells the sink takes ([`written`](Self::written)), if it takes any:
     /// a pyramid builds its next level from them.
-    fn takes_cells(&self) -> Option<Arc<CellMaker>> {
+    fn takes_cells(&self) -> Option<Arc<dyn ReduceToCells>> {
         None
     }
     /// A batch of regions has just been written, in the plan's order: their
@@ -85,6 +86,27 @@ pub trait BlockSink {
     fn no_space(&mut self, error: Error) -> Result<()> {
         Err(error)
     }
+}
+
+/// How the workers that write a region reduce it to what a sink takes of
+/// it ([`BlockSink::takes_cells`]): a pyramid's next level's cells.
+pub trait ReduceToCells: Send + Sync {
+    /// The cells of `region`, its voxels gathered by `gather(part, into)`:
+    /// `part` of it, C order.
+    fn cells(
+        &self,
+        region: &Region,
+        gather: &mut dyn FnMut(&Region, &mut [u8]) -> Result<()>,
+    ) -> Result<RegionCells>;
+}
+
+/// A region of an output array as a worker reduced it.
+pub struct RegionCells {
+    pub region: Region,
+    /// Its cells, C order.
+    pub cells: Vec<u8>,
+    /// The range of its values.
+    pub window: WindowOf,
 }
 
 /// An output block's file, open for positioned writes of its data.

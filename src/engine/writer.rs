@@ -27,10 +27,9 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, Select};
 use parking_lot::Mutex;
 
-use super::downsample::{CellMaker, RegionCells};
 use super::pieces::{InFile, PackingBuffer, PieceGrid, RowLayout, Segment};
 use super::seekio::{self, FileKey, SeekLog};
-use super::sink::{BlockSink, OpenOutput, OutputTarget};
+use super::sink::{BlockSink, OpenOutput, OutputTarget, ReduceToCells, RegionCells};
 use super::workers::Workers;
 use crate::array::geometry::{show_shape, volume, IndexBox, Region};
 use crate::error::{Error, Result};
@@ -696,7 +695,7 @@ impl RegionWrite<'_> {
     /// by their grid); None without a maker.
     fn cells(
         &self,
-        maker: Option<&CellMaker>,
+        maker: Option<&dyn ReduceToCells>,
         elem: u64,
         (grid, pieces): (&PieceGrid, &[Vec<u8>]),
     ) -> Result<Option<RegionCells>> {
@@ -704,7 +703,7 @@ impl RegionWrite<'_> {
             return Ok(None);
         };
         maker
-            .cells(self.region, |part, into| {
+            .cells(self.region, &mut |part, into| {
                 gather_into(part, part, elem, (grid, pieces), into)
             })
             .map(Some)

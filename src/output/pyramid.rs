@@ -23,10 +23,8 @@ use std::sync::Arc;
 
 use crate::array::geometry::{linear_offset, strides, volume, FileShape, IndexBox, Partition};
 use crate::array::space::Space;
-use crate::engine::downsample::{
-    CellMaker, LevelBuilder, LevelFiles, LevelStream, PyramidStats, RegionCells,
-};
-use crate::engine::{BlockSink, OutputTarget};
+use crate::engine::downsample::{CellMaker, LevelBuilder, LevelFiles, LevelStream, PyramidStats};
+use crate::engine::{BlockSink, OutputTarget, ReduceToCells, RegionCells};
 use crate::engine::{Executor, RunStats};
 use crate::error::{Error, Result};
 use crate::format::encode::BlockEncode;
@@ -311,8 +309,8 @@ impl BlockSink for Streaming<'_, '_> {
     fn no_space(&mut self, error: Error) -> Result<()> {
         self.level0.no_space(error)
     }
-    fn takes_cells(&self) -> Option<Arc<CellMaker>> {
-        Some(Arc::clone(&self.cells))
+    fn takes_cells(&self) -> Option<Arc<dyn ReduceToCells>> {
+        Some(self.cells.clone())
     }
     fn written(&mut self, batch: Vec<RegionCells>) -> Result<()> {
         for taken in &batch {
