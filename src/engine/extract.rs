@@ -2,7 +2,7 @@
 //! of the plan: the view serves a block a reader asks for before the plan
 //! reaches it.
 
-use std::fs::File;
+use std::fs::{File, Metadata};
 use std::io::IoSliceMut;
 
 use super::inputs::{
@@ -15,7 +15,7 @@ use crate::array::geometry::{Axis, IndexBox, Partition, Region};
 use crate::error::Result;
 use crate::format::Storage;
 use crate::input::{InputArray, InputBlock};
-use crate::sys::files::open_regular;
+use crate::sys::files::open_regular_with_metadata;
 
 /// Reads `region` of the whole array into `dest`, a C-order buffer of the
 /// region's shape, straight from the input blocks it overlaps: one read
@@ -159,7 +159,9 @@ impl Extraction<'_> {
                     buffers,
                 )?;
             }
-            InputHandle::Opened(_) | InputHandle::Encoded(_) => return Err(unchecked(&block.path)),
+            InputHandle::Opened(..) | InputHandle::Encoded(_) => {
+                return Err(unchecked(&block.path))
+            }
         }
         unchanged(block, &then, &handle.identity_now(block)?)
     }
@@ -213,16 +215,20 @@ fn span_of(layout: &RowLayout) -> Result<(u64, u64)> {
 /// apart, the check's small read would fetch the header alone (the kernel
 /// reads ahead 16 KiB after a first read of one page) and the span would
 /// wait for a second trip to the disk.
-fn open_with_span_ahead(block: &InputBlock, first: u64, end: u64) -> Result<Option<File>> {
+fn open_with_span_ahead(
+    block: &InputBlock,
+    first: u64,
+    end: u64,
+) -> Result<Option<(File, Metadata)>> {
     let (Some(check), Storage::Contiguous { data_offset }) = (&block.check, &block.storage) else {
         return Ok(None);
     };
-    let file = open_regular(&block.path)?;
+    let (file, meta) = open_regular_with_metadata(&block.path)?;
     read_ahead_input(
         &file,
         Some(check.as_ref()),
         data_offset + first,
         end - first,
     );
-    Ok(Some(file))
+    Ok(Some((file, meta)))
 }

@@ -13,7 +13,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
+use std::fs::{File, Metadata};
 use std::num::NonZeroUsize;
 use std::path::Path;
 
@@ -28,7 +28,7 @@ use crate::format::hdf5::Hdf5BlockReader;
 use crate::format::Storage;
 use crate::input::{FileIdentity, HeaderCheck, InputArray, InputBlock};
 use crate::plan::Plan;
-use crate::sys::files::open_regular;
+use crate::sys::files::open_regular_with_metadata;
 use crate::sys::pagecache;
 
 /// Told of each input file just before its bytes are first read (a view's
@@ -105,8 +105,9 @@ fn read_ahead_bytes(plan: &Plan, cgroup_limit: Option<u64>) -> u64 {
 
 /// An input block's file, as the executor keeps it open.
 pub(super) enum InputHandle {
-    /// Opened to be read ahead; its header not yet checked.
-    Opened(File),
+    /// Opened to be read ahead, with its stat then; its header not yet
+    /// checked.
+    Opened(File, Metadata),
     /// Raw C-order bytes at `data_offset`.
     Contiguous { file: File, data_offset: u64 },
     /// Read through libhdf5.
@@ -124,7 +125,7 @@ impl InputHandle {
     pub(super) fn open(
         input: &InputArray,
         rank: u64,
-        opened: Option<File>,
+        opened: Option<(File, Metadata)>,
         witness: Option<&dyn InputWitness>,
     ) -> Result<(InputHandle, FileIdentity)> {
         let block = &input.blocks[rank as usize];
@@ -142,15 +143,12 @@ impl InputHandle {
             tell_witness(witness, rank, block, Some(&meta))?;
             return Ok((hdf5(dataset)?, FileIdentity::of_metadata(&meta)));
         }
-        let file = match opened {
-            Some(file) => file,
-            None => open_regular(&block.path)?,
+        // The stat taken at the open serves the identity, the witness and
+        // the header check (the length).
+        let (file, meta) = match opened {
+            Some(opened) => opened,
+            None => open_regular_with_metadata(&block.path)?,
         };
-        // One stat serves the identity, the witness and the header check
-        // (the length).
-        let meta = file
-            .metadata()
-            .map_err(|e| Error::io(&block.path, "stat", e))?;
         let identity = FileIdentity::of_metadata(&meta);
         tell_witness(witness, rank, block, Some(&meta))?;
         let handle = match input.confirmed_storage(rank as usize, &file, Some(&meta))? {
@@ -182,7 +180,7 @@ impl InputHandle {
     /// The open file, where the bytes are read with pread.
     fn file(&self) -> Option<&File> {
         match self {
-            InputHandle::Opened(file)
+            InputHandle::Opened(file, _)
             | InputHandle::Contiguous { file, .. }
             | InputHandle::Encoded(file) => Some(file),
             InputHandle::Hdf5(_) => None,
@@ -416,8 +414,10 @@ impl<'a> InputReader<'a> {
                 continue;
             }
             match self.handles.get(&rank) {
-                Some(InputHandle::Opened(_)) => match self.handles.pop(&rank) {
-                    Some(InputHandle::Opened(file)) => unready.push((rank, Some(file))),
+                Some(InputHandle::Opened(..)) => match self.handles.pop(&rank) {
+                    Some(InputHandle::Opened(file, meta)) => {
+                        unready.push((rank, Some((file, meta))))
+                    }
                     _ => unready.push((rank, None)),
                 },
                 Some(_) => {}
@@ -602,22 +602,22 @@ impl<'a> InputReader<'a> {
             .filter(|rank| !self.handles.contains(rank) && seen.insert(*rank))
             .collect();
         let input = self.input;
-        let mut opened: HashMap<u64, File> = workers
+        let mut opened: HashMap<u64, (File, Metadata)> = workers
             .map(unopened, |rank| {
                 // A file that cannot be opened is left for the read to report.
-                let file = open_regular(&input.blocks[rank as usize].path).ok();
-                file.map(|file| (rank, file))
+                let opened = open_regular_with_metadata(&input.blocks[rank as usize].path).ok();
+                opened.map(|opened| (rank, opened))
             })
             .into_iter()
             .flatten()
             .collect();
         for (rank, start, len) in advice {
-            if let Some(file) = opened.remove(&rank) {
-                self.handles.put(rank, InputHandle::Opened(file));
+            if let Some((file, meta)) = opened.remove(&rank) {
+                self.handles.put(rank, InputHandle::Opened(file, meta));
             }
             let block = &self.input.blocks[rank as usize];
             self.advised_bytes += match self.handles.get(&rank) {
-                Some(InputHandle::Opened(file)) => {
+                Some(InputHandle::Opened(file, _)) => {
                     read_ahead_input(file, block.check.as_deref(), start, len)
                 }
                 Some(InputHandle::Contiguous { file, .. } | InputHandle::Encoded(file)) => {
@@ -703,7 +703,7 @@ impl<'a> InputReader<'a> {
                 count_as_contiguous(&layout, |offset, len| reads.read(key, offset, len))?;
                 read_hdf5_pieces(reader, place, region, grid, buffers)
             }
-            InputHandle::Opened(_) | InputHandle::Encoded(_) => Err(unchecked(&block.path)),
+            InputHandle::Opened(..) | InputHandle::Encoded(_) => Err(unchecked(&block.path)),
         }
     }
 }
@@ -796,8 +796,8 @@ fn ready_handle<'h>(
     witness: Option<&dyn InputWitness>,
 ) -> Result<&'h InputHandle> {
     let (handle, opened_as) = match handles.pop(&rank) {
-        Some(InputHandle::Opened(file)) => {
-            let (handle, identity) = InputHandle::open(input, rank, Some(file), witness)?;
+        Some(InputHandle::Opened(file, meta)) => {
+            let (handle, identity) = InputHandle::open(input, rank, Some((file, meta)), witness)?;
             (handle, Some(identity))
         }
         Some(handle) => (handle, None),

@@ -2,7 +2,7 @@
 //! FIFO named like a block would block an open, and a read, forever, and a
 //! device or socket has no array in it.
 
-use std::fs::{File, FileType, OpenOptions};
+use std::fs::{File, FileType, Metadata, OpenOptions};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -12,19 +12,23 @@ use crate::error::{Error, Result};
 /// writer otherwise), then refuses it unless it is a regular file (a
 /// symlink is followed). For a regular file the flag changes nothing.
 pub fn open_regular(path: &Path) -> Result<File> {
+    open_regular_with_metadata(path).map(|(file, _)| file)
+}
+
+/// [`open_regular`], with the stat it took of the open file: on a cluster
+/// filesystem each stat is a round trip, so one serves every use.
+pub fn open_regular_with_metadata(path: &Path) -> Result<(File, Metadata)> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| Error::io(path, "opening", e))?;
-    let kind = file
-        .metadata()
-        .map_err(|e| Error::io(path, "stat", e))?
-        .file_type();
+    let meta = file.metadata().map_err(|e| Error::io(path, "stat", e))?;
+    let kind = meta.file_type();
     if !kind.is_file() {
         return Err(not_regular(path, kind));
     }
-    Ok(file)
+    Ok((file, meta))
 }
 
 /// Creates `path` anew for writing (and reading), with `O_EXCL |
