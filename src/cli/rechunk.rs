@@ -115,20 +115,21 @@ pub(super) fn rechunk_command(args: RechunkArgs) -> anyhow::Result<()> {
         let extra = built.map(|built| levels.report(&built, order, args.json));
         return report_run(&plan, &stats, order, started.elapsed(), args.json, extra);
     }
-    let identities = match recorded.as_ref().filter(|_| from_record) {
-        // Those read compared with the files a moment ago.
-        Some(record) => record.inputs.clone(),
-        None => job::input_identity(input)?,
+    let (identities, inputs) = match recorded.as_ref().filter(|_| from_record) {
+        // Those read compared with the files a moment ago; --overwrite
+        // keeps every input file from harm, a part those it reads.
+        Some(record) if args.overwrite => (record.inputs.clone(), InputFiles::of(input)),
+        Some(record) => (
+            record.inputs.clone(),
+            InputFiles::of_read(input, &job::read_blocks(input, region.as_ref())),
+        ),
+        // A run of the whole input: every file, one stat each for both.
+        None => job::input_identity_and_files(input)?,
     };
     let record = JobRecord {
         inputs: identities,
         input_scan: input.record(&space),
         ..job_record(&args, input, &parts, &spec)?
-    };
-    let inputs = if args.overwrite {
-        InputFiles::of(input)
-    } else {
-        InputFiles::of_read(input, &job::read_blocks(input, region.as_ref()))
     };
     let stats = write_output(
         &args,

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use crate::engine::workers::map_on_threads;
 use crate::error::{Error, Result};
-use crate::input::InputArray;
+use crate::input::{FileIdentity, InputArray};
 
 /// A file's identity: its device and inode.
 type Identity = (u64, u64);
@@ -74,29 +74,40 @@ impl InputFiles {
     /// the run may use.
     pub fn of_paths<'p>(paths: impl IntoIterator<Item = &'p Path>) -> InputFiles {
         let paths: Vec<&Path> = paths.into_iter().collect();
-        let found = map_on_threads(&paths, |path| {
-            let own = fs::symlink_metadata(path).ok();
-            let is_link = own
-                .as_ref()
-                .is_some_and(|meta| meta.file_type().is_symlink());
-            // Only a symlink names a file other than its own entry.
-            let named = is_link.then(|| fs::metadata(path).ok()).flatten();
-            let target = is_link
-                .then(|| path.canonicalize().ok())
-                .flatten()
-                .map(|real| parent_dir(&real));
-            let identities: Vec<Identity> = own.iter().chain(&named).map(identity).collect();
-            (identities, target)
-        });
+        let stats = map_on_threads(&paths, |path| PathStat::of(path));
+        InputFiles::of_stats(&paths, &stats)
+    }
+
+    /// [`InputFiles::of`], and the identity of each of `input`'s block
+    /// files now ([`FileIdentity::ABSENT`] for one that does not exist),
+    /// from the same stats: on a cluster filesystem each is a round trip.
+    pub fn of_with_identities(input: &InputArray) -> Result<(InputFiles, Vec<FileIdentity>)> {
+        let paths: Vec<&Path> = std::iter::once(input.source.as_path())
+            .chain(input.blocks.iter().map(|block| block.path.as_path()))
+            .collect();
+        let stats = map_on_threads(&paths, |path| PathStat::of(path));
+        let identities = paths
+            .iter()
+            .zip(&stats)
+            .skip(1)
+            .map(|(path, stat)| stat.identity(path))
+            .collect::<Result<_>>()?;
+        Ok((InputFiles::of_stats(&paths, &stats), identities))
+    }
+
+    /// The files at `paths`, as `stats` found them.
+    fn of_stats(paths: &[&Path], stats: &[PathStat]) -> InputFiles {
         let mut files = InputFiles::default();
-        for (path, (identities, target)) in paths.into_iter().zip(found) {
-            for id in identities {
+        for (path, stat) in paths.iter().zip(stats) {
+            let own = stat.own.as_ref().ok();
+            let named = stat.named.as_ref().and_then(|named| named.as_ref().ok());
+            for meta in own.into_iter().chain(named) {
                 files
                     .identities
-                    .entry(id)
+                    .entry(identity(meta))
                     .or_insert_with(|| path.to_path_buf());
             }
-            for dir in std::iter::once(parent_dir(path)).chain(target) {
+            for dir in std::iter::once(parent_dir(path)).chain(stat.target.clone()) {
                 files.dirs.entry(dir).or_insert_with(|| path.to_path_buf());
             }
         }
@@ -158,6 +169,47 @@ impl InputFiles {
     }
 }
 
+/// What stat'ing an input path finds: its own entry (`lstat`) and, for a
+/// symlink, the file it names and the directory that file is in.
+struct PathStat {
+    own: std::io::Result<Metadata>,
+    /// A symlink's target (only a symlink names a file other than its own
+    /// entry).
+    named: Option<std::io::Result<Metadata>>,
+    target: Option<PathBuf>,
+}
+
+impl PathStat {
+    fn of(path: &Path) -> PathStat {
+        let own = fs::symlink_metadata(path);
+        let is_link = own.as_ref().is_ok_and(|meta| meta.file_type().is_symlink());
+        PathStat {
+            own,
+            named: is_link.then(|| fs::metadata(path)),
+            target: is_link
+                .then(|| path.canonicalize().ok())
+                .flatten()
+                .map(|real| parent_dir(&real)),
+        }
+    }
+
+    /// The identity of the file `path` names, as `stat` (following a
+    /// symlink) gives it: [`FileIdentity::ABSENT`] if there is none.
+    fn identity(&self, path: &Path) -> Result<FileIdentity> {
+        match self.named.as_ref().unwrap_or(&self.own) {
+            Ok(meta) => Ok(FileIdentity::of_metadata(meta)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FileIdentity::ABSENT),
+            Err(e) => {
+                let again = e.raw_os_error().map_or_else(
+                    || std::io::Error::from(e.kind()),
+                    std::io::Error::from_raw_os_error,
+                );
+                Err(Error::io(path, "stat", again))
+            }
+        }
+    }
+}
+
 /// The directory holding `path`'s name (`.` for a bare name).
 fn parent_dir(path: &Path) -> PathBuf {
     match path.parent() {
@@ -187,5 +239,36 @@ mod tests {
         assert!(files.refuse_inside(&out).is_err());
         assert!(files.refuse_inside(dir.path()).is_err());
         assert!(files.refuse_inside(&dir.path().join("missing")).is_ok());
+    }
+
+    /// One stat pass gives each path the identity a `stat` of it does: a
+    /// symlink's is its target's, a missing file's and a dangling link's
+    /// are absent.
+    #[test]
+    fn a_path_stat_gives_the_identity_stat_gives() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("in.npy");
+        std::fs::write(&file, b"x").unwrap();
+        let link = dir.path().join("link.npy");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let dangling = dir.path().join("dangling.npy");
+        std::os::unix::fs::symlink(dir.path().join("gone"), &dangling).unwrap();
+        let missing = dir.path().join("missing.npy");
+        for path in [&file, &link, &dangling, &missing] {
+            assert_eq!(
+                PathStat::of(path).identity(path).unwrap(),
+                FileIdentity::now(path).unwrap(),
+                "{}",
+                path.display()
+            );
+        }
+        assert_eq!(
+            PathStat::of(&link).identity(&link).unwrap(),
+            FileIdentity::now(&file).unwrap()
+        );
+        assert_eq!(
+            PathStat::of(&missing).identity(&missing).unwrap(),
+            FileIdentity::ABSENT
+        );
     }
 }

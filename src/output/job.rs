@@ -32,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::format::BlockFormat;
 use crate::input::{FileIdentity, InputArray, InputBlock, ScanRecord};
 use crate::output::filetree::{Dir, FileTree, Node};
+use crate::output::inputs::InputFiles;
 
 /// The job record's name in OUT: hidden, so that no reader takes the
 /// directory for anything but its blocks.
@@ -210,6 +211,22 @@ pub fn read_blocks(input: &InputArray, region: Option<&Region>) -> Vec<usize> {
     IndexBox::new(grid.overlapping(region))
         .map(|index| grid.linear(&index) as usize)
         .collect()
+}
+
+/// Every input file's identity now, and the input files kept from harm
+/// ([`InputFiles::of`]), from one stat of each path.
+pub fn input_identity_and_files(input: &InputArray) -> Result<(Vec<InputIdentity>, InputFiles)> {
+    let (files, identities) = InputFiles::of_with_identities(input)?;
+    let identities = input
+        .blocks
+        .iter()
+        .zip(identities)
+        .map(|(block, identity)| InputIdentity {
+            path: block.path.clone(),
+            identity,
+        })
+        .collect();
+    Ok((identities, files))
 }
 
 /// Every input file's identity, now.
