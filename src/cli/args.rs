@@ -265,9 +265,9 @@ pub struct PlanningArgs {
     /// --shape on every side, indexed as zarr-python indexes them (views: uncompressed only).
     #[arg(long, value_name = "SHAPE")]
     pub shard: Option<String>,
-    /// Threads for the work on blocks: reading and decoding input blocks, copying them into
-    /// place, encoding and writing output blocks, downsampling pyramid levels; and for
-    /// stat'ing every input file before the first read. Default: the
+    /// Threads for the work on blocks: opening, reading and decoding input blocks, copying
+    /// them into place, encoding and writing output blocks, downsampling pyramid levels; and
+    /// for stat'ing every input file before the first read. Default: the
     /// CPUs this process may use, from its affinity mask and its cgroup's CPU quota, so
     /// taskset and SLURM's --cpus-per-task are honoured. The seeks counted do not depend on
     /// it (the calls are counted in the plan's order); each worker decoding or encoding holds
