@@ -302,12 +302,12 @@ impl<'a> InputReader<'a> {
     /// Reads the step `step_box` into its pieces `buffers` (the cells of
     /// `grid`), from every input block it overlaps. The step's files are
     /// opened and checked on the workers and kept open in C order; then the
-    /// workers take its blocks one at a time, each reading its block (an encoded one whole,
-    /// then decoding it) and copying it into the pieces ([`SharedPieces`]):
-    /// the storage sees a queue as deep as the workers, and the step waits
-    /// for them once. The calls are logged here in the plan's order, so
-    /// their count is the plan's for any number of workers: in
-    /// [`reads`](Self::reads); an absent chunk of an array read in place,
+    /// workers take its blocks one at a time, each reading its block (an
+    /// encoded one whole, then decoding it) and copying it into the pieces
+    /// ([`SharedPieces`]): the storage sees a queue as deep as the workers,
+    /// and the step waits for them once. The calls are logged here in the
+    /// plan's order, so their count is the plan's for any number of
+    /// workers: in [`reads`](Self::reads); an absent chunk of an array read in place,
     /// which makes none, is counted in `counter` at once. At most one
     /// encoded block per worker is decoded and held at a time: counted in
     /// [`decoded_peak`](Self::decoded_peak) as the planner allows for them,
@@ -430,14 +430,12 @@ impl<'a> InputReader<'a> {
         });
         for (rank, result) in opened {
             let (handle, identity) = result?;
-            match self.identities.entry(rank) {
-                Entry::Occupied(first) => {
-                    unchanged(&input.blocks[rank as usize], first.get(), &identity)?
-                }
-                Entry::Vacant(entry) => {
-                    entry.insert(identity);
-                }
-            }
+            note_identity(
+                &mut self.identities,
+                &input.blocks[rank as usize],
+                rank,
+                identity,
+            )?;
             self.handles.put(rank, handle);
         }
         Ok(())
@@ -807,14 +805,7 @@ fn ready_handle<'h>(
         }
     };
     if let Some(identity) = opened_as {
-        match identities.entry(rank) {
-            Entry::Occupied(first) => {
-                unchanged(&input.blocks[rank as usize], first.get(), &identity)?
-            }
-            Entry::Vacant(entry) => {
-                entry.insert(identity);
-            }
-        }
+        note_identity(identities, &input.blocks[rank as usize], rank, identity)?;
     }
     handles.put(rank, handle);
     handles.get(&rank).ok_or_else(|| {
@@ -823,6 +814,24 @@ fn ready_handle<'h>(
             "input handle vanished from cache",
         )
     })
+}
+
+/// Notes `identity`, that of input `rank`'s file (`block`) as just opened,
+/// in `identities`; a file opened before (and since evicted from the cache)
+/// must be as it was then ([`unchanged`]).
+fn note_identity(
+    identities: &mut HashMap<u64, FileIdentity>,
+    block: &InputBlock,
+    rank: u64,
+    identity: FileIdentity,
+) -> Result<()> {
+    match identities.entry(rank) {
+        Entry::Occupied(first) => unchanged(block, first.get(), &identity),
+        Entry::Vacant(entry) => {
+            entry.insert(identity);
+            Ok(())
+        }
+    }
 }
 
 /// Counts, through `count`, the segments a contiguous file would cost for
