@@ -350,7 +350,7 @@ impl<'a> LevelStream<'a> {
             .iter()
             .map(|taken| self.book.cells_bytes(&taken.region))
             .sum();
-        self.book.hold_cells(held);
+        self.book.hold(held);
         for taken in batch {
             let bytes = self.book.cells_bytes(&taken.region);
             if taken.cells.len() as u64 != bytes {
@@ -362,7 +362,7 @@ impl<'a> LevelStream<'a> {
             }
             self.place(0, &taken.region, &taken.cells, sinks)?;
             drop(taken);
-            self.book.release_cells(bytes);
+            self.book.let_go(bytes);
         }
         let peak = self.book.peak;
         for stats in &mut self.stats {

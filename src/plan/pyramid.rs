@@ -505,11 +505,10 @@ pub fn written_batches(plan: &Plan) -> impl Iterator<Item = Vec<Region>> + '_ {
                 let regions: Vec<Region> = IndexBox::new(plan.output.overlapping(&slab))
                     .filter_map(|index| plan.output.block(&index).intersect(&slab))
                     .collect();
-                let batches: Vec<Vec<Region>> = regions
+                regions
                     .chunks(WRITE_BATCH_BLOCKS)
                     .map(<[Region]>::to_vec)
-                    .collect();
-                batches
+                    .collect::<Vec<_>>()
             })
     })
 }
@@ -638,14 +637,10 @@ impl StreamBook {
             origin.iter().zip(&end).map(|(o, e)| e - o).collect(),
         );
         let bytes = self.block_bytes(k + 1, rank);
-        let left = match self.open[k + 1].entry(rank) {
-            std::collections::hash_map::Entry::Occupied(begun) => begun.into_mut(),
-            std::collections::hash_map::Entry::Vacant(new) => {
-                self.held += bytes;
-                self.peak = self.peak.max(self.held);
-                new.insert(block.volume())
-            }
-        };
+        if !self.open[k + 1].contains_key(&rank) {
+            self.hold(bytes);
+        }
+        let left = self.open[k + 1].entry(rank).or_insert(block.volume());
         *left = left.checked_sub(cells.volume())?;
         let complete = *left == 0;
         if complete {
@@ -660,17 +655,18 @@ impl StreamBook {
 
     /// Block `rank` of level `k`, complete, is written and passed on.
     pub fn release(&mut self, k: usize, rank: u64) {
-        self.held -= self.block_bytes(k, rank);
+        self.let_go(self.block_bytes(k, rank));
     }
 
-    /// The cells of a batch of level-0 regions are made: `bytes` more held.
-    pub fn hold_cells(&mut self, bytes: u64) {
+    /// `bytes` more are held: a block begun, or the cells of a batch of
+    /// level-0 regions as the workers made them.
+    pub fn hold(&mut self, bytes: u64) {
         self.held += bytes;
         self.peak = self.peak.max(self.held);
     }
 
-    /// Cells of `bytes` are placed in their block and let go.
-    pub fn release_cells(&mut self, bytes: u64) {
+    /// `bytes` held are let go: a block written, or cells placed in theirs.
+    pub fn let_go(&mut self, bytes: u64) {
         self.held -= bytes;
     }
 
@@ -714,7 +710,7 @@ pub fn stream_cost(
 ) -> std::result::Result<PyramidCost, String> {
     let mut book = StreamBook::new(pyramid, files, elem, plan.problem.workers);
     for batch in written_batches(plan) {
-        book.hold_cells(batch.iter().map(|region| book.cells_bytes(region)).sum());
+        book.hold(batch.iter().map(|region| book.cells_bytes(region)).sum());
         for region in &batch {
             if feed(&mut book, 0, region).is_none() {
                 return Err(
@@ -723,7 +719,7 @@ pub fn stream_cost(
                         .into(),
                 );
             }
-            book.release_cells(book.cells_bytes(region));
+            book.let_go(book.cells_bytes(region));
         }
     }
     if !book.finished() {
