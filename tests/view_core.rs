@@ -249,10 +249,25 @@ fn stepped_run_observed(
 
 /// Lets a stepped run go one read block at a time until output block
 /// `rank` is done.
-fn step_until_done(core: &ViewCore, go: &mpsc::Sender<()>, rank: u64) {
-    while !core.is_done(rank) {
+/// Starts a stepped run and lets it read one block at a time until output
+/// block `rank` is done. Each step waits for the run to stop again before
+/// looking, so it goes at most a read block or two past that point, however
+/// slow the writer is: steps sent blindly would queue up and could finish
+/// the whole run.
+fn stepped_run_until_done(
+    f: &Fixture,
+    core: &Arc<ViewCore>,
+    rank: u64,
+) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (go, reached, runner) =
+        stepped_run_observed(f, core.clone(), Arc::new(AtomicBool::new(false)), false);
+    loop {
+        let stopped = reached.recv_timeout(Duration::from_secs(30));
+        if core.is_done(rank) {
+            return (go, runner);
+        }
+        assert!(stopped.is_ok(), "block {rank} not done and the run stopped");
         go.send(()).unwrap();
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -338,8 +353,7 @@ fn a_pending_read_waits_for_its_block_while_done_blocks_are_served() {
         "a pending block's data cannot be served yet"
     );
 
-    let (go, runner) = stepped_run(&f, core.clone());
-    step_until_done(&core, &go, 0);
+    let (go, runner) = stepped_run_until_done(&f, &core, 0);
     // Block 0 is done, the last one is not: reading block 0 is answered
     // during the read call itself, while the other read stays parked.
     assert!(!core.is_done(last));
@@ -407,8 +421,7 @@ fn a_failed_materialiser_fails_pending_reads_and_keeps_done_blocks() {
     let (core, _) = open_core(&f);
     let last = core.output().count() - 1;
     let parked = read_into(&core, block_ino(&core, last), 0, 1 << 20);
-    let (go, runner) = stepped_run(&f, core.clone());
-    step_until_done(&core, &go, 0);
+    let (go, runner) = stepped_run_until_done(&f, &core, 0);
     core.fail("input vanished: test".into());
     assert_eq!(
         parked.recv_timeout(Duration::from_secs(5)).unwrap(),
@@ -615,8 +628,7 @@ fn the_wait_file_is_answered_when_every_block_is_done() {
     // Read in two parts through one handle, as a reader with a small
     // buffer would: both parts must come from the same snapshot.
     let head = read_handle(&core, handle, ino, 0, 40);
-    let (go, runner) = stepped_run(&f, core.clone());
-    step_until_done(&core, &go, 0);
+    let (go, runner) = stepped_run_until_done(&f, &core, 0);
     assert!(
         head.try_recv().is_err(),
         "the wait must not end while blocks are pending"
