@@ -91,10 +91,25 @@ impl FileIdentity {
 
     /// The identity of `path` now, [`ABSENT`](Self::ABSENT) if it does not exist.
     pub fn now(path: &Path) -> Result<FileIdentity> {
-        match fs::metadata(path) {
-            Ok(meta) => Ok(FileIdentity::of_metadata(&meta)),
+        FileIdentity::of_stat(path, fs::metadata(path).as_ref())
+    }
+
+    /// The identity that `stat` of `path` (following a symlink) found:
+    /// [`ABSENT`](Self::ABSENT) for a file that does not exist.
+    pub fn of_stat(
+        path: &Path,
+        stat: std::result::Result<&fs::Metadata, &std::io::Error>,
+    ) -> Result<FileIdentity> {
+        match stat {
+            Ok(meta) => Ok(FileIdentity::of_metadata(meta)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FileIdentity::ABSENT),
-            Err(e) => Err(Error::io(path, "stat", e)),
+            Err(e) => {
+                let error = e.raw_os_error().map_or_else(
+                    || std::io::Error::from(e.kind()),
+                    std::io::Error::from_raw_os_error,
+                );
+                Err(Error::io(path, "stat", error))
+            }
         }
     }
 

@@ -196,17 +196,7 @@ impl PathStat {
     /// The identity of the file `path` names, as `stat` (following a
     /// symlink) gives it: [`FileIdentity::ABSENT`] if there is none.
     fn identity(&self, path: &Path) -> Result<FileIdentity> {
-        match self.named.as_ref().unwrap_or(&self.own) {
-            Ok(meta) => Ok(FileIdentity::of_metadata(meta)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FileIdentity::ABSENT),
-            Err(e) => {
-                let again = e.raw_os_error().map_or_else(
-                    || std::io::Error::from(e.kind()),
-                    std::io::Error::from_raw_os_error,
-                );
-                Err(Error::io(path, "stat", again))
-            }
-        }
+        FileIdentity::of_stat(path, self.named.as_ref().unwrap_or(&self.own).as_ref())
     }
 }
 
