@@ -44,6 +44,22 @@ def cpu_model():
     return platform.processor() or "?"
 
 
+def idle_wake():
+    """How an idle CPU is woken: its cpuidle driver and, for a VM guest's
+    haltpoll driver, how long it polls before halting. With 0 every wake of
+    an idle virtual CPU (a thread handing work to another) is an exit to the
+    hypervisor, which costs the tools with more hand-overs more."""
+    try:
+        driver = read_text("/sys/devices/system/cpu/cpuidle/current_driver").strip()
+    except OSError:
+        return "?"
+    try:
+        poll = int(read_text("/sys/module/haltpoll/parameters/guest_halt_poll_ns"))
+    except (OSError, ValueError):
+        return driver
+    return f"{driver}, polling {poll:,} ns before halting{' (each wake exits to the hypervisor)' if poll == 0 else ''}"
+
+
 def mount_of(path):
     """(mount point, device, fs type) of the filesystem holding path."""
     best = ("?", "?", "?")
@@ -96,7 +112,7 @@ def machine_lines(workdir):
     lines = [
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"- host: {platform.node()}; kernel: {platform.release()} ({platform.machine()})",
-        f"- CPUs: nproc {nproc_avail} (os.cpu_count {os.cpu_count()}), {cpu_model()}",
+        f"- CPUs: nproc {nproc_avail} (os.cpu_count {os.cpu_count()}), {cpu_model()}; idle: {idle_wake()}",
         f"- memory: total {show_bytes(mem.get('MemTotal'))}, free {show_bytes(mem.get('MemFree'))}, "
         f"available {show_bytes(mem.get('MemAvailable'))}, page cache {show_bytes(mem.get('Cached'))}, "
         f"swap {show_bytes(mem.get('SwapTotal'))}",
