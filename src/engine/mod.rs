@@ -411,8 +411,10 @@ impl<'a> Executor<'a> {
         let peak = plan.prediction.peak_bytes;
         let mut buffers = self.pool.take_step(&lens, self.held, peak);
         self.hold(step_box.volume() * self.elem);
+        let working = workers.working();
         self.reader
             .read_step(&step_box, &grid, &mut buffers, (&mut self.counter, workers))?;
+        drop(working);
         // A decoded input block was held beside the step while it was
         // read, and the encoders may hold their blocks.
         let decoded = std::mem::take(&mut self.reader.decoded_peak);

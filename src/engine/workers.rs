@@ -169,6 +169,14 @@ impl Workers {
             .collect()
     }
 
+    /// Counts the calling thread (the reader, the writer) as a busy worker
+    /// until the guard is dropped, so that batches take helpers only for
+    /// CPUs no other thread of the run is using: more threads running than
+    /// CPUs would take turns on them, each switch a cost.
+    pub(super) fn working(&self) -> impl Drop {
+        Busy::start(&self.busy)
+    }
+
     /// Runs `task` on a worker, or at once on the calling thread when it
     /// is the one worker. A task must answer its own panics: one that
     /// escapes a worker aborts the process.

@@ -279,7 +279,9 @@ impl<'a> Writer<'a> {
     ) {
         for job in jobs {
             let read_block = job.read_block;
+            let working = workers.working();
             let result = self.write(&job, &mut **sink.lock(), workers);
+            drop(working);
             let sent = match result {
                 Ok((writes, blocks_completed)) => reports
                     .send(Ok(WriteReport::Written {
