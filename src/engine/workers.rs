@@ -254,6 +254,18 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_takes_no_helper_while_the_run_uses_every_cpu() {
+        let workers = Workers::new(2).unwrap();
+        let here = std::thread::current().id();
+        // The reader and the writer at work: both CPUs taken.
+        let (reader, writer) = (workers.working(), workers.working());
+        let threads = workers.map(0..64, |_| std::thread::current().id());
+        assert!(threads.iter().all(|&thread| thread == here));
+        drop((reader, writer));
+        assert_eq!(workers.busy.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
     fn a_task_runs_on_a_worker_or_at_once_on_the_one() {
         let one = Workers::one();
         let (sent, got) = std::sync::mpsc::channel();
