@@ -247,8 +247,6 @@ fn stepped_run_observed(
     (go, reached, handle)
 }
 
-/// Lets a stepped run go one read block at a time until output block
-/// `rank` is done.
 /// Starts a stepped run and lets it read one block at a time until output
 /// block `rank` is done. Each step waits for the run to stop again before
 /// looking, so it goes at most a read block or two past that point, however
