@@ -718,7 +718,7 @@ fn extracting_a_block_of_absent_chunks_reads_nothing() {
     let region = rechunkfs::array::geometry::Region::new(vec![48, 48, 48], vec![16, 32, 16]);
     let mut dest = vec![0u8; region.volume() as usize * 2];
     let mut counter = rechunkfs::engine::seekio::SeekCounter::default();
-    rechunkfs::engine::read_region(&input, &region, &mut dest, &mut counter, None).unwrap();
+    rechunkfs::engine::read_region(&input, &region, &mut dest, &mut counter, None, 2).unwrap();
     assert_eq!(counter.read_seeks, 0, "no I/O, no seek");
     assert_eq!(counter.bytes_read, 0);
     assert_eq!(dest.len(), 16 * 32 * 16 * 2);
@@ -726,7 +726,8 @@ fn extracting_a_block_of_absent_chunks_reads_nothing() {
 }
 
 /// A far block of present chunks: one read per input block it touches,
-/// each the span of its part and no more.
+/// each the span of its part and no more, counted alike and the same
+/// bytes however many threads read the parts.
 #[test]
 fn extracting_a_block_reads_one_span_per_input_block() {
     let root = tempfile::tempdir().unwrap();
@@ -743,14 +744,74 @@ fn extracting_a_block_reads_one_span_per_input_block() {
     let input = InputArray::scan_with(&dir, None, HeaderChecks::BeforeUse).expect("scan");
     // Inside 2 × 2 × 2 input blocks.
     let region = rechunkfs::array::geometry::Region::new(vec![5, 6, 5], vec![10, 12, 10]);
-    let mut dest = vec![0u8; region.volume() as usize * 2];
-    let mut counter = rechunkfs::engine::seekio::SeekCounter::default();
-    rechunkfs::engine::read_region(&input, &region, &mut dest, &mut counter, None).unwrap();
-    assert_eq!(counter.read_seeks, 8, "one read per input block");
     // Each part's span: from its first row to its last, rows 10 × 12
     // apart in a 10 × 12 × 10 block of 2-byte elements.
     let part = |rows: [u64; 3]| ((rows[0] - 1) * 120 + (rows[1] - 1) * 10 + rows[2]) * 2;
-    assert_eq!(counter.bytes_read, 8 * part([5, 6, 5]));
+    let mut on_one = None;
+    for threads in [1, 2, 3, 8] {
+        let mut dest = vec![0u8; region.volume() as usize * 2];
+        let mut counter = rechunkfs::engine::seekio::SeekCounter::default();
+        let held =
+            rechunkfs::engine::read_region(&input, &region, &mut dest, &mut counter, None, threads)
+                .unwrap();
+        assert_eq!(counter.read_seeks, 8, "one read per input block");
+        assert_eq!(counter.bytes_read, 8 * part([5, 6, 5]));
+        // The spans of as many parts as were read at once.
+        assert_eq!(
+            held,
+            threads.min(8) as u64 * part([5, 6, 5]),
+            "{threads} threads"
+        );
+        let on_one = on_one.get_or_insert_with(|| dest.clone());
+        assert!(
+            *on_one == dest,
+            "{threads} threads: the same bytes as on one"
+        );
+    }
+    let expected = common::oracle::sample_bytes(&array, &[5, 6, 5], &[10, 12, 10], 2);
+    assert!(on_one.unwrap() == expected, "the region's values");
+}
+
+/// A block of a zstd Zarr array zarr-python wrote, extracted on 1, 2, 3
+/// and 8 threads: each chunk it touches read whole once and decoded, the
+/// same reads counted and the sample's bytes every time, holding no more
+/// than a decoded chunk and its encoding per thread.
+#[test]
+fn extracting_a_block_of_compressed_chunks_is_the_same_on_every_thread_count() {
+    require!(Readers);
+    let root = tempfile::tempdir().unwrap();
+    let array = [40u64, 36, 30];
+    let zarr = root.path().join("zstd.zarr");
+    common::zarr_python_writes(
+        &zarr,
+        &array,
+        &[10, 12, 10],
+        "<u2",
+        "3",
+        &["--codec", "zstd"],
+    );
+    let input = InputArray::scan_with(&zarr, None, HeaderChecks::BeforeUse).expect("scan");
+    // Across 2 × 2 × 2 chunks, the last of them at the array's edge.
+    let region = rechunkfs::array::geometry::Region::new(vec![25, 20, 15], vec![15, 16, 15]);
+    let expected = common::oracle::sample_bytes(&array, &region.origin, &region.shape, 2);
+    let most_per_thread = rechunkfs::engine::region_read_bytes(&input);
+    let mut reads_on_one = None;
+    for threads in [1usize, 2, 3, 8] {
+        let mut dest = vec![0u8; region.volume() as usize * 2];
+        let mut counter = rechunkfs::engine::seekio::SeekCounter::default();
+        let held =
+            rechunkfs::engine::read_region(&input, &region, &mut dest, &mut counter, None, threads)
+                .unwrap();
+        assert!(dest == expected, "{threads} threads: the sample's bytes");
+        assert_eq!(counter.read_seeks, 8, "one read per chunk");
+        let reads = (counter.read_seeks, counter.bytes_read);
+        assert_eq!(
+            *reads_on_one.get_or_insert(reads),
+            reads,
+            "{threads} threads"
+        );
+        assert!(held > 0 && held <= threads.min(8) as u64 * most_per_thread);
+    }
 }
 
 /// An identity encoding that counts the blocks being encoded at once; the

@@ -1117,8 +1117,10 @@ fn prepared_within(
 }
 
 /// Extracting a block beside the plan holds one output block and one input
-/// block's buffer; the plan is made within --mem less exactly that, and a
-/// --mem one byte short of the least plan plus it leaves blocks to the plan.
+/// block's buffer per thread reading its input blocks (each output block
+/// here overlaps two); the plan is made within --mem less exactly that, a
+/// --mem short of it on two threads extracts on one, and a --mem one byte
+/// short of the least plan plus one thread's leaves blocks to the plan.
 #[test]
 fn the_plan_leaves_exactly_one_extractions_bytes_of_mem_free() {
     let root = tempfile::tempdir().unwrap();
@@ -1130,10 +1132,13 @@ fn the_plan_leaves_exactly_one_extractions_bytes_of_mem_free() {
         dtype("<u2"),
         BlockFormat::Npy,
     );
-    let extraction = 20 * 12 * 10 * 2 + 10 * 12 * 10 * 2;
+    let threads = rechunkfs::engine::workers::threads().min(2) as u64;
+    let on = |threads: u64| 20 * 12 * 10 * 2 + threads * 10 * 12 * 10 * 2;
+    let extraction = on(threads);
     let generous = prepared_within(&input, root.path(), "generous", 1 << 30);
     assert!(generous.on_demand);
     assert_eq!(generous.core.status().on_demand_reserved_bytes, extraction);
+    assert_eq!(generous.core.on_demand_threads() as u64, threads);
     assert!(generous.plan.prediction.peak_bytes + extraction <= 1 << 30);
     let problem = generous.plan.problem.clone();
     drop(generous);
@@ -1152,13 +1157,20 @@ fn the_plan_leaves_exactly_one_extractions_bytes_of_mem_free() {
     assert_eq!(fits.core.status().on_demand_reserved_bytes, extraction);
     assert!(fits.plan.prediction.peak_bytes + extraction <= least + extraction);
     drop(fits);
-    let short = prepared_within(&input, root.path(), "short", least + extraction - 1);
+    if threads > 1 {
+        let one = prepared_within(&input, root.path(), "one", least + extraction - 1);
+        assert!(one.on_demand, "room for an extraction on one thread");
+        assert_eq!(one.core.status().on_demand_reserved_bytes, on(1));
+        assert_eq!(one.core.on_demand_threads(), 1);
+        drop(one);
+    }
+    let short = prepared_within(&input, root.path(), "short", least + on(1) - 1);
     assert!(
         !short.on_demand,
         "no room for an extraction beside the plan"
     );
     assert_eq!(short.core.status().on_demand_reserved_bytes, 0);
-    assert!(short.plan.prediction.peak_bytes < least + extraction);
+    assert!(short.plan.prediction.peak_bytes < least + on(1));
 }
 
 /// A block the plan is partway through writing is left to it: the

@@ -9,25 +9,30 @@ use super::inputs::{
     count_as_contiguous, decoded_block, read_ahead_input, read_hdf5_pieces, unchanged, unchecked,
     InputHandle, InputWitness,
 };
-use super::pieces::{InFile, PieceGrid, RowLayout};
-use super::seekio::{self, FileKey, SeekCounter};
+use super::pieces::{InFile, PieceGrid, PieceTarget, RowLayout, SharedPieces};
+use super::seekio::{self, FileKey, SeekCounter, SeekLog};
+use super::workers::map_on;
 use crate::array::geometry::{Axis, IndexBox, Partition, Region};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::Storage;
 use crate::input::{InputArray, InputBlock};
 use crate::sys::files::open_regular_with_metadata;
 
 /// Reads `region` of the whole array into `dest`, a C-order buffer of the
 /// region's shape, straight from the input blocks it overlaps: one read
-/// per input block (the span of its part), counted in `counter`, each
-/// input told to `witness` first; an absent chunk is filled in memory,
-/// nothing read or counted. For extracting one output block ahead
-/// of the plan. An input whose file changes while its part is read
+/// per input block (the span of its part), counted in `counter` in C order
+/// of the blocks, each input told to `witness` first; an absent chunk is
+/// filled in memory, nothing read or counted. Up to `threads` blocks are
+/// read (and decoded) at once, each into its own part of `dest`; blocks
+/// read through libhdf5 go one at a time, under its lock. For extracting
+/// one output block ahead of the plan. An input whose file changes while
+/// its part is read
 /// ([`Error::InputChanged`](crate::error::Error::InputChanged)) fails the
 /// extraction: the region would mix two versions of it.
 ///
-/// Returns the most bytes it held beside `dest` at once (one part's span,
-/// or one decoded block and its encoding), never above
+/// Returns the most bytes it can have held beside `dest` at once: its
+/// parts' buffers (a part's span, or a decoded block and its encoding),
+/// the largest as many as were read at once, never above `threads` ×
 /// [`region_read_bytes`].
 pub fn read_region(
     input: &InputArray,
@@ -35,27 +40,52 @@ pub fn read_region(
     dest: &mut Vec<u8>,
     counter: &mut SeekCounter,
     witness: Option<&dyn InputWitness>,
+    threads: usize,
 ) -> Result<u64> {
-    let grid_of_inputs = input.grid();
-    let mut extraction = Extraction {
+    let inputs = input.grid();
+    let elem = input.dtype.size as u64;
+    let grid = PieceGrid::new(&cut_at(region, &input.shape), region);
+    let cells: Vec<Vec<usize>> = IndexBox::new(inputs.overlapping(region))
+        .filter(|cell| inputs.block(cell).intersect(region).is_some())
+        .collect();
+    let extraction = Extraction {
         input,
-        elem: input.dtype.size as u64,
-        grid: PieceGrid::new(&cut_at(region, &input.shape), region),
-        counter,
+        inputs: &inputs,
+        elem,
+        grid: &grid,
         witness,
-        held: 0,
     };
-    let buffers = std::slice::from_mut(dest);
-    for input_index in IndexBox::new(grid_of_inputs.overlapping(region)) {
-        let block_box = grid_of_inputs.block(&input_index);
-        let file_box = input.files.file_box(&block_box);
-        let Some(part) = block_box.intersect(region) else {
-            continue;
-        };
-        let rank = grid_of_inputs.linear(&input_index);
-        extraction.read_part(rank, &part, &file_box, buffers)?;
+    let by_library = cells.iter().any(|cell| {
+        let block = &input.blocks[inputs.linear(cell) as usize];
+        matches!(block.storage, Storage::Hdf5Dataset { .. })
+    });
+    let at_once = match by_library {
+        true => 1,
+        false => threads.clamp(1, cells.len().max(1)),
+    };
+    let parts: Vec<Result<PartRead>> = if at_once == 1 {
+        let buffers = std::slice::from_mut(dest);
+        let mut parts = Vec::with_capacity(cells.len());
+        for cell in &cells {
+            parts.push(Ok(extraction.read_part_here(cell, buffers)?));
+        }
+        parts
+    } else {
+        let shared = SharedPieces::new(&grid, std::slice::from_mut(dest), (&inputs, &cells), elem)?;
+        let indexed: Vec<(usize, &Vec<usize>)> = cells.iter().enumerate().collect();
+        map_on(at_once, &indexed, |(k, cell)| {
+            let mut target = shared.claim(*k)?;
+            extraction.read_part(cell, &mut target)
+        })
+    };
+    let mut held = Vec::with_capacity(parts.len());
+    for part in parts {
+        let mut part = part?;
+        part.reads.replay_into(counter);
+        held.push(part.held);
     }
-    Ok(extraction.held)
+    held.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(held.iter().take(at_once).sum())
 }
 
 /// The most bytes [`read_region`] can hold beside its destination, for any
@@ -97,27 +127,74 @@ fn cut_at(region: &Region, shape: &[u64]) -> Partition {
 /// A region being read from the inputs: the one piece it is read into.
 struct Extraction<'x> {
     input: &'x InputArray,
+    /// The input blocks' grid.
+    inputs: &'x Partition,
     elem: u64,
-    grid: PieceGrid,
-    counter: &'x mut SeekCounter,
+    grid: &'x PieceGrid,
     witness: Option<&'x dyn InputWitness>,
-    /// The most bytes held beside the region's piece so far.
+}
+
+/// What reading one input block's part made: its reads, to be counted in
+/// the blocks' order, and the most bytes it held beside the region.
+#[derive(Default)]
+struct PartRead {
+    reads: SeekLog,
     held: u64,
 }
 
 impl Extraction<'_> {
-    /// Reads `part` of input block `rank` (whose file holds `file_box`)
-    /// into the region's piece `buffers`.
-    fn read_part(
-        &mut self,
-        rank: u64,
-        part: &Region,
-        file_box: &Region,
-        buffers: &mut [Vec<u8>],
-    ) -> Result<()> {
+    /// Reads the part of input block `cell` inside the region into
+    /// `buffers`, the region's one piece, on this thread: through libhdf5
+    /// when the block is an HDF5 dataset it reads.
+    fn read_part_here(&self, cell: &[usize], buffers: &mut [Vec<u8>]) -> Result<PartRead> {
+        let rank = self.inputs.linear(cell);
         let block = &self.input.blocks[rank as usize];
+        if !matches!(block.storage, Storage::Hdf5Dataset { .. }) {
+            return self.read_part(cell, buffers);
+        }
+        let (part, file_box) = self.part_of(cell)?;
+        let (handle, then) = InputHandle::open(self.input, rank, None, self.witness)?;
+        let InputHandle::Hdf5(reader) = &handle else {
+            return Err(unchecked(&block.path));
+        };
+        let mut read = PartRead::default();
+        let layout = RowLayout::new(&part, &file_box, self.elem, self.grid);
         let key = FileKey::Input(rank);
-        let layout = RowLayout::new(part, file_box, self.elem, &self.grid);
+        count_as_contiguous(&layout, |offset, len| read.reads.read(key, offset, len))?;
+        read_hdf5_pieces(
+            reader,
+            &InFile::of(&part, &file_box),
+            &part,
+            self.grid,
+            buffers,
+        )?;
+        unchanged(block, &then, &handle.identity_now(block)?)?;
+        Ok(read)
+    }
+
+    /// Input block `cell`'s part of the region, and the box its file holds.
+    fn part_of(&self, cell: &[usize]) -> Result<(Region, Region)> {
+        let block_box = self.inputs.block(cell);
+        let file_box = self.input.files.file_box(&block_box);
+        let part = block_box
+            .intersect(&self.grid.container())
+            .ok_or_else(|| Error::Internal("an input block outside the region".into()))?;
+        Ok((part, file_box))
+    }
+
+    /// Reads the part of input block `cell` (not one libhdf5 reads) inside
+    /// the region into `target`.
+    fn read_part(
+        &self,
+        cell: &[usize],
+        target: &mut (impl PieceTarget + ?Sized),
+    ) -> Result<PartRead> {
+        let rank = self.inputs.linear(cell);
+        let block = &self.input.blocks[rank as usize];
+        let (part, file_box) = self.part_of(cell)?;
+        let key = FileKey::Input(rank);
+        let layout = RowLayout::new(&part, &file_box, self.elem, self.grid);
+        let mut read = PartRead::default();
         if let Storage::Absent { fill } = &block.storage {
             // Nothing to read: no I/O is made or counted, and no chunk is
             // decoded; the fill value goes straight into the rows. (The
@@ -126,10 +203,28 @@ impl Extraction<'_> {
             if let Some(witness) = self.witness {
                 witness.reading(rank, block, None)?;
             }
-            return layout.for_each_segment(|segment| layout.fill_segment(segment, buffers, fill));
+            layout.for_each_segment(|segment| layout.fill_segment(segment, target, fill))?;
+            return Ok(read);
         }
         if self.input.files.is_encoded() {
-            return self.read_encoded_part(rank, &layout, file_box, buffers);
+            // The block is read whole and decoded, and the part copied out
+            // of it. The witness is told of the file by the open.
+            let opened = Some(InputHandle::open(self.input, rank, None, self.witness)?);
+            let handle = opened.as_ref().map(|(handle, _)| handle);
+            let mut encoded_len = 0;
+            let decoded = decoded_block(handle, block, &file_box.shape, |offset, len| {
+                encoded_len = len;
+                read.reads.read(key, offset, len)
+            })?;
+            // The encoding is held while it is decoded.
+            read.held = decoded.len() as u64 + encoded_len;
+            if let Some((handle, then)) = &opened {
+                unchanged(block, then, &handle.identity_now(block)?)?;
+            }
+            layout.for_each_segment(|segment| {
+                layout.copy_segment_from(&decoded, 0, segment, target)
+            })?;
+            return Ok(read);
         }
         // One read of the span from the part's first byte to its last, then
         // rows copied out: an out-of-order extraction pays in seeks, and a
@@ -137,63 +232,18 @@ impl Extraction<'_> {
         let (first, end) = span_of(&layout)?;
         let opened = open_with_span_ahead(block, first, end)?;
         let (handle, then) = InputHandle::open(self.input, rank, opened, self.witness)?;
-        match &handle {
-            InputHandle::Contiguous { file, data_offset } => {
-                self.held = self.held.max(end - first);
-                let mut span = vec![0u8; (end - first) as usize];
-                let at = data_offset + first;
-                seekio::read_exact_at(file, &block.path, &mut [IoSliceMut::new(&mut span)], at)?;
-                self.counter.read(key, at, end - first);
-                layout.for_each_segment(|segment| {
-                    layout.copy_segment_from(&span, first, segment, buffers)
-                })?;
-            }
-            InputHandle::Hdf5(reader) => {
-                let counter = &mut *self.counter;
-                count_as_contiguous(&layout, |offset, len| counter.read(key, offset, len))?;
-                read_hdf5_pieces(
-                    reader,
-                    &InFile::of(part, file_box),
-                    part,
-                    &self.grid,
-                    buffers,
-                )?;
-            }
-            InputHandle::Opened(..) | InputHandle::Encoded(_) => {
-                return Err(unchecked(&block.path))
-            }
-        }
-        unchanged(block, &then, &handle.identity_now(block)?)
-    }
-
-    /// Reads `layout`'s part of encoded input block `rank` (whose decoded
-    /// block is `file_box`) into `buffers`: the block is read whole and
-    /// decoded, and the part copied out of it.
-    fn read_encoded_part(
-        &mut self,
-        rank: u64,
-        layout: &RowLayout,
-        file_box: &Region,
-        buffers: &mut [Vec<u8>],
-    ) -> Result<()> {
-        let block = &self.input.blocks[rank as usize];
-        // The witness is told of the file by the open (absent chunks are
-        // filled before this).
-        let opened = Some(InputHandle::open(self.input, rank, None, self.witness)?);
-        let handle = opened.as_ref().map(|(handle, _)| handle);
-        let counter = &mut *self.counter;
-        let key = FileKey::Input(rank);
-        let mut encoded_len = 0;
-        let decoded = decoded_block(handle, block, &file_box.shape, |offset, len| {
-            encoded_len = len;
-            counter.read(key, offset, len)
-        })?;
-        // The encoding is held while it is decoded.
-        self.held = self.held.max(decoded.len() as u64 + encoded_len);
-        if let Some((handle, then)) = &opened {
-            unchanged(block, then, &handle.identity_now(block)?)?;
-        }
-        layout.for_each_segment(|segment| layout.copy_segment_from(&decoded, 0, segment, buffers))
+        let InputHandle::Contiguous { file, data_offset } = &handle else {
+            return Err(unchecked(&block.path));
+        };
+        read.held = end - first;
+        let mut span = vec![0u8; (end - first) as usize];
+        let at = data_offset + first;
+        seekio::read_exact_at(file, &block.path, &mut [IoSliceMut::new(&mut span)], at)?;
+        read.reads.read(key, at, end - first);
+        layout
+            .for_each_segment(|segment| layout.copy_segment_from(&span, first, segment, target))?;
+        unchanged(block, &then, &handle.identity_now(block)?)?;
+        Ok(read)
     }
 }
 

@@ -43,7 +43,11 @@ pub fn map_on_threads<T: Sync, R: Send>(items: &[T], job: impl Fn(&T) -> R + Syn
 }
 
 /// [`map_on_threads`] on up to `threads` threads.
-fn map_on<T: Sync, R: Send>(threads: usize, items: &[T], job: impl Fn(&T) -> R + Sync) -> Vec<R> {
+pub(super) fn map_on<T: Sync, R: Send>(
+    threads: usize,
+    items: &[T],
+    job: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
     let threads = threads.min(items.len());
     if threads <= 1 {
         return items.iter().map(job).collect();

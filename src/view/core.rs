@@ -99,6 +99,8 @@ pub(super) struct ViewState {
     /// it beside the plan's within `--mem` (0: no extraction).
     pub(super) on_demand_peak_bytes: u64,
     pub(super) on_demand_reserved_bytes: u64,
+    /// The threads one extraction reads its input blocks on.
+    pub(super) on_demand_threads: usize,
     /// The filesystem the materialiser waits for space on, if it does.
     pub(super) waiting_for_space: Option<std::path::PathBuf>,
 }
@@ -123,6 +125,7 @@ impl ViewState {
             on_demand_bytes_read: 0,
             on_demand_peak_bytes: 0,
             on_demand_reserved_bytes: 0,
+            on_demand_threads: 1,
             waiting_for_space: None,
         }
     }
@@ -834,9 +837,17 @@ impl ViewCore {
         state.on_demand_peak_bytes = state.on_demand_peak_bytes.max(extracted.held_bytes);
     }
 
-    /// The bytes set aside within `--mem` for extracting a block on demand.
-    pub fn reserve_on_demand(&self, bytes: u64) {
-        self.state.lock().on_demand_reserved_bytes = bytes;
+    /// The bytes set aside within `--mem` for extracting a block on
+    /// demand, on `threads` threads.
+    pub fn reserve_on_demand(&self, bytes: u64, threads: usize) {
+        let mut state = self.state.lock();
+        state.on_demand_reserved_bytes = bytes;
+        state.on_demand_threads = threads.max(1);
+    }
+
+    /// The threads one extraction reads its input blocks on.
+    pub fn on_demand_threads(&self) -> usize {
+        self.state.lock().on_demand_threads
     }
 
     /// The materialiser waits for space on the filesystem at `filesystem`

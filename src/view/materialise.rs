@@ -104,13 +104,15 @@ const SYNC_BATCH_AGE: Duration = Duration::from_secs(2);
 
 /// The most bytes extracting one output block of `output_block` (the
 /// shape of the view's blocks, or of its shards of `shard_chunks`) from
-/// `input` holds at once: the block's array, beside either one input
-/// block's buffer while it is read ([`region_read_bytes`]) or, for a
-/// shard, its encoding. The view's plan leaves this much of `--mem` free.
+/// `input` on `threads` threads holds at once: the block's array, beside
+/// either one input block's buffer per thread while they are read
+/// ([`region_read_bytes`]) or, for a shard, its encoding. The view's plan
+/// leaves this much of `--mem` free.
 pub fn on_demand_bytes(
     input: &InputArray,
     output_block: &[u64],
     shard_chunks: Option<&[u64]>,
+    threads: usize,
 ) -> Result<u64> {
     let block = volume(output_block) * input.dtype.size as u64;
     let encoded = match shard_chunks {
@@ -119,7 +121,28 @@ pub fn on_demand_bytes(
             .file_len(),
         None => 0,
     };
-    Ok(block + region_read_bytes(input).max(encoded))
+    Ok(block + (threads as u64 * region_read_bytes(input)).max(encoded))
+}
+
+/// The threads worth extracting a block of `output_block` from `input`
+/// on, of `threads`: no more than the input blocks one output block
+/// overlaps at most, each read by one.
+pub fn on_demand_threads(input: &InputArray, output_block: &[u64], threads: usize) -> usize {
+    let inputs = input.grid();
+    let most: u64 = (0..output_block.len())
+        .map(|d| {
+            let axis = inputs.axis(d);
+            let (len, step) = (axis.len(), output_block[d].max(1));
+            (0..len.div_ceil(step))
+                .map(|k| {
+                    let start = k * step;
+                    axis.overlapping(start, (start + step).min(len)).count() as u64
+                })
+                .max()
+                .unwrap_or(1)
+        })
+        .product();
+    threads.clamp(1, usize::try_from(most).unwrap_or(usize::MAX).max(1))
 }
 
 impl StagingSink {
@@ -615,8 +638,9 @@ impl Serving {
 /// Writes level-0 block `rank` into the staging area, reading just its
 /// part of `input`, its data on their way to the disk; the caller
 /// publishes it. Holds at most [`on_demand_bytes`]: the block's array
-/// (allocated at once at its file's size, padded in place) beside one
-/// input block's buffer, or beside its encoding.
+/// (allocated at once at its file's size, padded in place) beside the
+/// buffers of the input blocks read at once (up to the view's extraction
+/// threads), or beside its encoding.
 fn extract(core: &ViewCore, rank: u64, input: &InputArray) -> Result<OnDemandCount> {
     let started = Instant::now();
     let region = core.output().block(&core.output().unravel(rank));
@@ -633,6 +657,7 @@ fn extract(core: &ViewCore, rank: u64, input: &InputArray) -> Result<OnDemandCou
         &mut data,
         &mut counter,
         Some(core.staging().as_ref()),
+        core.on_demand_threads(),
     )?;
     let mut held = file_bytes as u64 + reading;
     if file_shape != region.shape {

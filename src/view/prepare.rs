@@ -16,7 +16,7 @@ use crate::plan::pyramid::{pyramid_cost, rows_per_pass};
 use crate::plan::{Plan, Problem};
 use crate::view::core::ViewCore;
 use crate::view::layout::{BlockTemplates, ViewLayout, ViewPyramid};
-use crate::view::materialise::on_demand_bytes;
+use crate::view::materialise::{on_demand_bytes, on_demand_threads};
 use crate::view::node::Access;
 use crate::view::staging::{make_private_dir, Manifest, Staging};
 
@@ -66,30 +66,46 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         ));
     }
     let reserved = pyramid.as_ref().map_or(0, |p| p.peak_bytes);
-    let on_demand = match request.in_order {
-        true => None,
-        false => Some(on_demand_bytes(
-            input,
-            &problem.output_block,
-            shard_chunks.as_deref(),
-        )?),
-    };
-    // Extracting a block beside the plan holds `on_demand` bytes, which
-    // the plan leaves free; a --mem too small for both is the plan's.
-    let (plan, on_demand) =
-        match on_demand.map(|bytes| (plan_view(asked, problem, reserved + bytes), bytes)) {
-            Some((Ok(plan), bytes)) => (plan, Some(bytes)),
-            Some((Err(error), bytes)) => {
-                let plan = plan_view(asked, problem, reserved)?;
-                log::warn!(
-                "--mem holds the plan but not also the {bytes} bytes of extracting a block beside \
-                 it ({error}): blocks readers wait for wait for the plan; a larger --mem serves \
-                 them at once"
-            );
-                (plan, None)
+    // Extracting a block beside the plan holds `on_demand_bytes`, which
+    // the plan leaves free: on as many threads as may help, or on one if
+    // --mem holds only that beside the plan; a --mem too small for both is
+    // the plan's.
+    let (plan, on_demand) = match request.in_order {
+        true => (plan_view(asked, problem, reserved)?, None),
+        false => {
+            let most = on_demand_threads(input, &problem.output_block, problem.workers);
+            let mut tried = Vec::new();
+            for threads in [most, 1] {
+                if tried.last().is_some_and(|&(t, _, _)| t == threads) {
+                    continue;
+                }
+                let bytes = on_demand_bytes(
+                    input,
+                    &problem.output_block,
+                    shard_chunks.as_deref(),
+                    threads,
+                )?;
+                let planned = plan_view(asked, problem, reserved + bytes);
+                tried.push((threads, bytes, planned));
+                if tried.last().is_some_and(|(_, _, planned)| planned.is_ok()) {
+                    break;
+                }
             }
-            None => (plan_view(asked, problem, reserved)?, None),
-        };
+            match tried.pop() {
+                Some((threads, bytes, Ok(plan))) => (plan, Some((bytes, threads))),
+                Some((_, bytes, Err(error))) => {
+                    let plan = plan_view(asked, problem, reserved)?;
+                    log::warn!(
+                        "--mem holds the plan but not also the {bytes} bytes of extracting a \
+                         block beside it ({error}): blocks readers wait for wait for the plan; a \
+                         larger --mem serves them at once"
+                    );
+                    (plan, None)
+                }
+                None => (plan_view(asked, problem, reserved)?, None),
+            }
+        }
+    };
     laps.mark("plan");
     let format = format.for_output_blocks(&problem.output_block);
     let staging_dir = match &request.staging {
@@ -153,7 +169,8 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         ViewCore::with_levels(layout, &plan, templates, Arc::new(staging), &done, pyramid)
             .with_access(access),
     );
-    core.reserve_on_demand(on_demand.unwrap_or(0));
+    let (reserve, threads) = on_demand.unwrap_or((0, 1));
+    core.reserve_on_demand(reserve, threads);
     laps.mark("view");
     log::debug!(
         "prepared the view of {} input blocks: {laps}",
