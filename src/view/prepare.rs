@@ -66,44 +66,10 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         ));
     }
     let reserved = pyramid.as_ref().map_or(0, |p| p.peak_bytes);
-    // Extracting a block beside the plan holds `on_demand_bytes`, which
-    // the plan leaves free: on as many threads as may help, or on one if
-    // --mem holds only that beside the plan; a --mem too small for both is
-    // the plan's.
     let (plan, on_demand) = match request.in_order {
         true => (plan_view(asked, problem, reserved)?, None),
         false => {
-            let most = on_demand_threads(input, &problem.output_block, problem.workers);
-            let mut tried = Vec::new();
-            for threads in [most, 1] {
-                if tried.last().is_some_and(|&(t, _, _)| t == threads) {
-                    continue;
-                }
-                let bytes = on_demand_bytes(
-                    input,
-                    &problem.output_block,
-                    shard_chunks.as_deref(),
-                    threads,
-                )?;
-                let planned = plan_view(asked, problem, reserved + bytes);
-                tried.push((threads, bytes, planned));
-                if tried.last().is_some_and(|(_, _, planned)| planned.is_ok()) {
-                    break;
-                }
-            }
-            match tried.pop() {
-                Some((threads, bytes, Ok(plan))) => (plan, Some((bytes, threads))),
-                Some((_, bytes, Err(error))) => {
-                    let plan = plan_view(asked, problem, reserved)?;
-                    log::warn!(
-                        "--mem holds the plan but not also the {bytes} bytes of extracting a \
-                         block beside it ({error}): blocks readers wait for wait for the plan; a \
-                         larger --mem serves them at once"
-                    );
-                    (plan, None)
-                }
-                None => (plan_view(asked, problem, reserved)?, None),
-            }
+            plan_beside_extraction(asked, (input, problem), reserved, shard_chunks.as_deref())?
         }
     };
     laps.mark("plan");
@@ -184,6 +150,37 @@ pub fn prepare(request: &MountRequest) -> Result<PreparedView> {
         allow_other: request.allow_other,
         on_demand: on_demand.is_some(),
     })
+}
+
+/// The view's plan, made within `--mem` less `reserved` and what
+/// extracting a block beside it holds ([`on_demand_bytes`]), with that
+/// reserve and the threads it is for: as many threads as may help, or one
+/// if `--mem` holds only that beside the plan. A `--mem` too small for
+/// both is the plan's (no reserve).
+fn plan_beside_extraction(
+    asked: &Request,
+    (input, problem): (&InputArray, &Problem),
+    reserved: u64,
+    shard_chunks: Option<&[u64]>,
+) -> Result<(Plan, Option<(u64, usize)>)> {
+    let most = on_demand_threads(input, &problem.output_block, problem.workers);
+    let mut refused = None;
+    let tries = if most > 1 { vec![most, 1] } else { vec![1] };
+    for threads in tries {
+        let bytes = on_demand_bytes(input, &problem.output_block, shard_chunks, threads)?;
+        match plan_view(asked, problem, reserved + bytes) {
+            Ok(plan) => return Ok((plan, Some((bytes, threads)))),
+            Err(error) => refused = Some((bytes, error)),
+        }
+    }
+    if let Some((bytes, error)) = refused {
+        log::warn!(
+            "--mem holds the plan but not also the {bytes} bytes of extracting a block beside it \
+             ({error}): blocks readers wait for wait for the plan; a larger --mem serves them at \
+             once"
+        );
+    }
+    Ok((plan_view(asked, problem, reserved)?, None))
 }
 
 /// Refuses a staging area inside the view (the mount would hide it from
