@@ -59,7 +59,7 @@ pub(super) fn map_on<T: Sync, R: Send>(
             .chunks(items.len().div_ceil(threads))
             .map(|part| {
                 let spawned = std::thread::Builder::new()
-                    .name("stat".into())
+                    .name("helper".into())
                     .spawn_scoped(scope, move || run(part));
                 (part, spawned)
             })
