@@ -123,13 +123,17 @@ impl Workers {
     }
 
     /// `job` applied to each of `items`, the results in the items' order:
-    /// the calling thread takes them one by one, and so does each worker
-    /// idle when the batch comes, at most as many threads at once as there
-    /// are workers (each job may hold a block: the planner counts one per
-    /// worker). A batch never waits in a queue behind other tasks (the
-    /// encoders' blocks): the caller, which waits for it anyway, does what
-    /// no idle worker takes. A job that panics panics the caller, as it
-    /// would have inline.
+    /// the calling thread takes them one by one, and so does a worker for
+    /// each CPU that no thread of the run is using, whether it is idle when
+    /// the batch comes or falls idle while it runs (the writer between two
+    /// slabs, while the reader reads a step). A helper leaves at its next
+    /// item once the run's threads outnumber its CPUs again, so the
+    /// batch never makes the run's threads take turns on them. At most as
+    /// many threads take items at once as there are workers (each job may
+    /// hold a block: the planner counts one per worker). A batch never
+    /// waits in a queue behind other tasks (the encoders' blocks): the
+    /// caller, which waits for it anyway, does what no helper takes. A job
+    /// that panics panics the caller, as it would have inline.
     pub(super) fn map<I, R, F>(&self, items: impl IntoIterator<Item = I>, job: F) -> Vec<R>
     where
         I: Send,
@@ -137,9 +141,8 @@ impl Workers {
         F: Fn(I) -> R + Sync,
     {
         let items: Vec<I> = items.into_iter().collect();
-        let idle = self.count.saturating_sub(self.busy.load(Ordering::Acquire));
-        let helpers = idle.min(self.count - 1).min(items.len().saturating_sub(1));
-        let Some(pool) = self.pool.as_ref().filter(|_| helpers > 0) else {
+        let most_helpers = (self.count - 1).min(items.len().saturating_sub(1));
+        let Some(pool) = self.pool.as_ref().filter(|_| most_helpers > 0) else {
             return items.into_iter().map(job).collect();
         };
         let slots: Vec<parking_lot::Mutex<(Option<I>, Option<R>)>> = items
@@ -147,25 +150,35 @@ impl Workers {
             .map(|item| parking_lot::Mutex::new((Some(item), None)))
             .collect();
         let next = AtomicUsize::new(0);
-        let take_items = || {
-            while let Some(slot) = slots.get(next.fetch_add(1, Ordering::Relaxed)) {
+        let take_item = || match slots.get(next.fetch_add(1, Ordering::Relaxed)) {
+            Some(slot) => {
                 let item = slot.lock().0.take();
                 if let Some(item) = item {
                     let result = job(item);
                     slot.lock().1 = Some(result);
                 }
+                true
             }
+            None => false,
         };
         pool.in_place_scope(|scope| {
-            for _ in 0..helpers {
-                let busy = Busy::start(&self.busy);
-                let take_items = &take_items;
-                scope.spawn(move |_| {
-                    take_items();
-                    drop(busy);
-                });
+            let mut helpers = 0;
+            loop {
+                while helpers < most_helpers {
+                    let Some(busy) = Busy::start_if_idle(&self.busy, self.count) else {
+                        break;
+                    };
+                    helpers += 1;
+                    let take_item = &take_item;
+                    scope.spawn(move |_| {
+                        while busy.fits(self.count) && take_item() {}
+                        drop(busy);
+                    });
+                }
+                if !take_item() {
+                    break;
+                }
             }
-            take_items();
         });
         slots
             .into_iter()
@@ -205,6 +218,21 @@ impl Busy {
     fn start(busy: &Arc<AtomicUsize>) -> Busy {
         busy.fetch_add(1, Ordering::AcqRel);
         Busy(Arc::clone(busy))
+    }
+
+    /// A worker counted busy if fewer than `count` are.
+    fn start_if_idle(busy: &Arc<AtomicUsize>, count: usize) -> Option<Busy> {
+        busy.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+            (now < count).then_some(now + 1)
+        })
+        .ok()
+        .map(|_| Busy(Arc::clone(busy)))
+    }
+
+    /// Whether the run's busy threads, this one among them, fit on
+    /// `count` CPUs.
+    fn fits(&self, count: usize) -> bool {
+        self.0.load(Ordering::Acquire) <= count
     }
 }
 
@@ -265,6 +293,59 @@ mod tests {
         let (reader, writer) = (workers.working(), workers.working());
         let threads = workers.map(0..64, |_| std::thread::current().id());
         assert!(threads.iter().all(|&thread| thread == here));
+        drop((reader, writer));
+        assert_eq!(workers.busy.load(Ordering::Acquire), 0);
+    }
+
+    /// Waits up to ten seconds for `done`.
+    fn wait_for(done: impl Fn() -> bool) {
+        let start = std::time::Instant::now();
+        while !done() && start.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn a_cpu_that_falls_idle_during_a_batch_joins_it() {
+        let workers = Workers::new(2).unwrap();
+        let here = std::thread::current().id();
+        let reader = workers.working();
+        let writer = parking_lot::Mutex::new(Some(workers.working()));
+        let elsewhere = AtomicUsize::new(0);
+        let threads = workers.map(0..64, |n| {
+            if n == 0 {
+                // The writer is done with its slab: a CPU is free.
+                writer.lock().take();
+            } else if std::thread::current().id() == here {
+                wait_for(|| elsewhere.load(Ordering::Acquire) > 0);
+            } else {
+                elsewhere.fetch_add(1, Ordering::AcqRel);
+            }
+            std::thread::current().id()
+        });
+        assert!(threads.iter().any(|&thread| thread != here));
+        drop(reader);
+        assert_eq!(workers.busy.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn a_helper_leaves_when_the_run_needs_its_cpu_back() {
+        let workers = Workers::new(2).unwrap();
+        let here = std::thread::current().id();
+        let reader = workers.working();
+        let writer = parking_lot::Mutex::new(None);
+        let helped = AtomicUsize::new(0);
+        let threads = workers.map(0..64, |_| {
+            if std::thread::current().id() == here {
+                wait_for(|| helped.load(Ordering::Acquire) > 0);
+            } else if helped.fetch_add(1, Ordering::AcqRel) == 0 {
+                // The writer has a slab again while the helper works.
+                *writer.lock() = Some(workers.working());
+            }
+            std::thread::current().id()
+        });
+        let by_helper = threads.iter().filter(|&&thread| thread != here).count();
+        assert_eq!(by_helper, 1, "the helper takes no item after its first");
         drop((reader, writer));
         assert_eq!(workers.busy.load(Ordering::Acquire), 0);
     }
