@@ -75,7 +75,7 @@ pub fn read_region(
         let indexed: Vec<(usize, &Vec<usize>)> = cells.iter().enumerate().collect();
         map_on(at_once, &indexed, |(k, cell)| {
             let mut target = shared.claim(*k)?;
-            extraction.read_part(cell, &mut target)
+            extraction.read_claimed(cell, &mut target)
         })
     };
     let mut held = Vec::with_capacity(parts.len());
@@ -142,104 +142,152 @@ struct PartRead {
     held: u64,
 }
 
+/// One input block's part of the region being read: the block, where the
+/// part lies in the region and in the block's file, and how its rows lie.
+struct Part<'x> {
+    rank: u64,
+    block: &'x InputBlock,
+    region: Region,
+    file_box: Region,
+    layout: RowLayout,
+}
+
+impl Part<'_> {
+    fn key(&self) -> FileKey {
+        FileKey::Input(self.rank)
+    }
+}
+
 impl Extraction<'_> {
+    /// Input block `cell`'s part of the region.
+    fn part(&self, cell: &[usize]) -> Result<Part<'_>> {
+        let rank = self.inputs.linear(cell);
+        let block_box = self.inputs.block(cell);
+        let file_box = self.input.files.file_box(&block_box);
+        let region = block_box
+            .intersect(&self.grid.container())
+            .ok_or_else(|| Error::Internal("an input block outside the region".into()))?;
+        let layout = RowLayout::new(&region, &file_box, self.elem, self.grid);
+        Ok(Part {
+            rank,
+            block: &self.input.blocks[rank as usize],
+            region,
+            file_box,
+            layout,
+        })
+    }
+
     /// Reads the part of input block `cell` inside the region into
     /// `buffers`, the region's one piece, on this thread: through libhdf5
     /// when the block is an HDF5 dataset it reads.
     fn read_part_here(&self, cell: &[usize], buffers: &mut [Vec<u8>]) -> Result<PartRead> {
-        let rank = self.inputs.linear(cell);
-        let block = &self.input.blocks[rank as usize];
-        if !matches!(block.storage, Storage::Hdf5Dataset { .. }) {
-            return self.read_part(cell, buffers);
+        let part = self.part(cell)?;
+        match part.block.storage {
+            Storage::Hdf5Dataset { .. } => self.read_by_library(&part, buffers),
+            _ => self.read_part(&part, buffers),
         }
-        let (part, file_box) = self.part_of(cell)?;
-        let (handle, then) = InputHandle::open(self.input, rank, None, self.witness)?;
-        let InputHandle::Hdf5(reader) = &handle else {
-            return Err(unchecked(&block.path));
-        };
-        let mut read = PartRead::default();
-        let layout = RowLayout::new(&part, &file_box, self.elem, self.grid);
-        let key = FileKey::Input(rank);
-        count_as_contiguous(&layout, |offset, len| read.reads.read(key, offset, len))?;
-        read_hdf5_pieces(
-            reader,
-            &InFile::of(&part, &file_box),
-            &part,
-            self.grid,
-            buffers,
-        )?;
-        unchanged(block, &then, &handle.identity_now(block)?)?;
-        Ok(read)
-    }
-
-    /// Input block `cell`'s part of the region, and the box its file holds.
-    fn part_of(&self, cell: &[usize]) -> Result<(Region, Region)> {
-        let block_box = self.inputs.block(cell);
-        let file_box = self.input.files.file_box(&block_box);
-        let part = block_box
-            .intersect(&self.grid.container())
-            .ok_or_else(|| Error::Internal("an input block outside the region".into()))?;
-        Ok((part, file_box))
     }
 
     /// Reads the part of input block `cell` (not one libhdf5 reads) inside
     /// the region into `target`.
-    fn read_part(
+    fn read_claimed(
         &self,
         cell: &[usize],
         target: &mut (impl PieceTarget + ?Sized),
     ) -> Result<PartRead> {
-        let rank = self.inputs.linear(cell);
-        let block = &self.input.blocks[rank as usize];
-        let (part, file_box) = self.part_of(cell)?;
-        let key = FileKey::Input(rank);
-        let layout = RowLayout::new(&part, &file_box, self.elem, self.grid);
+        self.read_part(&self.part(cell)?, target)
+    }
+
+    /// Reads `part` (not one libhdf5 reads) into `target`, as its block is
+    /// stored.
+    fn read_part(&self, part: &Part, target: &mut (impl PieceTarget + ?Sized)) -> Result<PartRead> {
+        match &part.block.storage {
+            Storage::Absent { fill } => self.fill_absent(part, fill, target),
+            _ if self.input.files.is_encoded() => self.read_encoded(part, target),
+            _ => self.read_span(part, target),
+        }
+    }
+
+    /// An HDF5 dataset's part, read by libhdf5 straight into `buffers`.
+    fn read_by_library(&self, part: &Part, buffers: &mut [Vec<u8>]) -> Result<PartRead> {
+        let (handle, then) = InputHandle::open(self.input, part.rank, None, self.witness)?;
+        let InputHandle::Hdf5(reader) = &handle else {
+            return Err(unchecked(&part.block.path));
+        };
         let mut read = PartRead::default();
-        if let Storage::Absent { fill } = &block.storage {
-            // Nothing to read: no I/O is made or counted, and no chunk is
-            // decoded; the fill value goes straight into the rows. (The
-            // executor counts an absent chunk's segments as if read, to
-            // keep to its plan; an extraction has no plan to keep to.)
-            if let Some(witness) = self.witness {
-                witness.reading(rank, block, None)?;
-            }
-            layout.for_each_segment(|segment| layout.fill_segment(segment, target, fill))?;
-            return Ok(read);
+        count_as_contiguous(&part.layout, |offset, len| {
+            read.reads.read(part.key(), offset, len)
+        })?;
+        let place = InFile::of(&part.region, &part.file_box);
+        read_hdf5_pieces(reader, &place, &part.region, self.grid, buffers)?;
+        unchanged(part.block, &then, &handle.identity_now(part.block)?)?;
+        Ok(read)
+    }
+
+    /// An absent chunk's part: nothing to read, no I/O made or counted, no
+    /// chunk decoded; the fill value goes straight into the rows. (The
+    /// executor counts an absent chunk's segments as if read, to keep to
+    /// its plan; an extraction has no plan to keep to.)
+    fn fill_absent(
+        &self,
+        part: &Part,
+        fill: &[u8],
+        target: &mut (impl PieceTarget + ?Sized),
+    ) -> Result<PartRead> {
+        if let Some(witness) = self.witness {
+            witness.reading(part.rank, part.block, None)?;
         }
-        if self.input.files.is_encoded() {
-            // The block is read whole and decoded, and the part copied out
-            // of it. The witness is told of the file by the open.
-            let opened = Some(InputHandle::open(self.input, rank, None, self.witness)?);
-            let handle = opened.as_ref().map(|(handle, _)| handle);
-            let mut encoded_len = 0;
-            let decoded = decoded_block(handle, block, &file_box.shape, |offset, len| {
-                encoded_len = len;
-                read.reads.read(key, offset, len)
-            })?;
-            // The encoding is held while it is decoded.
-            read.held = decoded.len() as u64 + encoded_len;
-            if let Some((handle, then)) = &opened {
-                unchanged(block, then, &handle.identity_now(block)?)?;
-            }
-            layout.for_each_segment(|segment| {
-                layout.copy_segment_from(&decoded, 0, segment, target)
-            })?;
-            return Ok(read);
-        }
-        // One read of the span from the part's first byte to its last, then
-        // rows copied out: an out-of-order extraction pays in seeks, and a
-        // row-by-row read of a partial input block would make one per row.
-        let (first, end) = span_of(&layout)?;
+        let layout = &part.layout;
+        layout.for_each_segment(|segment| layout.fill_segment(segment, target, fill))?;
+        Ok(PartRead::default())
+    }
+
+    /// An encoded block's part: the block read whole and decoded, and the
+    /// part copied out of it. The witness is told of the file by the open.
+    fn read_encoded(
+        &self,
+        part: &Part,
+        target: &mut (impl PieceTarget + ?Sized),
+    ) -> Result<PartRead> {
+        let opened = InputHandle::open(self.input, part.rank, None, self.witness)?;
+        let mut read = PartRead::default();
+        let mut encoded_len = 0;
+        let shape = &part.file_box.shape;
+        let decoded = decoded_block(Some(&opened.0), part.block, shape, |offset, len| {
+            encoded_len = len;
+            read.reads.read(part.key(), offset, len)
+        })?;
+        // The encoding is held while it is decoded.
+        read.held = decoded.len() as u64 + encoded_len;
+        let (handle, then) = &opened;
+        unchanged(part.block, then, &handle.identity_now(part.block)?)?;
+        let layout = &part.layout;
+        layout
+            .for_each_segment(|segment| layout.copy_segment_from(&decoded, 0, segment, target))?;
+        Ok(read)
+    }
+
+    /// A contiguous block's part: one read of the span from the part's
+    /// first byte to its last, then rows copied out. An out-of-order
+    /// extraction pays in seeks, and a row-by-row read of a partial input
+    /// block would make one per row.
+    fn read_span(&self, part: &Part, target: &mut (impl PieceTarget + ?Sized)) -> Result<PartRead> {
+        let block = part.block;
+        let (first, end) = span_of(&part.layout)?;
         let opened = open_with_span_ahead(block, first, end)?;
-        let (handle, then) = InputHandle::open(self.input, rank, opened, self.witness)?;
+        let (handle, then) = InputHandle::open(self.input, part.rank, opened, self.witness)?;
         let InputHandle::Contiguous { file, data_offset } = &handle else {
             return Err(unchecked(&block.path));
         };
-        read.held = end - first;
         let mut span = vec![0u8; (end - first) as usize];
         let at = data_offset + first;
         seekio::read_exact_at(file, &block.path, &mut [IoSliceMut::new(&mut span)], at)?;
-        read.reads.read(key, at, end - first);
+        let mut read = PartRead {
+            held: end - first,
+            ..PartRead::default()
+        };
+        read.reads.read(part.key(), at, end - first);
+        let layout = &part.layout;
         layout
             .for_each_segment(|segment| layout.copy_segment_from(&span, first, segment, target))?;
         unchanged(block, &then, &handle.identity_now(block)?)?;
