@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::array::geometry::{volume, IndexBox};
+use crate::array::geometry::{volume, IndexBox, Partition};
 use crate::array::names::parse_grid_index;
 use crate::engine::downsample::{LevelBuilder, LevelFiles};
 use crate::engine::seekio::{self, FileKey, SeekCounter};
@@ -124,19 +124,18 @@ pub fn on_demand_bytes(
     Ok(block + (threads as u64 * region_read_bytes(input)).max(encoded))
 }
 
-/// The threads worth extracting a block of `output_block` from `input`
+/// The threads worth extracting an output block of `outputs` from `input`
 /// on, of `threads`: no more than the input blocks one output block
 /// overlaps at most, each read by one.
-pub fn on_demand_threads(input: &InputArray, output_block: &[u64], threads: usize) -> usize {
+pub fn on_demand_threads(input: &InputArray, outputs: &Partition, threads: usize) -> usize {
     let inputs = input.grid();
-    let most: u64 = (0..output_block.len())
+    let most: u64 = (0..outputs.ndim())
         .map(|d| {
-            let axis = inputs.axis(d);
-            let (len, step) = (axis.len(), output_block[d].max(1));
-            (0..len.div_ceil(step))
+            let (output_axis, input_axis) = (outputs.axis(d), inputs.axis(d));
+            (0..output_axis.count())
                 .map(|k| {
-                    let start = k * step;
-                    axis.overlapping(start, (start + step).min(len)).count() as u64
+                    let (start, end) = (output_axis.start(k), output_axis.end(k));
+                    input_axis.overlapping(start, end).len() as u64
                 })
                 .max()
                 .unwrap_or(1)

@@ -163,7 +163,7 @@ fn plan_beside_extraction(
     reserved: u64,
     shard_chunks: Option<&[u64]>,
 ) -> Result<(Plan, Option<(u64, usize)>)> {
-    let most = on_demand_threads(input, &problem.output_block, problem.workers);
+    let most = on_demand_threads(input, &problem.output(), problem.workers);
     let mut refused = None;
     let tries = if most > 1 { vec![most, 1] } else { vec![1] };
     for threads in tries {
