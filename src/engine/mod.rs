@@ -41,7 +41,7 @@ mod writer;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, TryRecvError};
 
 use crossbeam_channel::Sender;
 
@@ -222,8 +222,13 @@ impl<'a> Executor<'a> {
             self.stop_if_cancelled(reports)?;
             let mut step_index = read_index.to_vec();
             step_index[0] = step;
+            let working = workers.working();
             let read_result = self.read_step(&step_index, workers);
-            // One slab in flight at a time: wait for the last one.
+            // One slab in flight at a time: wait for the last one, helping
+            // to write it on the CPU this thread has, then asleep.
+            let helped = self.help_write(reports, workers);
+            drop(working);
+            helped?;
             self.finish_write(reports)?;
             read_result?;
             let Some(write_index) = &completed else {
@@ -315,13 +320,39 @@ impl<'a> Executor<'a> {
         Ok(())
     }
 
+    /// Takes the writer's reports, and items of its batch while it has one
+    /// running, until the slab in flight is written or there is nothing
+    /// to help with.
+    fn help_write(
+        &mut self,
+        reports: &Receiver<Result<WriteReport>>,
+        workers: &Workers,
+    ) -> Result<()> {
+        while self.in_flight.is_some() {
+            match reports.try_recv() {
+                Ok(report) => {
+                    self.file_report(report?);
+                }
+                Err(TryRecvError::Empty) if workers.help() => {}
+                Err(_) => break,
+            }
+        }
+        Ok(())
+    }
+
     /// Takes one report from the writer: the pieces of the slab in flight
-    /// back (true), or the writes of a slab, filed under its read block
-    /// to be counted in the plan's order (false).
+    /// back (true), or the writes of a slab (false).
     fn receive(&mut self, reports: &Receiver<Result<WriteReport>>) -> Result<bool> {
         let report = reports
             .recv()
             .map_err(|_| Error::Internal("the writer thread stopped without reporting".into()))??;
+        Ok(self.file_report(report))
+    }
+
+    /// Files a report of the writer: the pieces of the slab in flight back
+    /// (true), or the writes of a slab, filed under its read block to be
+    /// counted in the plan's order (false).
+    fn file_report(&mut self, report: WriteReport) -> bool {
         match report {
             WriteReport::Released(pieces) => {
                 self.held -= self.in_flight.take().unwrap_or(0);
@@ -329,7 +360,7 @@ impl<'a> Executor<'a> {
                 for piece in pieces {
                     self.pool.give(piece, self.held, peak);
                 }
-                Ok(true)
+                true
             }
             WriteReport::Written {
                 read_block,
@@ -348,7 +379,7 @@ impl<'a> Executor<'a> {
                     io.slabs_written += 1;
                 }
                 self.count_in_order();
-                Ok(false)
+                false
             }
         }
     }
@@ -411,10 +442,8 @@ impl<'a> Executor<'a> {
         let peak = plan.prediction.peak_bytes;
         let mut buffers = self.pool.take_step(&lens, self.held, peak);
         self.hold(step_box.volume() * self.elem);
-        let working = workers.working();
         self.reader
             .read_step(&step_box, &grid, &mut buffers, (&mut self.counter, workers))?;
-        drop(working);
         // A decoded input block was held beside the step while it was
         // read, and the encoders may hold their blocks.
         let decoded = std::mem::take(&mut self.reader.decoded_peak);

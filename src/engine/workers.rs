@@ -6,8 +6,12 @@
 //! many threads made when the run starts and gone with it, never a global
 //! pool, which would not survive the fork that daemonises a view.
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
 
@@ -88,6 +92,9 @@ pub(super) struct Workers {
     count: usize,
     /// Workers running a task or a share of a batch, or about to.
     busy: Arc<AtomicUsize>,
+    /// The batches running now, for a thread of the run with nothing to
+    /// do to [`help`](Self::help) with.
+    open: Mutex<Vec<Arc<OpenBatch>>>,
 }
 
 impl Workers {
@@ -106,6 +113,7 @@ impl Workers {
             pool: Some(pool),
             count,
             busy: Arc::default(),
+            open: Mutex::default(),
         })
     }
 
@@ -115,6 +123,7 @@ impl Workers {
             pool: None,
             count: 1,
             busy: Arc::default(),
+            open: Mutex::default(),
         }
     }
 
@@ -161,6 +170,11 @@ impl Workers {
             }
             None => false,
         };
+        let take: &(dyn Fn() -> bool + Sync) = &take_item;
+        // SAFETY: the batch is closed below before `take_item` goes out of
+        // scope, and closing waits for every thread inside it.
+        let batch = Arc::new(unsafe { OpenBatch::new(take) });
+        self.open.lock().push(Arc::clone(&batch));
         pool.in_place_scope(|scope| {
             let mut helpers = 0;
             loop {
@@ -180,10 +194,41 @@ impl Workers {
                 }
             }
         });
+        self.open.lock().retain(|open| !Arc::ptr_eq(open, &batch));
+        batch.wait_for_helpers();
         slots
             .into_iter()
             .filter_map(|slot| slot.into_inner().1)
             .collect()
+    }
+
+    /// Takes items of a batch another thread of the run is running, while
+    /// the run's busy threads fit its CPUs: for a thread with nothing to do
+    /// until that work is done (the writer waiting for the reader's next
+    /// slab), which then goes on using its CPU instead of sleeping while a
+    /// worker is woken on it. The caller counts itself busy
+    /// ([`working`](Self::working)) while it helps. Returns whether an
+    /// item was taken. A job that panics here panics the batch's caller.
+    pub(super) fn help(&self) -> bool {
+        let batch = {
+            let open = self.open.lock();
+            let Some(batch) = open.first() else {
+                return false;
+            };
+            // Entered under the lock the batch is closed under, so the
+            // batch waits for this thread once it is closed.
+            batch.enter();
+            Arc::clone(batch)
+        };
+        let mut took = false;
+        let fits = || self.busy.load(Ordering::Acquire) <= self.count;
+        let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            while fits() && batch.take_item() {
+                took = true;
+            }
+        }));
+        batch.leave(ran.err());
+        took
     }
 
     /// Counts the calling thread (the reader, the writer) as a busy worker
@@ -207,6 +252,78 @@ impl Workers {
                 });
             }
             None => task(),
+        }
+    }
+}
+
+/// A batch running on its caller's thread, open to threads of the run that
+/// have nothing else to do.
+struct OpenBatch {
+    /// Takes the batch's next item and runs its job (false: none left).
+    take: *const (dyn Fn() -> bool + Sync + 'static),
+    /// Helpers inside, and the first panic one of them caught.
+    inside: Mutex<(usize, Option<Box<dyn Any + Send>>)>,
+    left: Condvar,
+}
+
+// SAFETY: `take` is Sync, and it is called only while the batch is open or
+// a helper that entered before it closed is inside (see `OpenBatch::new`).
+unsafe impl Send for OpenBatch {}
+// SAFETY: as for Send.
+unsafe impl Sync for OpenBatch {}
+
+impl OpenBatch {
+    /// A batch whose items `take` takes.
+    ///
+    /// # Safety
+    ///
+    /// `take` must outlive the batch's being open: it is closed (taken out
+    /// of [`Workers::open`]) and [`wait_for_helpers`](Self::wait_for_helpers)
+    /// has returned before `take` is dropped.
+    unsafe fn new(take: &(dyn Fn() -> bool + Sync)) -> OpenBatch {
+        let take: *const (dyn Fn() -> bool + Sync + '_) = take;
+        OpenBatch {
+            // SAFETY: only the lifetime changes; the caller keeps `take`
+            // alive for as long as it is used.
+            take: unsafe {
+                std::mem::transmute::<
+                    *const (dyn Fn() -> bool + Sync + '_),
+                    *const (dyn Fn() -> bool + Sync + 'static),
+                >(take)
+            },
+            inside: Mutex::new((0, None)),
+            left: Condvar::new(),
+        }
+    }
+
+    fn take_item(&self) -> bool {
+        // SAFETY: called by a helper inside the batch: see `new`.
+        unsafe { (*self.take)() }
+    }
+
+    fn enter(&self) {
+        self.inside.lock().0 += 1;
+    }
+
+    /// A helper leaves, with the panic of a job it ran, if any.
+    fn leave(&self, panic: Option<Box<dyn Any + Send>>) {
+        let mut inside = self.inside.lock();
+        inside.0 -= 1;
+        if inside.1.is_none() {
+            inside.1 = panic;
+        }
+        self.left.notify_all();
+    }
+
+    /// Waits until every helper has left (each finishes the item it has),
+    /// then panics with the first panic one of them caught.
+    fn wait_for_helpers(&self) {
+        let mut inside = self.inside.lock();
+        while inside.0 > 0 {
+            self.left.wait(&mut inside);
+        }
+        if let Some(panic) = inside.1.take() {
+            std::panic::resume_unwind(panic);
         }
     }
 }
@@ -298,7 +415,7 @@ mod tests {
     }
 
     /// Waits up to ten seconds for `done`.
-    fn wait_for(done: impl Fn() -> bool) {
+    fn wait_for(mut done: impl FnMut() -> bool) {
         let start = std::time::Instant::now();
         while !done() && start.elapsed() < std::time::Duration::from_secs(10) {
             std::thread::yield_now();
@@ -348,6 +465,65 @@ mod tests {
         assert_eq!(by_helper, 1, "the helper takes no item after its first");
         drop((reader, writer));
         assert_eq!(workers.busy.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn a_thread_waiting_for_a_batch_helps_with_it() {
+        let workers = Workers::new(2).unwrap();
+        let reader = std::thread::current().id();
+        let _reading = workers.working();
+        let helped = AtomicUsize::new(0);
+        // The writer busy before the batch starts, so no worker joins it.
+        let writing = workers.working();
+        std::thread::scope(|scope| {
+            let writer = scope.spawn(|| {
+                let _working = writing;
+                let mut took = false;
+                wait_for(|| {
+                    took |= workers.help();
+                    took
+                });
+                took
+            });
+            let threads = workers.map(0..64, |_| {
+                if std::thread::current().id() == reader {
+                    wait_for(|| helped.load(Ordering::Acquire) > 0);
+                } else {
+                    helped.fetch_add(1, Ordering::AcqRel);
+                }
+                std::thread::current().id()
+            });
+            assert!(writer.join().unwrap(), "the waiting thread took items");
+            assert!(threads.iter().any(|&thread| thread != reader));
+        });
+        // Closed once it returned: nothing left to help with.
+        assert!(!workers.help());
+    }
+
+    #[test]
+    fn a_job_that_panics_on_a_helping_thread_panics_the_batchs_caller() {
+        let workers = Workers::new(2).unwrap();
+        let reader = std::thread::current().id();
+        let _reading = workers.working();
+        let helped = AtomicUsize::new(0);
+        let writing = workers.working();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let _working = writing;
+                wait_for(|| workers.help() || helped.load(Ordering::Acquire) > 0);
+            });
+            let batch = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                workers.map(0..64, |_| {
+                    if std::thread::current().id() == reader {
+                        wait_for(|| helped.load(Ordering::Acquire) > 0);
+                    } else {
+                        helped.fetch_add(1, Ordering::AcqRel);
+                        panic!("a damaged block");
+                    }
+                })
+            }));
+            assert!(batch.is_err());
+        });
     }
 
     #[test]

@@ -281,7 +281,6 @@ impl<'a> Writer<'a> {
             let read_block = job.read_block;
             let working = workers.working();
             let result = self.write(&job, &mut **sink.lock(), workers);
-            drop(working);
             let sent = match result {
                 Ok((writes, blocks_completed)) => reports
                     .send(Ok(WriteReport::Written {
@@ -296,6 +295,10 @@ impl<'a> Writer<'a> {
             if sent.is_err() {
                 return;
             }
+            // The next slab comes when the reader's step is read: help
+            // with that, on the CPU this thread has, instead of sleeping.
+            while jobs.is_empty() && workers.help() {}
+            drop(working);
         }
     }
 
