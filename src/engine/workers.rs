@@ -4,7 +4,10 @@
 //! `--cpus-per-task` and container limits are honoured); `--threads`
 //! sets it for the whole process. A run's `Workers` are a pool of that
 //! many threads made when the run starts and gone with it, never a global
-//! pool, which would not survive the fork that daemonises a view.
+//! pool, which would not survive the fork that daemonises a view. The
+//! run's threads count the CPUs they use, so a batch takes workers only
+//! for idle ones, and a thread waiting for another helps with its batch
+//! instead of sleeping.
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
