@@ -470,14 +470,24 @@ mod tests {
         assert_eq!(workers.busy.load(Ordering::Acquire), 0);
     }
 
+    /// The calling thread (the reader) and a writer counted busy: the
+    /// reader's id, and the writer's count, for the writer to take; both
+    /// before a batch starts, so no worker joins it.
+    fn reader_and_writer_at_work(
+        workers: &Workers,
+    ) -> (std::thread::ThreadId, impl Drop, impl Drop + Send) {
+        (
+            std::thread::current().id(),
+            workers.working(),
+            workers.working(),
+        )
+    }
+
     #[test]
     fn a_thread_waiting_for_a_batch_helps_with_it() {
         let workers = Workers::new(2).unwrap();
-        let reader = std::thread::current().id();
-        let _reading = workers.working();
+        let (reader, _reading, writing) = reader_and_writer_at_work(&workers);
         let helped = AtomicUsize::new(0);
-        // The writer busy before the batch starts, so no worker joins it.
-        let writing = workers.working();
         std::thread::scope(|scope| {
             let writer = scope.spawn(|| {
                 let _working = writing;
@@ -506,10 +516,8 @@ mod tests {
     #[test]
     fn a_job_that_panics_on_a_helping_thread_panics_the_batchs_caller() {
         let workers = Workers::new(2).unwrap();
-        let reader = std::thread::current().id();
-        let _reading = workers.working();
+        let (reader, _reading, writing) = reader_and_writer_at_work(&workers);
         let helped = AtomicUsize::new(0);
-        let writing = workers.working();
         std::thread::scope(|scope| {
             scope.spawn(|| {
                 let _working = writing;
