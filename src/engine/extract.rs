@@ -63,13 +63,12 @@ pub fn read_region(
         true => 1,
         false => threads.clamp(1, cells.len().max(1)),
     };
-    let parts: Vec<Result<PartRead>> = if at_once == 1 {
+    let parts: Vec<PartRead> = if at_once == 1 {
         let buffers = std::slice::from_mut(dest);
-        let mut parts = Vec::with_capacity(cells.len());
-        for cell in &cells {
-            parts.push(Ok(extraction.read_part_here(cell, buffers)?));
-        }
-        parts
+        cells
+            .iter()
+            .map(|cell| extraction.read_part_here(cell, buffers))
+            .collect::<Result<_>>()?
     } else {
         let shared = SharedPieces::new(&grid, std::slice::from_mut(dest), (&inputs, &cells), elem)?;
         let indexed: Vec<(usize, &Vec<usize>)> = cells.iter().enumerate().collect();
@@ -77,10 +76,11 @@ pub fn read_region(
             let mut target = shared.claim(*k)?;
             extraction.read_claimed(cell, &mut target)
         })
+        .into_iter()
+        .collect::<Result<_>>()?
     };
     let mut held = Vec::with_capacity(parts.len());
-    for part in parts {
-        let mut part = part?;
+    for mut part in parts {
         part.reads.replay_into(counter);
         held.push(part.held);
     }
